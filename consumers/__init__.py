@@ -1,0 +1,1 @@
+"""What reads projections: the CLI, change-stream subscribers, query API and views."""

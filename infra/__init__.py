@@ -1,0 +1,1 @@
+"""Local Kafka/PostgreSQL/Redis bring-up, settings, topic and table migrations."""

@@ -1,0 +1,77 @@
+"""The one place the environment is read.
+
+Every setting is ``AGENTLEDGER_<NAME>``. A service whose address is set (``KAFKA_BOOTSTRAP``,
+``PG_DSN``, ``REDIS_URL``) is *external*: ``infra up`` leaves it alone and everything talks to the
+given address. Unset, the service is *local*: started by ``infra up`` on loopback at its port.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KAFKA_VERSION = "3.9.2"
+PG_DATABASE = "agentledger"
+
+
+def _default_state_dir() -> Path:
+    return Path.cwd() / ".agentledger"
+
+
+class Settings(BaseSettings):
+    """Frozen settings object built once and passed in."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_", frozen=True, extra="ignore")
+
+    kafka_bootstrap: str | None = Field(default=None, description="external Kafka bootstrap")
+    pg_dsn: str | None = Field(default=None, description="external PostgreSQL DSN")
+    redis_url: str | None = Field(default=None, description="external Redis URL")
+
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    kafka_libs_dir: Path | None = Field(default=None, description="jar cache; default in state")
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    kafka_heap_mb: int = 768
+    pg_port: int = 15432
+    redis_port: int = 16379
+    stop_timeout_s: float = 30.0
+    start_timeout_s: float = 120.0
+
+    topic_prefix: str = "agentledger"
+    topic_partitions: int = 8
+    topic_replication: int = 1
+
+    @property
+    def kafka_external(self) -> bool:
+        return self.kafka_bootstrap is not None
+
+    @property
+    def pg_external(self) -> bool:
+        return self.pg_dsn is not None
+
+    @property
+    def redis_external(self) -> bool:
+        return self.redis_url is not None
+
+    @property
+    def kafka_address(self) -> str:
+        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def pg_address(self) -> str:
+        return self.pg_dsn or f"postgresql://postgres@127.0.0.1:{self.pg_port}/{PG_DATABASE}"
+
+    @property
+    def redis_address(self) -> str:
+        return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def resolved_kafka_libs(self) -> Path:
+        return self.kafka_libs_dir or self.state_dir / "cache" / f"kafka-{KAFKA_VERSION}-libs"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (plus explicit overrides, which win)."""
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""The five projections as pure folds ``(entry, state) -> state``, plus their stores."""

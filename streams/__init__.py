@@ -1,0 +1,1 @@
+"""Kafka topology: topics, the faust app and workers, the fleet publisher, dead letters, replay."""

@@ -1,0 +1,64 @@
+"""Topic names and idempotent creation.
+
+Ledger topics: one per fleet, ``<prefix>.ledger.<fleet>``, keyed by run id so a run's entries keep
+their order inside one partition, kept forever (``retention.ms=-1``), compressed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import for_code
+
+TOPIC_ALREADY_EXISTS = 36
+
+LEDGER_TOPIC_CONFIG: Mapping[str, str] = {
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "compression.type": "zstd",
+    "cleanup.policy": "delete",
+}
+
+
+def ledger_topic(prefix: str, fleet_id: str) -> str:
+    return f"{prefix}.ledger.{fleet_id}"
+
+
+def dead_letter_topic(prefix: str, fleet_id: str) -> str:
+    return f"{prefix}.dlq.{fleet_id}"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    wanted = list(specs)
+    if not wanted:
+        return []
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        response = await admin.create_topics(
+            [
+                NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
+                for s in wanted
+            ]
+        )
+    finally:
+        await admin.close()
+    created = []
+    for topic, code, *rest in response.topic_errors:
+        if code == 0:
+            created.append(topic)
+        elif code != TOPIC_ALREADY_EXISTS:
+            message = rest[0] if rest else ""
+            raise for_code(code)(f"creating topic {topic}: {message}")
+    return created

@@ -1,0 +1,1 @@
+"""Unit (pure), contract, integration (real services) and end-to-end tests."""

@@ -1,0 +1,77 @@
+"""Pure checks of settings and process plumbing (no services)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from infra.errors import PortInUseError
+from infra.process import is_alive, live_pid, log_tail, port_free, require_free_ports
+from infra.services import KafkaService
+from infra.settings import load_settings
+
+
+def test_unset_addresses_mean_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("KAFKA_BOOTSTRAP", "PG_DSN", "REDIS_URL"):
+        monkeypatch.delenv(f"AGENTLEDGER_{name}", raising=False)
+    monkeypatch.setenv("AGENTLEDGER_KAFKA_PORT", "29092")
+    s = load_settings()
+    assert not (s.kafka_external or s.pg_external or s.redis_external)
+    assert s.kafka_address == "127.0.0.1:29092"
+    assert s.pg_address.endswith(":15432/agentledger")
+
+
+def test_set_address_means_external(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTLEDGER_KAFKA_BOOTSTRAP", "broker-1:9092")
+    monkeypatch.setenv("AGENTLEDGER_REDIS_URL", "redis://cache:6379/2")
+    s = load_settings()
+    assert s.kafka_external and s.redis_external
+    assert s.kafka_address == "broker-1:9092"
+    assert s.redis_address == "redis://cache:6379/2"
+
+
+def test_taken_port_gives_error_naming_port_and_setting() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not port_free(port)
+        with pytest.raises(PortInUseError, match=rf"port {port}.*AGENTLEDGER_REDIS_PORT"):
+            require_free_ports("redis", {"REDIS_PORT": port})
+    assert port_free(port)
+
+
+def test_live_pid_needs_a_live_process_with_the_marker(tmp_path: Path) -> None:
+    pidfile = tmp_path / "x.pid"
+    assert live_pid(pidfile, "x") is None
+    pidfile.write_text(f"{os.getpid()}\n")
+    assert live_pid(pidfile, "no-such-marker-in-cmdline") is None
+    assert live_pid(pidfile, "python") == os.getpid() or live_pid(pidfile, "pytest") == os.getpid()
+    pidfile.write_text("999999999\n")
+    assert not is_alive(999999999)
+    assert live_pid(pidfile, "") is None
+
+
+def test_log_tail_keeps_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert log_tail(log, 3).splitlines() == ["line 97", "line 98", "line 99"]
+    assert "no log" in log_tail(tmp_path / "missing.log")
+
+
+def test_kafka_config_is_single_node_kraft_without_inline_comments(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, kafka_port=30001, kafka_controller_port=30002)
+    service = KafkaService(settings, Console(quiet=True))
+    service.home.mkdir(parents=True)
+    service._write_config()
+    props = dict(
+        line.split("=", 1) for line in (service.home / "server.properties").read_text().splitlines()
+    )
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:30002"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:30001"
+    assert not any("#" in v for v in props.values())
