@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infra import local
-from infra.errors import InfraError
 from infra.services import ServiceStatus
 from infra.settings import Settings, load_settings
+from schemas.errors import AgentLedgerError
 
 app = typer.Typer(
     no_args_is_help=True, help="AgentLedger: the event-sourced ledger for agent fleets."
@@ -64,6 +66,80 @@ def infra_status(
     _print_status(local.status(_settings(), console), as_json)
 
 
+topics_app = typer.Typer(no_args_is_help=True, help="Ledger and dead-letter topics.")
+app.add_typer(topics_app, name="topics")
+
+
+@topics_app.command("create")
+def topics_create(
+    fleet: Annotated[
+        list[str] | None, typer.Option("--fleet", help="fleet id (repeatable); default: settings")
+    ] = None,
+) -> None:
+    """Create each fleet's ledger and dead-letter topics (idempotent)."""
+    from streams.admin import create_fleet_topics_sync
+
+    settings = _settings()
+    fleets = fleet or settings.fleet_ids
+    created = create_fleet_topics_sync(settings, fleets)
+    for name in created:
+        console.print(f"created {name}")
+    console.print(f"{len(created)} topics created, fleets: {', '.join(fleets)}")
+
+
+@app.command("simulate")
+def simulate_cmd(
+    fleets: Annotated[int, typer.Option(help="number of fleets")] = 2,
+    runs: Annotated[int, typer.Option(help="runs per fleet")] = 14,
+    seed: Annotated[int, typer.Option(help="same seed, same entries")] = 1,
+    out: Annotated[Path | None, typer.Option(help="write the JSON form, one per line")] = None,
+    publish: Annotated[
+        bool, typer.Option("--publish", help="publish to the ledger topics")
+    ] = False,
+) -> None:
+    """Generate deterministic, realistic agent runs (for demos, tests and benchmarks)."""
+    from schemas.json_form import to_json_text
+    from streams.publisher import AsyncPublisher
+    from streams.simulate import simulate
+
+    if (out is None) == (not publish):
+        raise typer.BadParameter("give exactly one of --out FILE or --publish")
+    entries = simulate(fleets, runs, seed)
+    if out is not None:
+        with out.open("w") as f:
+            for entry in entries:
+                f.write(to_json_text(entry) + "\n")
+        console.print(f"wrote {len(entries)} entries of {fleets * runs} runs to {out}")
+        return
+
+    async def _publish() -> None:
+        async with AsyncPublisher(_settings()) as publisher:
+            for start in range(0, len(entries), 1000):
+                await publisher.publish_batch(entries[start : start + 1000])
+
+    asyncio.run(_publish())
+    console.print(f"published {len(entries)} entries of {fleets * runs} runs")
+
+
+@app.command("publish")
+def publish_cmd(
+    file: Annotated[Path, typer.Argument(help="entries in the JSON form, one per line")],
+) -> None:
+    """Publish a JSONL file of entries; invalid lines are reported and not sent."""
+    from streams.publish_file import publish_file
+
+    report = asyncio.run(publish_file(file, _settings()))
+    for number, reason in report.invalid:
+        err.print(f"line {number}: {reason}")
+    fleets = ", ".join(f"{k}={v}" for k, v in sorted(report.by_fleet.items()))
+    console.print(
+        f"published {report.sent} entries ({fleets or 'none'}); "
+        f"{len(report.invalid)} invalid lines not sent"
+    )
+    if report.invalid:
+        raise typer.Exit(code=2)
+
+
 @app.command("demo")
 def demo() -> None:
     """Bring the stack up and run the demo pipeline end to end."""
@@ -75,6 +151,6 @@ def demo() -> None:
 def main() -> None:
     try:
         app()
-    except InfraError as exc:
+    except AgentLedgerError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise SystemExit(1) from None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from schemas.errors import AgentLedgerError
 
-class InfraError(Exception):
+
+class InfraError(AgentLedgerError):
     """A local service could not be started, reached or stopped. The message says what to do."""
-
-    retriable = False
 
 
 class PortInUseError(InfraError):

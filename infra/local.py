@@ -13,7 +13,16 @@ def up(settings: Settings, console: Console) -> list[ServiceStatus]:
     services = all_services(settings, console)
     for service in services:
         console.print(service.up())
+    _prepare(settings, console)
     return [s.status() for s in services]
+
+
+def _prepare(settings: Settings, console: Console) -> None:
+    """Topics (and, later, tables) the pipeline needs; idempotent."""
+    from streams.admin import create_fleet_topics_sync
+
+    created = create_fleet_topics_sync(settings, settings.fleet_ids)
+    console.print(f"topics: {len(created)} created for fleets {', '.join(settings.fleet_ids)}")
 
 
 def down(settings: Settings, console: Console, purge: bool = False) -> None:

@@ -42,6 +42,15 @@ class Settings(BaseSettings):
     topic_prefix: str = "agentledger"
     topic_partitions: int = 8
     topic_replication: int = 1
+    fleets: str = Field(default="demo", description="comma-separated fleet ids for topics create")
+
+    max_entry_bytes: int = 512 * 1024
+    publish_timeout_s: float = 15.0
+    schema_registry_url: str | None = None
+
+    @property
+    def fleet_ids(self) -> list[str]:
+        return [f.strip() for f in self.fleets.split(",") if f.strip()]
 
     @property
     def kafka_external(self) -> bool:

@@ -6,6 +6,7 @@ their order inside one partition, kept forever (``retention.ms=-1``), compressed
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -62,3 +63,32 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]
             message = rest[0] if rest else ""
             raise for_code(code)(f"creating topic {topic}: {message}")
     return created
+
+
+DEAD_LETTER_TOPIC_CONFIG: Mapping[str, str] = {
+    "retention.ms": "-1",
+    "compression.type": "zstd",
+    "cleanup.policy": "delete",
+}
+
+
+def fleet_topic_specs(
+    prefix: str, fleet_id: str, partitions: int, replication: int
+) -> list[TopicSpec]:
+    """A fleet's ledger topic and its dead-letter topic."""
+    return [
+        TopicSpec(ledger_topic(prefix, fleet_id), partitions, replication, LEDGER_TOPIC_CONFIG),
+        TopicSpec(
+            dead_letter_topic(prefix, fleet_id), partitions, replication, DEAD_LETTER_TOPIC_CONFIG
+        ),
+    ]
+
+
+FLEET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
+
+
+def check_fleet_id(fleet_id: str) -> str:
+    """Fleet ids become topic names: letters, digits, ``_`` and ``-`` only."""
+    if not FLEET_ID_RE.match(fleet_id):
+        raise ValueError(f"fleet id {fleet_id!r} must match {FLEET_ID_RE.pattern}")
+    return fleet_id

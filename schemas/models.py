@@ -1,0 +1,643 @@
+"""Pydantic mirror of the newest `avsc/ledger_entry.v<N>.avsc`, field by field.
+
+Records become frozen models named like their Avro record, Avro enums become `StrEnum`s named like
+the Avro enum, arrays become tuples, timestamp-micros becomes an aware UTC `datetime`. Parts carry a
+`type` literal (e.g. "text") that stands for the Avro union branch (e.g. agentledger.TextPart).
+Constructing a model directly raises pydantic's `ValidationError`; `parse_entry`, `from_avro`
+and the codec raise `LedgerValidationError` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from schemas.errors import LedgerValidationError
+
+NAMESPACE = "agentledger"
+_INT_MAX = 2**31 - 1
+_LONG_MAX = 2**63 - 1
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _iso_utc(value: datetime) -> str:
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def _json_text(value: str) -> str:
+    try:
+        json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"not a JSON document: {exc}") from None
+    return value
+
+
+UtcDatetime = Annotated[
+    AwareDatetime,
+    AfterValidator(_to_utc),
+    PlainSerializer(_iso_utc, return_type=str, when_used="json"),
+]
+Id = Annotated[str, Field(min_length=1)]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Digest = Annotated[str, Field(pattern=r"^[a-z0-9-]+:[0-9a-f]+$")]
+JsonText = Annotated[str, AfterValidator(_json_text)]
+Int32 = Annotated[int, Field(ge=-(2**31), le=_INT_MAX)]
+Count32 = Annotated[int, Field(ge=0, le=_INT_MAX)]
+Line = Annotated[int, Field(ge=1, le=_INT_MAX)]
+Count = Annotated[int, Field(ge=0, le=_LONG_MAX)]
+Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ActorType(StrEnum):
+    USER = "USER"
+    AGENT = "AGENT"
+    TOOL = "TOOL"
+    VERIFIER = "VERIFIER"
+    JUDGE = "JUDGE"
+    SYSTEM = "SYSTEM"
+    HUMAN_REVIEWER = "HUMAN_REVIEWER"
+    ORCHESTRATOR = "ORCHESTRATOR"
+    UNKNOWN = "UNKNOWN"
+
+
+class EntryKind(StrEnum):
+    SYSTEM_INSTRUCTION = "SYSTEM_INSTRUCTION"
+    DEVELOPER_INSTRUCTION = "DEVELOPER_INSTRUCTION"
+    ORG_POLICY = "ORG_POLICY"
+    REPOSITORY_INSTRUCTION = "REPOSITORY_INSTRUCTION"
+    USER_TASK = "USER_TASK"
+    AGENT_THOUGHT_SUMMARY = "AGENT_THOUGHT_SUMMARY"
+    ASSISTANT_RESPONSE = "ASSISTANT_RESPONSE"
+    TOOL_CALL_REQUEST = "TOOL_CALL_REQUEST"
+    TOOL_CALL_RESULT = "TOOL_CALL_RESULT"
+    FILE_OBSERVATION = "FILE_OBSERVATION"
+    DIFF_OBSERVATION = "DIFF_OBSERVATION"
+    VERIFIER_RESULT = "VERIFIER_RESULT"
+    JUDGE_RESULT = "JUDGE_RESULT"
+    APPROVAL_REQUEST = "APPROVAL_REQUEST"
+    APPROVAL_DECISION = "APPROVAL_DECISION"
+    RUN_SUMMARY = "RUN_SUMMARY"
+    ERROR_EVENT = "ERROR_EVENT"
+    RUN_STARTED = "RUN_STARTED"
+    RUN_FINISHED = "RUN_FINISHED"
+    MODEL_CALL = "MODEL_CALL"
+    CONTEXT_PROJECTED = "CONTEXT_PROJECTED"
+    DIFF_SNAPSHOT = "DIFF_SNAPSHOT"
+    MEMORY_UPDATE_PROPOSED = "MEMORY_UPDATE_PROPOSED"
+    COMPACTION = "COMPACTION"
+    ARTIFACT_STORED = "ARTIFACT_STORED"
+    UNKNOWN = "UNKNOWN"
+
+
+class TrustLevel(StrEnum):
+    PLATFORM_TRUSTED = "PLATFORM_TRUSTED"
+    ORG_TRUSTED = "ORG_TRUSTED"
+    USER_TRUSTED = "USER_TRUSTED"
+    TOOL_TRUSTED = "TOOL_TRUSTED"
+    REPOSITORY_UNTRUSTED = "REPOSITORY_UNTRUSTED"
+    NETWORK_UNTRUSTED = "NETWORK_UNTRUSTED"
+    MODEL_GENERATED = "MODEL_GENERATED"
+    UNKNOWN = "UNKNOWN"
+
+
+class Visibility(StrEnum):
+    MODEL_VISIBLE = "MODEL_VISIBLE"
+    AUDIT_ONLY = "AUDIT_ONLY"
+    HUMAN_VISIBLE = "HUMAN_VISIBLE"
+    INTERNAL_ONLY = "INTERNAL_ONLY"
+    REDACTED = "REDACTED"
+
+
+class RunStatus(StrEnum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    BLOCKED = "BLOCKED"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    POLICY_DENIED = "POLICY_DENIED"
+    UNKNOWN = "UNKNOWN"
+
+
+class RedactionLevel(StrEnum):
+    PUBLIC = "PUBLIC"
+    REVIEW = "REVIEW"
+    RESTRICTED = "RESTRICTED"
+    ENCRYPTED_RAW = "ENCRYPTED_RAW"
+    UNKNOWN = "UNKNOWN"
+
+
+class FileChangeStatus(StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+    RENAMED = "RENAMED"
+    UNKNOWN = "UNKNOWN"
+
+
+class FileClassification(StrEnum):
+    SOURCE = "SOURCE"
+    TEST = "TEST"
+    CONFIG = "CONFIG"
+    GENERATED = "GENERATED"
+    DOCUMENTATION = "DOCUMENTATION"
+    UNKNOWN = "UNKNOWN"
+
+
+class PermissionClass(StrEnum):
+    READ_ONLY = "READ_ONLY"
+    WORKSPACE_WRITE = "WORKSPACE_WRITE"
+    EXECUTE_SAFE = "EXECUTE_SAFE"
+    EXECUTE_PRIVILEGED = "EXECUTE_PRIVILEGED"
+    NETWORK_ACCESS = "NETWORK_ACCESS"
+    EXTERNAL_SIDE_EFFECT = "EXTERNAL_SIDE_EFFECT"
+    UNKNOWN = "UNKNOWN"
+
+
+class ToolResultStatus(StrEnum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    DENIED = "DENIED"
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
+
+
+class VerificationStatus(StrEnum):
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    ERROR = "ERROR"
+    SKIPPED = "SKIPPED"
+    UNKNOWN = "UNKNOWN"
+
+
+class ModelCallStatus(StrEnum):
+    OK = "OK"
+    ERROR = "ERROR"
+    TIMED_OUT = "TIMED_OUT"
+    RATE_LIMITED = "RATE_LIMITED"
+    CANCELLED = "CANCELLED"
+    CONTENT_FILTERED = "CONTENT_FILTERED"
+    UNKNOWN = "UNKNOWN"
+
+
+class ContextItemKind(StrEnum):
+    SYSTEM_INSTRUCTION = "SYSTEM_INSTRUCTION"
+    DEVELOPER_INSTRUCTION = "DEVELOPER_INSTRUCTION"
+    ORG_POLICY = "ORG_POLICY"
+    PERMISSION_PROFILE = "PERMISSION_PROFILE"
+    TASK_CONTRACT = "TASK_CONTRACT"
+    REPOSITORY_INSTRUCTION = "REPOSITORY_INSTRUCTION"
+    WORKING_MEMORY = "WORKING_MEMORY"
+    REPOSITORY_MAP = "REPOSITORY_MAP"
+    FILE_SLICE = "FILE_SLICE"
+    TOOL_DEFINITION = "TOOL_DEFINITION"
+    TOOL_CALL = "TOOL_CALL"
+    TOOL_OUTPUT = "TOOL_OUTPUT"
+    TOOL_OUTPUT_PLACEHOLDER = "TOOL_OUTPUT_PLACEHOLDER"
+    DIFF = "DIFF"
+    VERIFIER_RESULT = "VERIFIER_RESULT"
+    CONVERSATION_TURN = "CONVERSATION_TURN"
+    SUMMARY = "SUMMARY"
+    UNKNOWN = "UNKNOWN"
+
+
+class RedactionType(StrEnum):
+    SECRET_PATTERN = "SECRET_PATTERN"
+    CREDENTIAL = "CREDENTIAL"
+    PII = "PII"
+    HIGH_ENTROPY = "HIGH_ENTROPY"
+    POLICY = "POLICY"
+    UNKNOWN = "UNKNOWN"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _not_before(value: Any, info: ValidationInfo, earlier: str) -> Any:
+    """Check `value >= info.data[earlier]` when both are present."""
+    start = info.data.get(earlier)
+    if value is not None and start is not None and value < start:
+        raise ValueError(f"must not be before {earlier} ({start})")
+    return value
+
+
+class Actor(_Record):
+    """The producer of an entry."""
+
+    type: ActorType
+    id: Id
+
+
+class Causation(_Record):
+    """The entry or tool call an entry answers."""
+
+    parent_entry_id: Id | None = None
+    tool_call_id: Id | None = None
+
+
+class Redaction(_Record):
+    """One removal made by the publisher's redactor; never the value."""
+
+    type: RedactionType
+    field: Id
+    rule: Id | None = None
+
+
+class ArtifactRef(_Record):
+    """Reference to content in the artifact store."""
+
+    artifact_id: Id
+    sha256: Sha256Hex
+    size_bytes: Count
+    content_type: Id
+    redaction_level: RedactionLevel
+
+
+class TextPart(_Record):
+    """Plain or markdown text, small enough to inline."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class JsonPart(_Record):
+    """A structured JSON document, serialized as a string."""
+
+    type: Literal["json"] = "json"
+    json_text: JsonText
+    schema_ref: Id | None = None
+
+
+class ArtifactRefPart(_Record):
+    """Content stored in the artifact store rather than inline."""
+
+    type: Literal["artifact_ref"] = "artifact_ref"
+    artifact_id: Id
+    sha256: Sha256Hex
+    size_bytes: Count
+    content_type: Id
+    redaction_level: RedactionLevel
+
+    def to_ref(self) -> ArtifactRef:
+        """The same reference as a nested `ArtifactRef`."""
+        return ArtifactRef(**self.model_dump(exclude={"type"}))
+
+
+class FileSnippetPart(_Record):
+    """A slice of a repository file the agent observed."""
+
+    type: Literal["file_snippet"] = "file_snippet"
+    path: Id
+    line_start: Line
+    line_end: Line
+    commit_sha: Id | None = None
+    content_hash: Digest
+    text: str | None = None
+
+    @field_validator("line_end")
+    @classmethod
+    def _end_after_start(cls, value: int, info: ValidationInfo) -> int:
+        return int(_not_before(value, info, "line_start"))
+
+
+class DiffFile(_Record):
+    """One changed file in a diff."""
+
+    path: Id
+    status: FileChangeStatus
+    lines_added: Count32
+    lines_deleted: Count32
+    classification: FileClassification
+    old_path: Id | None = Field(default=None, validate_default=True)
+
+    @field_validator("old_path")
+    @classmethod
+    def _renamed_has_old_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("status") is FileChangeStatus.RENAMED:
+            raise ValueError("required when status is RENAMED")
+        return value
+
+
+class DiffPart(_Record):
+    """Summary of a workspace diff; the patch itself is an artifact."""
+
+    type: Literal["diff"] = "diff"
+    files: tuple[DiffFile, ...]
+    diff_artifact: ArtifactRef | None = None
+    base_sha: Id | None = None
+    workspace_tree_hash: Id | None = None
+
+
+class ToolCallPart(_Record):
+    """A tool call requested by the agent."""
+
+    type: Literal["tool_call"] = "tool_call"
+    tool_call_id: Id
+    tool_name: Id
+    permission_class: PermissionClass
+    arguments_hash: Digest
+    started_at: UtcDatetime
+    finished_at: UtcDatetime | None = None
+    approval_id: Id | None = None
+
+    @field_validator("finished_at")
+    @classmethod
+    def _finished_after_start(cls, value: datetime | None, info: ValidationInfo) -> Any:
+        return _not_before(value, info, "started_at")
+
+
+class ToolResultPart(_Record):
+    """The outcome of a tool call."""
+
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: Id
+    status: ToolResultStatus
+    exit_code: Int32 | None = None
+    timed_out: bool
+    summary: str
+    artifact_refs: tuple[ArtifactRef, ...] = ()
+
+
+class VerificationPart(_Record):
+    """The result of a verifier or judge check."""
+
+    type: Literal["verification"] = "verification"
+    verifier: Id
+    profile: Id
+    status: VerificationStatus
+    diagnostics_ref: ArtifactRef | None = None
+    check_id: Id | None = None
+
+
+class ErrorPart(_Record):
+    """An error the agent, a tool or the platform met."""
+
+    type: Literal["error"] = "error"
+    category: Id
+    message: str
+    signature: Id | None = None
+
+
+class ModelUsagePart(_Record):
+    """One model provider call: normalized usage plus the provider's raw usage verbatim."""
+
+    type: Literal["model_usage"] = "model_usage"
+    provider: Id
+    model: Id
+    purpose: Id
+    provider_response_id: Id | None = None
+    input_tokens: Count
+    cached_input_tokens: Count
+    output_tokens: Count
+    reasoning_tokens: Count
+    latency_ms: Count
+    finish_reason: Id | None = None
+    status: ModelCallStatus
+    provider_reported_cost_usd: Usd | None = None
+    raw_usage_json: JsonText
+
+    @field_validator("cached_input_tokens")
+    @classmethod
+    def _cached_within_input(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "input_tokens")
+
+    @field_validator("reasoning_tokens")
+    @classmethod
+    def _reasoning_within_output(cls, value: int, info: ValidationInfo) -> int:
+        return _at_most(value, info, "output_tokens")
+
+
+def _at_most(value: int, info: ValidationInfo, total: str) -> int:
+    limit = info.data.get(total)
+    if limit is not None and value > limit:
+        raise ValueError(f"must not exceed {total} ({limit}), which includes it")
+    return value
+
+
+class ContextItem(_Record):
+    """One item of a model context."""
+
+    item_kind: ContextItemKind
+    source_entry_id: Id | None = None
+    trust_level: TrustLevel
+    visibility: Visibility
+    sha256: Sha256Hex
+    tokens: Count
+    path: Id | None = None
+    line_start: Line | None = None
+    line_end: Line | None = None
+    tool_call_id: Id | None = None
+    section: Id | None = None
+
+    @field_validator("line_end")
+    @classmethod
+    def _end_after_start(cls, value: int | None, info: ValidationInfo) -> Any:
+        return _not_before(value, info, "line_start")
+
+
+class ContextItemsPart(_Record):
+    """The manifest of what a model call saw."""
+
+    type: Literal["context_items"] = "context_items"
+    items: tuple[ContextItem, ...]
+
+
+class ProposedFact(_Record):
+    """A fact with its evidence refs (entry:<id>, tool-call:<id>, artifact:<id>)."""
+
+    fact: Id
+    evidence_refs: tuple[Id, ...]
+
+
+class ProposedProblem(_Record):
+    """An open problem with its evidence refs."""
+
+    problem: Id
+    evidence_refs: tuple[Id, ...]
+
+
+class ProposedDecision(_Record):
+    """A decision with its reason and evidence refs."""
+
+    decision: Id
+    reason: Id
+    evidence_refs: tuple[Id, ...]
+
+
+class MemoryProposalPart(_Record):
+    """Working-memory updates proposed by the agent; the projector keeps evidence-bound ones."""
+
+    type: Literal["memory_proposal"] = "memory_proposal"
+    facts: tuple[ProposedFact, ...] = ()
+    problems: tuple[ProposedProblem, ...] = ()
+    decisions: tuple[ProposedDecision, ...] = ()
+
+
+Part = Annotated[
+    TextPart
+    | JsonPart
+    | ArtifactRefPart
+    | FileSnippetPart
+    | DiffPart
+    | ToolCallPart
+    | ToolResultPart
+    | VerificationPart
+    | ErrorPart
+    | ModelUsagePart
+    | ContextItemsPart
+    | MemoryProposalPart,
+    Field(discriminator="type"),
+]
+
+# In Avro union order; the order is part of the contract.
+PART_TYPES: tuple[type[_Record], ...] = (
+    TextPart,
+    JsonPart,
+    ArtifactRefPart,
+    FileSnippetPart,
+    DiffPart,
+    ToolCallPart,
+    ToolResultPart,
+    VerificationPart,
+    ErrorPart,
+    ModelUsagePart,
+    ContextItemsPart,
+    MemoryProposalPart,
+)
+
+
+class LedgerEntry(_Record):
+    """One append-only fact recorded by an agent fleet (the envelope)."""
+
+    entry_id: Id
+    fleet_id: Id
+    session_id: Id
+    run_id: Id
+    attempt_id: Id
+    step_id: Id | None = None
+    sequence_no: Annotated[int, Field(ge=1, le=_LONG_MAX)]
+    occurred_at: UtcDatetime
+    actor: Actor
+    kind: EntryKind
+    trust_level: TrustLevel
+    visibility: Visibility
+    causation: Causation = Field(default_factory=Causation)
+    trace_id: Id | None = None
+    span_id: Id | None = None
+    run_status: RunStatus | None = Field(default=None, validate_default=True)
+    parts: tuple[Part, ...] = ()
+    metadata: dict[str, str] = Field(default_factory=dict)
+    redactions: tuple[Redaction, ...] = ()
+
+    @field_validator("run_status")
+    @classmethod
+    def _status_iff_finished(cls, value: RunStatus | None, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if kind is EntryKind.RUN_FINISHED and value is None:
+            raise ValueError("required when kind is RUN_FINISHED")
+        if value is not None and kind not in (None, EntryKind.RUN_FINISHED, EntryKind.UNKNOWN):
+            raise ValueError(f"only allowed when kind is RUN_FINISHED, not {kind}")
+        return value
+
+
+def part_tag(part_type: type[_Record]) -> str:
+    """The `type` literal of a part class, e.g. "text" for `TextPart`."""
+    return str(part_type.model_fields["type"].default)
+
+
+def avro_name(model: type[BaseModel]) -> str:
+    """Full Avro name of the record a model mirrors, e.g. agentledger.TextPart."""
+    return f"{NAMESPACE}.{model.__name__}"
+
+
+_AVRO_NAME_BY_TAG = {part_tag(cls): avro_name(cls) for cls in PART_TYPES}
+_TAG_BY_AVRO_NAME = {name: tag for tag, name in _AVRO_NAME_BY_TAG.items()}
+_ENTRIES: TypeAdapter[list[LedgerEntry]] = TypeAdapter(list[LedgerEntry])
+
+
+def to_avro(entry: LedgerEntry) -> dict[str, Any]:
+    """The fastavro record of an entry; parts in fastavro's (record name, record) tuple notation."""
+    return avro_record(entry.model_dump())
+
+
+def avro_record(dumped: dict[str, Any]) -> dict[str, Any]:
+    """Turn `LedgerEntry.model_dump()` output into a fastavro record (mutates and returns it)."""
+    dumped["parts"] = [_part_to_avro(part) for part in dumped["parts"]]
+    return dumped
+
+
+def _part_to_avro(part: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    tag = part.pop("type")
+    return _AVRO_NAME_BY_TAG[tag], part
+
+
+def from_avro(record: Mapping[str, Any]) -> LedgerEntry:
+    """Build an entry from a record read with `return_record_name=True`; LedgerValidationError."""
+    return parse_entry(model_input(record))
+
+
+def model_input(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A fastavro record reshaped for `LedgerEntry` validation (parts get their `type` key)."""
+    data = dict(record)
+    data["parts"] = [_part_from_avro(part) for part in record.get("parts", ())]
+    return data
+
+
+def _part_from_avro(part: Any) -> Any:
+    if isinstance(part, tuple) and len(part) == 2 and part[0] in _TAG_BY_AVRO_NAME:
+        return {"type": _TAG_BY_AVRO_NAME[part[0]], **part[1]}
+    return part  # left for validation to reject with a clear location
+
+
+def parse_entry(data: Mapping[str, Any]) -> LedgerEntry:
+    """Validate a python-shaped mapping into an entry; raises LedgerValidationError."""
+    try:
+        return LedgerEntry.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def parse_entries(items: list[dict[str, Any]]) -> list[LedgerEntry]:
+    """Validate many python-shaped mappings in one call; raises LedgerValidationError."""
+    try:
+        return _ENTRIES.validate_python(items)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def parse_entry_json(text: str | bytes) -> LedgerEntry:
+    """Validate JSON-form text strictly (ISO timestamps, enum symbols); LedgerValidationError."""
+    try:
+        return LedgerEntry.model_validate_json(text, strict=True)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> LedgerValidationError:
+    """The first pydantic error as a LedgerValidationError naming its field path."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    field = ".".join(str(item) for item in first["loc"]) or "entry"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return LedgerValidationError(field, f"{first['msg']}{more}")
