@@ -42,7 +42,9 @@ class Settings(BaseSettings):
     topic_prefix: str = "agentledger"
     topic_partitions: int = 8
     topic_replication: int = 1
-    fleets: str = Field(default="demo", description="comma-separated fleet ids for topics create")
+    fleets: str = Field(
+        default="fleet-01,fleet-02", description="comma-separated fleet ids for topics create"
+    )
 
     max_entry_bytes: int = 512 * 1024
     publish_timeout_s: float = 15.0

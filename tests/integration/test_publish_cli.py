@@ -1,0 +1,69 @@
+"""`agentledger publish FILE.jsonl` on the real broker: valid lines sent, invalid reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from infra.settings import Settings
+from schemas.codec import LedgerCodec
+from schemas.json_form import to_json, to_json_text
+from streams.simulate import simulate_runs
+from streams.topics import ledger_topic
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AGENTLEDGER_KAFKA_BOOTSTRAP": settings.kafka_address,
+           "AGENTLEDGER_TOPIC_PREFIX": settings.topic_prefix}
+    exe = Path(sys.executable).with_name("agentledger")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+
+
+async def _count(settings: Settings, topic: str) -> list[bytes]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_address,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got: list[bytes] = []
+    try:
+        while batch := await consumer.getmany(timeout_ms=3000):
+            got.extend(r.value for rs in batch.values() for r in rs if r.value is not None)
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_publish_reports_invalid_lines_and_sends_valid_ones(
+    services: Settings, tmp_path: Path
+) -> None:
+    settings = services.model_copy(update={"topic_prefix": f"p{uuid.uuid4().hex[:8]}"})
+    run_a, run_b = list(simulate_runs(1, 2, seed=11))
+    bad_kind = to_json(run_b[0]) | {"kind": "TELEPATHY"}
+    missing = {k: v for k, v in to_json(run_b[0]).items() if k != "run_id"}
+    wrong_type = to_json(run_b[0]) | {"sequence_no": "one"}
+    lines = [to_json_text(e) for e in run_a]
+    lines += ["{not json", json.dumps(bad_kind), json.dumps(missing), json.dumps(wrong_type)]
+    lines.append(to_json_text(run_b[1]))  # sequence 2 before 1 was ever sent: a skip
+    path = tmp_path / "entries.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    proc = _cli(settings, "publish", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    n = len(run_a)
+    for number, field in ((n + 1, "entry"), (n + 2, "kind"), (n + 3, "run_id"),
+                          (n + 4, "sequence_no"), (n + 5, "sequence_no")):
+        assert f"line {number}: {field}" in proc.stderr
+    assert f"published {n} entries" in proc.stdout
+
+    values = await _count(settings, ledger_topic(settings.topic_prefix, "fleet-01"))
+    decoded = LedgerCodec().decode_many(values)
+    assert sorted(e.entry_id for e in decoded) == sorted(e.entry_id for e in run_a)
