@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import uuid
 from collections.abc import Iterator
@@ -15,17 +16,24 @@ from rich.console import Console
 
 from infra import local
 from infra.errors import PortInUseError
-from infra.process import is_alive
+from infra.process import is_alive, port_free
 from infra.settings import Settings, load_settings
 from streams.topics import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.integration
 
 
+_taken: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below the ephemeral range, so no outgoing connection grabs it meanwhile."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        if port not in _taken and port_free(port):
+            _taken.add(port)
+            return port
 
 
 @pytest.fixture
