@@ -320,14 +320,16 @@ def _run_with_progress(argv: list[str], console: Console, what: str, count: str)
     pattern = re.compile(count)
     lines: list[str] = []
     seen = 0
-    with console.status(what) as status:
-        proc = subprocess.Popen(
+    with (
+        console.status(what) as status,
+        subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             stdin=subprocess.DEVNULL,
-        )
+        ) as proc,
+    ):
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)

@@ -14,7 +14,9 @@ async def create_fleet_topics(settings: Settings, fleets: list[str]) -> list[str
         spec
         for fleet in fleets
         for spec in fleet_topic_specs(
-            settings.topic_prefix, check_fleet_id(fleet), settings.topic_partitions,
+            settings.topic_prefix,
+            check_fleet_id(fleet),
+            settings.topic_partitions,
             settings.topic_replication,
         )
     ]

@@ -90,8 +90,12 @@ def _plain(value: Any) -> Any:
 
 
 async def _consume(settings: Settings, topic: str, count: int) -> list[tuple[bytes, bytes]]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_address,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka_address,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
     got: list[tuple[bytes, bytes]] = []
     try:

@@ -22,16 +22,24 @@ pytestmark = pytest.mark.integration
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AGENTLEDGER_KAFKA_BOOTSTRAP": settings.kafka_address,
-           "AGENTLEDGER_TOPIC_PREFIX": settings.topic_prefix}
+    env = {
+        **os.environ,
+        "AGENTLEDGER_KAFKA_BOOTSTRAP": settings.kafka_address,
+        "AGENTLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+    }
     exe = Path(sys.executable).with_name("agentledger")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
 
 
 async def _count(settings: Settings, topic: str) -> list[bytes]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_address,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka_address,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
     got: list[bytes] = []
     try:
@@ -59,8 +67,13 @@ async def test_publish_reports_invalid_lines_and_sends_valid_ones(
     proc = _cli(settings, "publish", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     n = len(run_a)
-    for number, field in ((n + 1, "entry"), (n + 2, "kind"), (n + 3, "run_id"),
-                          (n + 4, "sequence_no"), (n + 5, "sequence_no")):
+    for number, field in (
+        (n + 1, "entry"),
+        (n + 2, "kind"),
+        (n + 3, "run_id"),
+        (n + 4, "sequence_no"),
+        (n + 5, "sequence_no"),
+    ):
         assert f"line {number}: {field}" in proc.stderr
     assert f"published {n} entries" in proc.stdout
 

@@ -15,9 +15,14 @@ from infra.services import KafkaService
 from infra.settings import load_settings
 
 
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("AGENTLEDGER_"):
+            monkeypatch.delenv(name)
+
+
 def test_unset_addresses_mean_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("KAFKA_BOOTSTRAP", "PG_DSN", "REDIS_URL"):
-        monkeypatch.delenv(f"AGENTLEDGER_{name}", raising=False)
     monkeypatch.setenv("AGENTLEDGER_KAFKA_PORT", "29092")
     s = load_settings()
     assert not (s.kafka_external or s.pg_external or s.redis_external)
