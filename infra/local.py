@@ -18,11 +18,14 @@ def up(settings: Settings, console: Console) -> list[ServiceStatus]:
 
 
 def _prepare(settings: Settings, console: Console) -> None:
-    """Topics (and, later, tables) the pipeline needs; idempotent."""
+    """Topics and tables the pipeline needs; idempotent."""
+    from infra.migrate import migrate
     from streams.admin import create_fleet_topics_sync
 
     created = create_fleet_topics_sync(settings, settings.fleet_ids)
     console.print(f"topics: {len(created)} created for fleets {', '.join(settings.fleet_ids)}")
+    applied = migrate(settings.pg_address)
+    console.print(f"migrations: {', '.join(applied) if applied else 'up to date'}")
 
 
 def down(settings: Settings, console: Console, purge: bool = False) -> None:

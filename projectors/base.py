@@ -1,0 +1,62 @@
+"""What every projection is: a named, versioned pure fold over one run's entries.
+
+A projection imports no faust, psycopg, redis, clock or logging. The engine loads a run's state,
+calls :meth:`Projection.fold` for each entry in sequence order and stores the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from schemas.models import LedgerEntry
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class Projection(Protocol, Generic[S]):
+    """A fold ``(state, entry) -> state`` per run, with its JSON document form."""
+
+    name: str
+    version: int
+    hot: bool  # served from Redis as well as PostgreSQL
+
+    def accepts(self, entry: LedgerEntry) -> bool:
+        """Whether :meth:`fold` needs this entry (the sequence guard sees every entry anyway)."""
+        ...
+
+    def initial(self, entry: LedgerEntry) -> S:
+        """The state before the run's first entry."""
+        ...
+
+    def fold(self, state: S, entry: LedgerEntry) -> S:
+        """The state after ``entry``. Pure: no I/O, no clock."""
+        ...
+
+    def to_doc(self, state: S) -> dict[str, Any]: ...
+
+    def from_doc(self, doc: dict[str, Any]) -> S: ...
+
+
+class ModelProjection(Generic[S]):
+    """Stores its state as the JSON of a pydantic model."""
+
+    state_type: type[S]
+
+    def to_doc(self, state: S) -> dict[str, Any]:
+        return state.model_dump(mode="json")
+
+    def from_doc(self, doc: dict[str, Any]) -> S:
+        return self.state_type.model_validate(doc)
+
+
+def fold_all(projection: Projection[S], entries: list[LedgerEntry]) -> S | None:
+    """The state after a run's entries, in order; what a test runs on a list."""
+    state: S | None = None
+    for entry in entries:
+        if state is None:
+            state = projection.initial(entry)
+        if projection.accepts(entry):
+            state = projection.fold(state, entry)
+    return state

@@ -1,0 +1,54 @@
+"""The engine's proving projection: per run, how many entries of which kind, and where it stands."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from projectors.base import ModelProjection
+from schemas.models import EntryKind, LedgerEntry
+
+
+class RunStats(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    fleet_id: str
+    entries: int = 0
+    last_sequence_no: int = 0
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+    by_kind: dict[str, int] = {}
+    status: str | None = None
+
+
+class RunStatsProjection(ModelProjection[RunStats]):
+    name = "run-stats"
+    version = 1
+    hot = True
+    state_type = RunStats
+
+    def accepts(self, entry: LedgerEntry) -> bool:
+        return True
+
+    def initial(self, entry: LedgerEntry) -> RunStats:
+        return RunStats(run_id=entry.run_id, fleet_id=entry.fleet_id)
+
+    def fold(self, state: RunStats, entry: LedgerEntry) -> RunStats:
+        kind = entry.kind.value
+        status = (
+            entry.run_status.value
+            if entry.kind is EntryKind.RUN_FINISHED and entry.run_status is not None
+            else state.status
+        )
+        return state.model_copy(
+            update={
+                "entries": state.entries + 1,
+                "last_sequence_no": entry.sequence_no,
+                "first_at": state.first_at or entry.occurred_at,
+                "last_at": entry.occurred_at,
+                "by_kind": {**state.by_kind, kind: state.by_kind.get(kind, 0) + 1},
+                "status": status,
+            }
+        )

@@ -1,0 +1,1 @@
+"""Where projections live: PostgreSQL (durable, queryable) and Redis (hot views)."""

@@ -1,0 +1,106 @@
+"""Redis side: hot views that never move backwards, and their refill from PostgreSQL.
+
+A view is a hash ``{prefix}:{projection}:{build}:run:{run_id}`` with ``seq`` (the run's applied
+sequence number it reflects), ``ver`` (see :func:`view_version`) and ``doc`` (the view as JSON).
+Writes go through a Lua compare-and-set on ``ver``, so a repeated or late write changes nothing.
+A build's ``ready`` key says its views are complete; when Redis loses it (flush, restart without
+persistence), the engine refills the build from PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+CAS_SCRIPT = """
+local cur = redis.call('HGET', KEYS[1], 'ver')
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'ver', ARGV[1], 'seq', ARGV[2], 'doc', ARGV[3])
+return 1
+"""
+
+
+def view_version(applied_seq: int, held: int) -> int:
+    """Monotonic per run: the applied sequence first, then how many entries wait behind a gap.
+
+    Held entries only grow while ``applied_seq`` stands still and are released only when it
+    moves, so a newer view always has a greater version.
+    """
+    return applied_seq * (1 << 20) + min(held, (1 << 20) - 1)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What Redis serves for one run: its state and how complete it is."""
+
+    run_id: str
+    applied_seq: int
+    held: int
+    gaps: list[list[int]]
+    state: dict[str, Any] | None
+
+
+def view_key(prefix: str, projection: str, build: str, run_id: str) -> str:
+    return f"{prefix}:{projection}:{build}:run:{run_id}"
+
+
+def ready_key(prefix: str, projection: str, build: str) -> str:
+    return f"{prefix}:{projection}:{build}:ready"
+
+
+def live_key(prefix: str, projection: str) -> str:
+    return f"{prefix}:live:{projection}"
+
+
+class RedisViewStore:
+    """CAS writes of run views for one key prefix."""
+
+    def __init__(self, client: Redis, prefix: str = "al") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._cas = client.register_script(CAS_SCRIPT)
+
+    async def write(self, projection: str, build: str, views: Iterable[RunView]) -> int:
+        """CAS-write views in one pipeline; returns how many moved forward."""
+        pipe = self.client.pipeline(transaction=False)
+        count = 0
+        for v in views:
+            key = view_key(self.prefix, projection, build, v.run_id)
+            doc = {"applied_seq": v.applied_seq, "gaps": v.gaps, "state": v.state}
+            args: list[int | str] = [
+                view_version(v.applied_seq, v.held),
+                v.applied_seq,
+                json.dumps(doc),
+            ]
+            await self._cas(keys=[key], args=args, client=pipe)
+            count += 1
+        if not count:
+            return 0
+        results = await pipe.execute()
+        return sum(int(r) for r in results)
+
+    async def is_ready(self, projection: str, build: str) -> bool:
+        return bool(await self.client.exists(ready_key(self.prefix, projection, build)))
+
+    async def mark_ready(self, projection: str, build: str) -> None:
+        await self.client.set(ready_key(self.prefix, projection, build), "1")
+
+    async def set_live(self, projection: str, build: str) -> None:
+        await self.client.set(live_key(self.prefix, projection), build)
+
+    async def read(self, projection: str, build: str, run_id: str) -> tuple[int, Any] | None:
+        raw = await self.client.hgetall(view_key(self.prefix, projection, build, run_id))
+        if not raw:
+            return None
+        return int(raw[b"seq"]), json.loads(raw[b"doc"])
+
+    async def read_live(self, projection: str, run_id: str) -> tuple[int, Any] | None:
+        build = await self.client.get(live_key(self.prefix, projection))
+        if build is None:
+            return None
+        name = build.decode() if isinstance(build, bytes) else str(build)
+        return await self.read(projection, name, run_id)

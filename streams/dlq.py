@@ -1,0 +1,212 @@
+"""Dead letters: poison records with their original bytes and the reason, per fleet.
+
+A dead letter keeps the original key, value and headers, and adds ``al.source.topic``,
+``al.source.partition``, ``al.source.offset``, ``al.error.class`` and ``al.error.message``.
+``redrive`` re-checks each one with today's decoder and sends those that now decode back to their
+source topic, once (PostgreSQL remembers what was redriven).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from infra.settings import Settings
+from schemas.codec import LedgerCodec
+from schemas.errors import LedgerDecodeError
+from streams.engine import Poison
+from streams.source import topic_partitions
+from streams.topics import dead_letter_topic
+
+SOURCE_TOPIC = "al.source.topic"
+SOURCE_PARTITION = "al.source.partition"
+SOURCE_OFFSET = "al.source.offset"
+ERROR_CLASS = "al.error.class"
+ERROR_MESSAGE = "al.error.message"
+REDRIVEN_FROM = "al.redriven-from"
+
+
+def fleet_of(topic: str) -> str:
+    """The fleet id of a ledger topic ``<prefix>.ledger.<fleet>``."""
+    return topic.rsplit(".ledger.", 1)[-1]
+
+
+class KafkaDeadLetterSink:
+    """Writes poison records to their fleet's dead-letter topic and waits for the acks."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_address,
+            acks="all",
+            enable_idempotence=True,
+            compression_type="zstd",
+        )
+        await producer.start()
+        self._producer = producer
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def send(self, poison: Sequence[Poison]) -> None:
+        if self._producer is None:
+            await self.start()
+        assert self._producer is not None
+        futures = []
+        for p in poison:
+            r = p.record
+            headers = [
+                *r.headers,
+                (SOURCE_TOPIC, r.topic.encode()),
+                (SOURCE_PARTITION, str(r.partition).encode()),
+                (SOURCE_OFFSET, str(r.offset).encode()),
+                (ERROR_CLASS, p.error_class.encode()),
+                (ERROR_MESSAGE, p.message.encode()[:4000]),
+            ]
+            topic = dead_letter_topic(self.settings.topic_prefix, fleet_of(r.topic))
+            futures.append(
+                await self._producer.send(topic, r.value or b"", key=r.key, headers=headers)
+            )
+        for future in futures:
+            await future
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record of a dead-letter topic, as ``dlq list`` shows it."""
+
+    dlq_topic: str
+    dlq_partition: int
+    dlq_offset: int
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    error_class: str
+    message: str
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+    @property
+    def source(self) -> tuple[str, int, int]:
+        return (self.source_topic, self.source_partition, self.source_offset)
+
+    def original_headers(self) -> list[tuple[str, bytes]]:
+        ours = {SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, ERROR_CLASS, ERROR_MESSAGE}
+        return [(k, v) for k, v in self.headers if k not in ours]
+
+
+def _dead_letter(record: Any) -> DeadLetter:
+    h = {k: v.decode(errors="replace") for k, v in record.headers}
+    return DeadLetter(
+        dlq_topic=record.topic,
+        dlq_partition=record.partition,
+        dlq_offset=record.offset,
+        source_topic=h.get(SOURCE_TOPIC, "?"),
+        source_partition=int(h.get(SOURCE_PARTITION, "-1")),
+        source_offset=int(h.get(SOURCE_OFFSET, "-1")),
+        error_class=h.get(ERROR_CLASS, "?"),
+        message=h.get(ERROR_MESSAGE, ""),
+        key=record.key,
+        value=record.value or b"",
+        headers=tuple(record.headers),
+    )
+
+
+async def read_dead_letters(settings: Settings, fleets: Sequence[str]) -> list[DeadLetter]:
+    """Every dead letter of these fleets, from the beginning to the current end; a source record
+    dead-lettered twice (a retried batch) is listed once."""
+    topics = [dead_letter_topic(settings.topic_prefix, f) for f in fleets]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_address,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    found: dict[tuple[str, int, int], DeadLetter] = {}
+    try:
+        partitions = await topic_partitions(consumer, topics)
+        if not partitions:
+            return []
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        remaining = {tp for tp in partitions if end[tp] > 0}
+        while remaining:
+            batch = await consumer.getmany(*remaining, timeout_ms=5000)
+            if not batch:
+                break
+            for tp, records in batch.items():
+                for record in records:
+                    letter = _dead_letter(record)
+                    found.setdefault(letter.source, letter)
+                if await consumer.position(tp) >= end[tp]:
+                    remaining.discard(tp)
+    finally:
+        await consumer.stop()
+    return sorted(found.values(), key=lambda d: d.source)
+
+
+async def redriven_sources(settings: Settings) -> set[tuple[str, int, int]]:
+    async with await psycopg.AsyncConnection.connect(settings.pg_address) as conn:
+        cur = await conn.execute(
+            "SELECT source_topic, source_partition, source_offset FROM al_dlq_redriven"
+        )
+        return {(t, p, o) for t, p, o in await cur.fetchall()}
+
+
+@dataclass
+class RedriveReport:
+    redriven: int = 0
+    still_bad: list[tuple[DeadLetter, str]] = field(default_factory=list)
+    already: int = 0
+
+
+async def redrive(settings: Settings, fleets: Sequence[str]) -> RedriveReport:
+    """Send back every dead letter that decodes now; leave the rest, saying why."""
+    letters = await read_dead_letters(settings, fleets)
+    done = await redriven_sources(settings)
+    codec = LedgerCodec()
+    report = RedriveReport()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_address,
+        acks="all",
+        enable_idempotence=True,
+        compression_type="zstd",
+    )
+    await producer.start()
+    try:
+        async with await psycopg.AsyncConnection.connect(settings.pg_address) as conn:
+            for letter in letters:
+                if letter.source in done:
+                    report.already += 1
+                    continue
+                try:
+                    codec.decode(letter.value)
+                except LedgerDecodeError as exc:
+                    report.still_bad.append((letter, str(exc)))
+                    continue
+                source = f"{letter.source_topic}/{letter.source_partition}/{letter.source_offset}"
+                headers = [*letter.original_headers(), (REDRIVEN_FROM, source.encode())]
+                await producer.send_and_wait(
+                    letter.source_topic, letter.value, key=letter.key, headers=headers
+                )
+                await conn.execute(
+                    "INSERT INTO al_dlq_redriven (source_topic, source_partition, source_offset) "
+                    "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    letter.source,
+                )
+                await conn.commit()
+                report.redriven += 1
+    finally:
+        await producer.stop()
+    return report

@@ -1,0 +1,384 @@
+"""The projection engine: a batch of raw records in, projections and offsets committed together.
+
+Per batch, in one PostgreSQL transaction: lock the batch's offset rows (per projection build),
+skip records at or below them, decode the rest once, dead-letter the poison ones, fold each run's
+new entries in sequence order (duplicates once, gaps held durably), write the touched runs and the
+new offsets. After the commit, hot projections' Redis views are CAS-written. Retriable failures
+(PostgreSQL, Redis, the dead-letter producer) back off and retry the batch; the stored offsets
+make the retry exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+import redis.asyncio as aioredis
+import redis.exceptions
+from aiokafka.errors import KafkaError
+from psycopg import AsyncConnection
+
+from projectors.base import Projection
+from projectors.ordering import missing_ranges, plan_run
+from projectors.stores import postgres as pg
+from projectors.stores.redis import RedisViewStore, RunView
+from schemas.codec import LedgerCodec
+from schemas.errors import LedgerDecodeError
+from schemas.models import LedgerEntry
+from streams.telemetry import Telemetry
+
+logger = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+T = TypeVar("T")
+
+RETRIABLE: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    KafkaError,
+    OSError,
+)
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One Kafka record as the engine sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A projection and the build it writes."""
+
+    projection: Projection[Any]
+    build: str
+
+    @property
+    def name(self) -> str:
+        return self.projection.name
+
+
+@dataclass(frozen=True)
+class Poison:
+    record: SourceRecord
+    error_class: str
+    message: str
+
+
+class DeadLetterSink(Protocol):
+    async def send(self, poison: Sequence[Poison]) -> None:
+        """Write every poison record durably (awaiting acks) before the batch commits."""
+
+
+@dataclass
+class BatchStats:
+    records: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    redelivered: int = 0
+    held: int = 0
+    dead_lettered: int = 0
+    runs_written: int = 0
+
+
+@dataclass
+class _TargetResult:
+    writes: list[pg.RunWrite] = field(default_factory=list)
+    views: list[RunView] = field(default_factory=list)
+
+
+Item = tuple[LedgerEntry | None, bytes]  # the entry (None until decoded) and its original bytes
+
+
+class Engine:
+    """Applies batches of records to projection builds with exactly-once effect."""
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        pg_dsn: str,
+        redis_url: str | None,
+        dead_letters: DeadLetterSink,
+        codec: LedgerCodec | None = None,
+        telemetry: Telemetry | None = None,
+        redis_prefix: str = "al",
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.targets = list(targets)
+        self.pg_dsn = pg_dsn
+        self.redis_url = redis_url
+        self.dead_letters = dead_letters
+        self.codec = codec or LedgerCodec()
+        self.telemetry = telemetry or Telemetry.disabled()
+        self.redis_prefix = redis_prefix
+        self.max_backoff_s = max_backoff_s
+        self._conn: AsyncConnection[Any] | None = None
+        self._redis: aioredis.Redis | None = None
+        self._views: RedisViewStore | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, live: bool = True) -> None:
+        """Record the builds, then refill Redis from PostgreSQL (views a crash left behind)."""
+        conn = await self._pg()
+        async with conn.transaction():
+            for t in self.targets:
+                await pg.ensure_build(conn, t.name, t.build, t.projection.version, live)
+        if self.redis_url is not None:
+            await self._retrying(self.refill_views, "refilling Redis views")
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = self._views = None
+
+    # -- positions -------------------------------------------------------------------------
+
+    async def positions(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where to resume each partition: the lowest next offset over all targets (-1: none)."""
+
+        async def read() -> dict[TopicPartition, int]:
+            conn = await self._pg()
+            topics = sorted({t for t, _ in partitions})
+            result = {tp: -1 for tp in partitions}
+            first = True
+            for target in self.targets:
+                stored = await pg.read_offsets(conn, target.name, target.build, topics)
+                for tp in partitions:
+                    next_offset = stored.get(tp, -1) + 1 if tp in stored else 0
+                    result[tp] = next_offset if first else min(result[tp], next_offset)
+                first = False
+            await conn.rollback()
+            return result
+
+        return await self._retrying(read, "reading stored offsets")
+
+    # -- the batch -------------------------------------------------------------------------
+
+    async def process(self, records: Sequence[SourceRecord]) -> BatchStats:
+        """Apply one batch; retries retriable failures until it is committed."""
+        if not records:
+            return BatchStats()
+        started = time.perf_counter()
+        with self.telemetry.batch_span(records) as span:
+            stats, views = await self._retrying(lambda: self._commit(records), "applying a batch")
+            if self.redis_url is not None and views:
+                await self._retrying(lambda: self._write_views(views), "writing Redis views")
+            span.set_attribute("agentledger.records", len(records))
+        self.telemetry.record_batch(stats, time.perf_counter() - started)
+        return stats
+
+    async def _commit(
+        self, records: Sequence[SourceRecord]
+    ) -> tuple[BatchStats, dict[Target, list[RunView]]]:
+        stats = BatchStats(records=len(records))
+        conn = await self._pg()
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError] = {}
+        views: dict[Target, list[RunView]] = {}
+        partitions = sorted({r.tp for r in records})
+        last = {tp: max(r.offset for r in records if r.tp == tp) for tp in partitions}
+        async with conn.transaction():
+            fresh_by_target: dict[Target, list[SourceRecord]] = {}
+            for target in self.targets:
+                stored = await pg.lock_offsets(conn, target.name, target.build, partitions)
+                fresh = [r for r in records if r.offset > stored[r.tp]]
+                stats.redelivered = max(stats.redelivered, len(records) - len(fresh))
+                fresh_by_target[target] = fresh
+            self._decode(fresh_by_target, decoded)
+            poison = self._poison(fresh_by_target, decoded)
+            if poison:
+                with self.telemetry.span("dead-letter", count=len(poison)):
+                    await self.dead_letters.send(poison)
+                stats.dead_lettered = len(poison)
+            for target, fresh in fresh_by_target.items():
+                result = await self._apply(conn, target, fresh, decoded, stats)
+                with self.telemetry.span("postgres.write", projection=target.name):
+                    await pg.write_runs(conn, target.name, target.build, result.writes)
+                    await pg.save_offsets(conn, target.name, target.build, last)
+                stats.runs_written += len(result.writes)
+                if target.projection.hot:
+                    views[target] = result.views
+        return stats, {t: v for t, v in views.items() if v}
+
+    def _decode(
+        self,
+        fresh_by_target: dict[Target, list[SourceRecord]],
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+    ) -> None:
+        todo = {(r.tp, r.offset): r for fresh in fresh_by_target.values() for r in fresh}
+        missing = [r for k, r in todo.items() if k not in decoded]
+        with self.telemetry.span("decode", count=len(missing)):
+            results = self.codec.decode_each([r.value or b"" for r in missing])
+        for record, result in zip(missing, results, strict=True):
+            decoded[(record.tp, record.offset)] = result
+
+    @staticmethod
+    def _poison(
+        fresh_by_target: dict[Target, list[SourceRecord]],
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+    ) -> list[Poison]:
+        seen: dict[tuple[TopicPartition, int], Poison] = {}
+        for fresh in fresh_by_target.values():
+            for r in fresh:
+                result = decoded[(r.tp, r.offset)]
+                if isinstance(result, LedgerDecodeError) and (r.tp, r.offset) not in seen:
+                    seen[(r.tp, r.offset)] = Poison(r, type(result).__name__, str(result))
+        return list(seen.values())
+
+    async def _apply(
+        self,
+        conn: AsyncConnection[Any],
+        target: Target,
+        fresh: list[SourceRecord],
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+        stats: BatchStats,
+    ) -> _TargetResult:
+        arriving: dict[str, list[tuple[int, Item]]] = defaultdict(list)
+        for r in fresh:
+            entry = decoded[(r.tp, r.offset)]
+            if isinstance(entry, LedgerEntry):
+                arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"")))
+        rows = await pg.load_runs(conn, target.name, target.build, sorted(arriving))
+        result = _TargetResult()
+        for run_id, items in arriving.items():
+            write, view = self._fold_run(target, run_id, rows.get(run_id), items, stats)
+            result.writes.append(write)
+            if view is not None:
+                result.views.append(view)
+        return result
+
+    def _fold_run(
+        self,
+        target: Target,
+        run_id: str,
+        row: pg.RunRow | None,
+        items: list[tuple[int, Item]],
+        stats: BatchStats,
+    ) -> tuple[pg.RunWrite, RunView | None]:
+        projection = target.projection
+        held: dict[int, Item] = {
+            seq: (None, payload) for seq, payload in (row.held_payloads if row else {}).items()
+        }
+        plan = plan_run(row.applied_seq if row else 0, held, items)
+        state = projection.from_doc(row.state) if row and row.state else None
+        for entry, payload in plan.apply:
+            entry = entry or self.codec.decode(payload)
+            if state is None:
+                state = projection.initial(entry)
+            if projection.accepts(entry):
+                state = projection.fold(state, entry)
+        stats.applied += len(plan.apply)
+        stats.duplicates += plan.duplicates
+        stats.held += len(plan.hold)
+        fleet_id = row.fleet_id if row else _first_entry(items).fleet_id
+        gaps = missing_ranges(plan.applied_seq, plan.held)
+        doc = projection.to_doc(state) if state is not None else None
+        write = pg.RunWrite(
+            run_id=run_id,
+            fleet_id=fleet_id,
+            applied_seq=plan.applied_seq,
+            held=plan.held,
+            gaps=gaps,
+            state=doc,
+            hold={seq: payload for seq, (_, payload) in plan.hold.items()},
+            release=plan.release,
+        )
+        changed = bool(plan.apply or plan.hold)
+        view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], doc)
+        return write, view if changed else None
+
+    # -- Redis -----------------------------------------------------------------------------
+
+    async def _write_views(self, views: dict[Target, list[RunView]]) -> None:
+        store = await self._view_store()
+        for target, batch in views.items():
+            if not await store.is_ready(target.name, target.build):
+                await self._refill(store, target)
+            with self.telemetry.span("redis.write", projection=target.name):
+                await store.write(target.name, target.build, batch)
+
+    async def refill_views(self) -> None:
+        """Write every hot target's views from PostgreSQL (CAS: never backwards), mark ready."""
+        store = await self._view_store()
+        for target in self.targets:
+            if target.projection.hot:
+                await self._refill(store, target)
+
+    async def _refill(self, store: RedisViewStore, target: Target) -> None:
+        conn = await self._pg()
+        rows = await pg.iter_states(conn, target.name, target.build)
+        await conn.rollback()
+        views = [
+            RunView(run_id, seq, len(held), gaps, state or None)
+            for run_id, seq, held, gaps, state in rows
+        ]
+        for start in range(0, len(views), 2000):
+            await store.write(target.name, target.build, views[start : start + 2000])
+        await store.mark_ready(target.name, target.build)
+        self.telemetry.count("views_refilled", len(views), projection=target.name)
+        logger.info("refilled %d %s views from PostgreSQL", len(views), target.name)
+
+    # -- connections and retries -----------------------------------------------------------
+
+    async def _pg(self) -> AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(self.pg_dsn, connect_timeout=5)
+        return self._conn
+
+    async def _view_store(self) -> RedisViewStore:
+        if self._views is None:
+            assert self.redis_url is not None
+            self._redis = aioredis.Redis.from_url(
+                self.redis_url, socket_timeout=5, socket_connect_timeout=5
+            )
+            self._views = RedisViewStore(self._redis, self.redis_prefix)
+        return self._views
+
+    async def _retrying(self, step: Callable[[], Awaitable[T]], what: str) -> T:
+        delay = 0.2
+        while True:
+            try:
+                return await step()
+            except RETRIABLE as exc:
+                logger.warning(
+                    "%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay
+                )
+                self.telemetry.count("retries", 1, step=what)
+                await self._reset_connections()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_backoff_s)
+
+    async def _reset_connections(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.close()
+            self._conn = None
+
+
+def _first_entry(items: list[tuple[int, Item]]) -> LedgerEntry:
+    for _, (entry, _payload) in items:
+        if entry is not None:
+            return entry
+    raise ValueError("no decoded entry among the arrivals")

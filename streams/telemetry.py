@@ -1,0 +1,113 @@
+"""OpenTelemetry for the engine: a span per batch (linked to each publisher ``traceparent``) and
+per store write; counters with low-cardinality attributes only (projection, step — never a run
+id or a path). ``AGENTLEDGER_OTEL=none`` (default) makes every call a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TraceFlags
+
+if TYPE_CHECKING:
+    from streams.engine import BatchStats, SourceRecord
+
+MAX_LINKS = 32
+
+
+def _parse_traceparent(value: bytes) -> SpanContext | None:
+    try:
+        _, trace_id, span_id, flags = value.decode().split("-")
+        return SpanContext(
+            int(trace_id, 16),
+            int(span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(int(flags, 16)),
+        )
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+class Telemetry:
+    """Tracer and meter, or no-ops."""
+
+    def __init__(self, tracer: trace.Tracer | None, meter: metrics.Meter | None) -> None:
+        self.tracer = tracer
+        self.meter = meter
+        self._counters: dict[str, Any] = {}
+        self._batch_seconds = (
+            meter.create_histogram("agentledger.batch.duration", unit="s") if meter else None
+        )
+        self._lag = meter.create_gauge("agentledger.consumer.lag") if meter else None
+
+    @classmethod
+    def disabled(cls) -> Telemetry:
+        return cls(None, None)
+
+    @classmethod
+    def console(cls, service: str = "agentledger-worker") -> Telemetry:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        reader = PeriodicExportingMetricReader(ConsoleMetricExporter(), 10_000)
+        meter_provider = MeterProvider(metric_readers=[reader])
+        return cls(provider.get_tracer(service), meter_provider.get_meter(service))
+
+    @contextlib.contextmanager
+    def batch_span(self, records: Sequence[SourceRecord]) -> Iterator[Span]:
+        if self.tracer is None:
+            yield trace.INVALID_SPAN
+            return
+        links = []
+        for r in records[:MAX_LINKS]:
+            header = dict(r.headers).get("traceparent")
+            ctx = _parse_traceparent(header) if header else None
+            if ctx is not None:
+                links.append(Link(ctx))
+        with self.tracer.start_as_current_span("agentledger.batch", links=links) as span:
+            yield span
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[Span]:
+        if self.tracer is None:
+            yield NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+            return
+        with self.tracer.start_as_current_span(f"agentledger.{name}", attributes=attributes) as s:
+            yield s
+
+    def count(self, name: str, value: int, **attributes: str) -> None:
+        if self.meter is None or not value:
+            return
+        counter = self._counters.get(name)
+        if counter is None:
+            counter = self._counters[name] = self.meter.create_counter(f"agentledger.{name}")
+        counter.add(value, attributes)
+
+    def record_batch(self, stats: BatchStats, seconds: float) -> None:
+        if self.meter is None:
+            return
+        self.count("entries.applied", stats.applied)
+        self.count("entries.duplicates", stats.duplicates)
+        self.count("entries.redelivered", stats.redelivered)
+        self.count("entries.held", stats.held)
+        self.count("entries.dead_lettered", stats.dead_lettered)
+        assert self._batch_seconds is not None
+        self._batch_seconds.record(seconds)
+
+    def record_lag(self, lag: int) -> None:
+        if self._lag is not None:
+            self._lag.set(lag)
+
+
+def telemetry_from_setting(mode: str) -> Telemetry:
+    if mode == "console":
+        return Telemetry.console()
+    if mode in ("", "none"):
+        return Telemetry.disabled()
+    raise ValueError(f"AGENTLEDGER_OTEL={mode!r}: use none or console")

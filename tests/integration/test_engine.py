@@ -1,0 +1,153 @@
+"""The engine on the real broker, PostgreSQL and Redis: exactly-once effect, order, poison,
+outages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import pytest
+import redis.asyncio as aioredis
+from rich.console import Console
+
+from infra.services import PostgresService
+from infra.settings import Settings
+from schemas.factory import EntryBuilder
+from schemas.models import EntryKind, LedgerEntry
+from streams.dlq import read_dead_letters, redrive
+from streams.simulate import simulate
+from streams.source import drain, read_all
+from tests.integration.engine_support import (
+    CODEC,
+    make_env,
+    produce_raw,
+    redis_views,
+    run_rows,
+    same_views,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _by_run(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
+    runs: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for e in entries:
+        runs[e.run_id].append(e)
+    return runs
+
+
+def _assert_exact(rows: dict[str, dict[str, object]], entries: list[LedgerEntry]) -> None:
+    runs = _by_run(entries)
+    assert rows.keys() == runs.keys()
+    for run_id, run in runs.items():
+        row = rows[run_id]
+        state = row["state"]
+        assert isinstance(state, dict)
+        assert row["applied_seq"] == len(run) and row["held"] == []
+        assert state["entries"] == len(run) and state["last_sequence_no"] == len(run)
+
+
+async def test_every_entry_once_and_redelivery_changes_nothing(services: Settings) -> None:
+    env = await make_env(services)
+    entries = simulate(1, 20, seed=21)
+    await produce_raw(env, entries)
+    async with env.engine() as engine:
+        stats = await drain(engine, env.settings.kafka_address, env.topics, batch_size=500)
+        assert stats.applied == len(entries) and stats.duplicates == 0
+        before = run_rows(env)
+        _assert_exact(before, entries)
+
+        again = await engine.process(await read_all(env.settings.kafka_address, env.topics))
+        assert again.applied == 0 and again.redelivered == len(entries)
+        assert run_rows(env) == before
+        assert same_views(before, await redis_views(env, list(before)))
+
+
+async def test_duplicates_once_gaps_held_then_filled(services: Settings) -> None:
+    env = await make_env(services)
+    b = EntryBuilder("run-gappy")
+    run = [b.add(EntryKind.USER_TASK) for _ in range(6)]
+    await produce_raw(env, [run[0], run[1], run[1], run[4], run[5]])
+    async with env.engine() as engine:
+        await drain(engine, env.settings.kafka_address, env.topics)
+        row = run_rows(env)["run-gappy"]
+        assert row["applied_seq"] == 2 and row["held"] == [5, 6] and row["gaps"] == [[3, 4]]
+        seq, view = (await redis_views(env, ["run-gappy"]))["run-gappy"]
+        assert seq == 2 and view["gaps"] == [[3, 4]], "visibly incomplete in Redis too"
+
+        await produce_raw(env, [run[3], run[2], run[2]])
+        stats = await drain(engine, env.settings.kafka_address, env.topics)
+        assert stats.applied == 4 and stats.duplicates == 1
+        row = run_rows(env)["run-gappy"]
+        assert row["applied_seq"] == 6 and row["held"] == [] and row["gaps"] == []
+        assert row["state"]["entries"] == 6
+
+
+async def test_poison_dead_lettered_with_reason_and_good_ones_applied(services: Settings) -> None:
+    env = await make_env(services)
+    good = simulate(1, 3, seed=5)
+    valid = CODEC.encode(good[0])
+    poison = [
+        b"\x00garbage",
+        valid[:-7],
+        b"\xc3\x01" + b"\x00" * 8 + valid[10:],
+        b"not avro at all",
+    ]
+    mixed: list[LedgerEntry | bytes] = []
+    for i, entry in enumerate(good):
+        mixed.append(entry)
+        if i % 20 == 0:
+            mixed.append(poison[(i // 20) % len(poison)])
+    await produce_raw(env, mixed)
+    async with env.engine() as engine:
+        stats = await drain(engine, env.settings.kafka_address, env.topics, batch_size=100)
+    n_poison = len(mixed) - len(good)
+    assert stats.applied == len(good) and stats.dead_lettered == n_poison
+    _assert_exact(run_rows(env), good)
+
+    letters = await read_dead_letters(env.settings, env.fleets)
+    assert len(letters) == n_poison
+    assert {bytes(d.value) for d in letters} <= set(poison)
+    assert all(d.error_class == "LedgerDecodeError" and d.message for d in letters)
+    assert all(d.source_topic == env.topics[0] and d.source_offset >= 0 for d in letters)
+    report = await redrive(env.settings, env.fleets)
+    assert report.redriven == 0 and len(report.still_bad) == n_poison
+
+
+async def test_postgres_down_for_ten_seconds(services: Settings) -> None:
+    if services.pg_external:
+        pytest.skip("needs the local PostgreSQL this project runs (it stops and starts it)")
+    env = await make_env(services)
+    entries = simulate(1, 60, seed=8)
+    await produce_raw(env, entries)
+    postgres = PostgresService(services, Console(quiet=True))
+
+    async def outage() -> None:
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(postgres.down)
+        await asyncio.sleep(10)
+        await asyncio.to_thread(postgres.up)
+
+    async with env.engine() as engine:
+        blackout = asyncio.create_task(outage())
+        await drain(engine, env.settings.kafka_address, env.topics, batch_size=50)
+        await blackout
+        await drain(engine, env.settings.kafka_address, env.topics, batch_size=50)
+    _assert_exact(run_rows(env), entries)
+
+
+async def test_redis_flushed_mid_run_views_come_back(services: Settings) -> None:
+    env = await make_env(services)
+    entries = simulate(1, 20, seed=13)
+    half = len(entries) // 2
+    await produce_raw(env, entries[:half])
+    async with env.engine() as engine:
+        await drain(engine, env.settings.kafka_address, env.topics)
+        client = aioredis.Redis.from_url(env.settings.redis_address)
+        await client.flushdb()
+        await client.aclose()
+        await produce_raw(env, entries[half:])
+        await drain(engine, env.settings.kafka_address, env.topics)
+    rows = run_rows(env)
+    _assert_exact(rows, entries)
+    assert same_views(rows, await redis_views(env, list(rows)))
