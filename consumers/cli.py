@@ -140,6 +140,84 @@ def publish_cmd(
         raise typer.Exit(code=2)
 
 
+dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: poison records and their reasons.")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _fleets(fleet: list[str] | None) -> list[str]:
+    return fleet or _settings().fleet_ids
+
+
+@dlq_app.command("list")
+def dlq_list(
+    fleet: Annotated[
+        list[str] | None, typer.Option("--fleet", help="fleet id (repeatable)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show the dead letters of the fleets: source position, error class and reason."""
+    from streams.dlq import read_dead_letters, redriven_sources
+
+    settings = _settings()
+    letters = asyncio.run(read_dead_letters(settings, _fleets(fleet)))
+    done = asyncio.run(redriven_sources(settings))
+    rows = [
+        {
+            "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
+            "error_class": d.error_class,
+            "reason": d.message,
+            "bytes": len(d.value),
+            "redriven": d.source in done,
+        }
+        for d in letters
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("source topic/partition/offset", "error", "reason", "bytes", "redriven")
+    for r in rows:
+        table.add_row(
+            str(r["source"]),
+            str(r["error_class"]),
+            str(r["reason"])[:80],
+            str(r["bytes"]),
+            "yes" if r["redriven"] else "no",
+        )
+    console.print(table)
+    console.print(f"{len(rows)} dead letters")
+
+
+@dlq_app.command("redrive")
+def dlq_redrive(
+    fleet: Annotated[
+        list[str] | None, typer.Option("--fleet", help="fleet id (repeatable)")
+    ] = None,
+) -> None:
+    """Send dead letters that decode now back to their source topic (each at most once)."""
+    from streams.dlq import redrive
+
+    report = asyncio.run(redrive(_settings(), _fleets(fleet)))
+    for letter, reason in report.still_bad:
+        err.print(
+            f"{letter.source_topic}/{letter.source_partition}/{letter.source_offset}: "
+            f"still undecodable: {reason}"
+        )
+    console.print(
+        f"redriven {report.redriven}, already redriven {report.already}, "
+        f"still bad {len(report.still_bad)}"
+    )
+
+
+@app.command("worker")
+def worker(
+    loglevel: Annotated[str, typer.Option(help="faust/worker log level")] = "warning",
+) -> None:
+    """Run a projection worker (several form one consumer group and share the partitions)."""
+    from streams.worker import run_worker
+
+    run_worker(_settings(), loglevel)
+
+
 @app.command("demo")
 def demo() -> None:
     """Bring the stack up and run the demo pipeline end to end."""

@@ -46,6 +46,11 @@ class Settings(BaseSettings):
         default="fleet-01,fleet-02", description="comma-separated fleet ids for topics create"
     )
 
+    otel: str = Field(default="none", description="telemetry export: none or console")
+    worker_batch_size: int = 2000
+    worker_session_timeout_s: float = 10.0
+    redis_prefix: str = "al"
+
     max_entry_bytes: int = 512 * 1024
     publish_timeout_s: float = 15.0
     schema_registry_url: str | None = None

@@ -137,7 +137,7 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self, live: bool = True) -> None:
+    async def start(self, live: bool = False) -> None:
         """Record the builds, then refill Redis from PostgreSQL (views a crash left behind)."""
         conn = await self._pg()
         async with conn.transaction():

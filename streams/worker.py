@@ -1,0 +1,132 @@
+"""``agentledger worker``: the faust app whose agent feeds ledger batches to the engine.
+
+faust decides who consumes which partition (one consumer group across worker processes) and
+hands the agent batches of events. It does not decide *where* a partition resumes: after every
+rebalance, :class:`PositionedConsumer` seeks each assigned partition to the offset after the one
+PostgreSQL says was applied. faust acks a batch even when the handler raised (``take_events``
+acks in a ``finally``), so a non-retriable failure stops the process instead of moving on; the
+stored offsets decide where the next start begins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from infra.migrate import migrate
+from infra.settings import Settings
+from streams.builds import live_targets
+from streams.dlq import KafkaDeadLetterSink
+from streams.engine import Engine, SourceRecord
+from streams.telemetry import telemetry_from_setting
+from streams.topics import ledger_topic
+
+logger = logging.getLogger(__name__)
+
+EXIT_FATAL = 70
+
+
+class PositionedConsumer(faust_aiokafka.Consumer):
+    """After a rebalance, resume each ledger partition where PostgreSQL says, not Kafka."""
+
+    engine: Engine | None = None
+    ledger_topics: frozenset[str] = frozenset()
+
+    async def perform_seek(self) -> None:
+        # faust's own seek first: it initialises its ack bookkeeping for the new assignment.
+        await super().perform_seek()
+        assigned = sorted(tp for tp in self.assignment() if tp.topic in self.ledger_topics)
+        if not assigned or self.engine is None:
+            return
+        stored = await self.engine.positions([(tp.topic, tp.partition) for tp in assigned])
+        earliest: Mapping[TP, int] = await self.earliest_offsets(*assigned)
+        targets = {
+            tp: max(stored[(tp.topic, tp.partition)], earliest.get(tp, 0) or 0) for tp in assigned
+        }
+        # seek_wait seeks inside faust's consumer thread and updates its read offsets; a plain
+        # seek from this loop would race the fetcher.
+        await self.seek_wait(targets)
+        for tp, offset in targets.items():
+            # Without this, faust refuses to commit after a forward seek past Kafka's offset.
+            self._committed_offset[tp] = offset or None
+            self._acked[tp].clear()
+            self._acked_index[tp].clear()
+        logger.info("resumed %d partitions at PostgreSQL positions", len(targets))
+
+
+class PositionedTransport(faust_aiokafka.Transport):
+    Consumer = PositionedConsumer
+
+
+def _record(event: Any) -> SourceRecord:
+    m = event.message
+    headers = tuple((k, v) for k, v in (m.headers or ()))
+    return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, headers)
+
+
+def create_app(settings: Settings, within_s: float = 0.2) -> faust.App:
+    """The faust app for these settings; its engine is built when the worker starts."""
+    topics = [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
+    batch_size = settings.worker_batch_size
+    app = faust.App(
+        f"{settings.topic_prefix}-projector",
+        broker=f"kafka://{settings.kafka_address}",
+        store="memory://",
+        value_serializer="raw",
+        key_serializer="raw",
+        topic_partitions=settings.topic_partitions,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        web_enabled=False,
+        broker_commit_every=10_000,
+        stream_buffer_maxsize=batch_size * 2,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.worker_session_timeout_s,
+        broker_heartbeat_interval=3.0,
+        datadir=str(settings.state_dir / "faust"),
+    )
+    app.transport = PositionedTransport(app.conf.broker_consumer, app)
+    PositionedConsumer.ledger_topics = frozenset(topics)
+    sink = KafkaDeadLetterSink(settings)
+    engine = Engine(
+        live_targets(settings.pg_address),
+        settings.pg_address,
+        settings.redis_address,
+        sink,
+        telemetry=telemetry_from_setting(settings.otel),
+        redis_prefix=settings.redis_prefix,
+    )
+    PositionedConsumer.engine = engine
+    source = app.topic(*topics, value_type=bytes)
+
+    @app.agent(source)
+    async def project(stream: Any) -> None:
+        await engine.start()
+        async for events in stream.take_events(batch_size, within=within_s):
+            try:
+                await engine.process([_record(e) for e in events])
+            except Exception:
+                logger.critical("non-retriable failure applying a batch; stopping", exc_info=True)
+                logging.shutdown()
+                os._exit(EXIT_FATAL)
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def close(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await engine.close()
+        await sink.close()
+
+    return app
+
+
+def run_worker(settings: Settings, loglevel: str = "warning") -> None:
+    """Apply migrations, then run the faust worker until SIGTERM/SIGINT."""
+    migrate(settings.pg_address)
+    app = create_app(settings)
+    worker = faust.Worker(app, loglevel=loglevel, override_logging=True)
+    worker.execute_from_commandline()
