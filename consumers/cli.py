@@ -232,3 +232,7 @@ def main() -> None:
     except AgentLedgerError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

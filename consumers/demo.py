@@ -1,4 +1,5 @@
-"""``agentledger demo``: bring the stack up, publish simulated fleets, read the ledger back."""
+"""``agentledger demo``: the pipeline end to end — infra, topics, a worker, a simulated fleet
+published — with each projection's result printed for a few runs as it lands."""
 
 from __future__ import annotations
 
@@ -6,88 +7,111 @@ import asyncio
 import time
 from collections import Counter
 
-from aiokafka import AIOKafkaConsumer
+import redis.asyncio as aioredis
 from rich.console import Console
 from rich.table import Table
 
 from infra import local
-from infra.roundtrip import postgres_roundtrip, redis_roundtrip
 from infra.settings import Settings
-from schemas.codec import LedgerCodec
+from projectors.stores.redis import RedisViewStore
 from schemas.models import EntryKind, LedgerEntry
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
-from streams.topics import ledger_topic
 
-FLEETS, RUNS, SEED = 2, 14, 2026
+FLEETS, RUNS = 2, 14
+SHOWN = 6
+WAIT_S = 120.0
 
 
 def run_demo(settings: Settings, console: Console) -> None:
     local.up(settings, console)
-    console.print(f"postgres: {postgres_roundtrip(settings)}; redis: {redis_roundtrip(settings)}")
-    # A fresh topic prefix per demo run, so the counts below are this run's alone.
-    prefix = f"{settings.topic_prefix}-demo-{int(time.time())}"
-    settings = settings.model_copy(update={"topic_prefix": prefix})
-    entries = simulate(FLEETS, RUNS, SEED)
-    started = time.perf_counter()
-    sent = asyncio.run(_publish(settings, entries))
-    publish_s = time.perf_counter() - started
+    local.start_worker(settings, console)
+    seed = int(time.time())  # new runs every demo; the same seed again would be all duplicates
+    entries = simulate(FLEETS, RUNS, seed)
+    runs = _runs(entries)
+    published_at = time.perf_counter()
+    asyncio.run(_publish(settings, entries))
     console.print(
-        f"published {len(sent)} entries of {FLEETS * RUNS} runs "
-        f"to {prefix}.ledger.* in {publish_s:.2f}s"
+        f"published {len(entries)} entries of {len(runs)} runs (seed {seed}) "
+        f"to {settings.topic_prefix}.ledger.fleet-01/02; secrets redacted at the publisher"
     )
-    read = asyncio.run(_read_back(settings, sorted({e.fleet_id for e in sent}), len(sent)))
-    _report(console, sent, read)
+    landed = asyncio.run(_watch(settings, runs, published_at, console))
+    _summary(console, settings, runs, landed)
 
 
-async def _publish(settings: Settings, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+def _runs(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
+    runs: dict[str, list[LedgerEntry]] = {}
+    for e in entries:
+        runs.setdefault(e.run_id, []).append(e)
+    return runs
+
+
+async def _publish(settings: Settings, entries: list[LedgerEntry]) -> None:
     async with AsyncPublisher(settings) as publisher:
-        return await publisher.publish_batch(entries)
+        await publisher.publish_batch(entries)
 
 
-async def _read_back(settings: Settings, fleets: list[str], count: int) -> list[LedgerEntry]:
-    topics = [ledger_topic(settings.topic_prefix, f) for f in fleets]
-    consumer = AIOKafkaConsumer(
-        *topics,
-        bootstrap_servers=settings.kafka_address,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    codec = LedgerCodec()
-    values: list[bytes] = []
-    await consumer.start()
+async def _watch(
+    settings: Settings,
+    runs: dict[str, list[LedgerEntry]],
+    published_at: float,
+    console: Console,
+) -> dict[str, float]:
+    """Poll the live Redis views until every run is complete; print a few as they land."""
+    client = aioredis.Redis.from_url(settings.redis_address)
+    store = RedisViewStore(client, settings.redis_prefix)
+    landed: dict[str, float] = {}
+    deadline = time.perf_counter() + WAIT_S
     try:
-        while len(values) < count and (batch := await consumer.getmany(timeout_ms=5000)):
-            values.extend(r.value for rs in batch.values() for r in rs if r.value is not None)
+        while len(landed) < len(runs) and time.perf_counter() < deadline:
+            for run_id, entries in runs.items():
+                if run_id in landed:
+                    continue
+                view = await store.read_live("run-stats", run_id)
+                if view is not None and view[0] == len(entries):
+                    landed[run_id] = time.perf_counter() - published_at
+                    if len(landed) <= SHOWN:
+                        _print_run(console, view[1], landed[run_id])
+            await asyncio.sleep(0.05)
     finally:
-        await consumer.stop()
-    return codec.decode_many(values)
+        await client.aclose()
+    return landed
 
 
-def _report(console: Console, sent: list[LedgerEntry], read: list[LedgerEntry]) -> None:
-    same = sorted(e.entry_id for e in read) == sorted(e.entry_id for e in sent)
+def _print_run(console: Console, doc: dict[str, object], seconds: float) -> None:
+    state = doc["state"]
+    assert isinstance(state, dict)
     console.print(
-        f"read back {len(read)} entries from Kafka, decoded: "
-        f"{'identical to what was published' if same else 'MISMATCH'}"
+        f"  run-stats  {state['run_id'][:8]}  {state['fleet_id']}  "
+        f"{state['entries']:>3} entries  status={state['status']}  "
+        f"landed in Redis {seconds * 1000:.0f} ms after publish"
     )
-    redacted = sum(len(e.redactions) for e in read)
-    console.print(
-        f"secrets redacted at the publisher: {redacted} "
-        f"(in {sum(1 for e in read if e.redactions)} entries)"
+
+
+def _summary(
+    console: Console,
+    settings: Settings,
+    runs: dict[str, list[LedgerEntry]],
+    landed: dict[str, float],
+) -> None:
+    outcomes = Counter(
+        e.metadata.get("outcome", "?")
+        for entries in runs.values()
+        for e in entries
+        if e.kind is EntryKind.RUN_FINISHED
     )
-    table = Table("fleet", "runs", "entries", "model calls", "outcomes")
-    for fleet in sorted({e.fleet_id for e in read}):
-        mine = [e for e in read if e.fleet_id == fleet]
-        outcomes = Counter(
-            e.metadata.get("outcome", "?") for e in mine if e.kind is EntryKind.RUN_FINISHED
-        )
-        table.add_row(
-            fleet,
-            str(len({e.run_id for e in mine})),
-            str(len(mine)),
-            str(sum(1 for e in mine if e.kind is EntryKind.MODEL_CALL)),
-            ", ".join(sorted(outcomes)),
-        )
+    table = Table("projection", "runs complete", "slowest run landed", "outcomes across runs")
+    slowest = f"{max(landed.values()) * 1000:.0f} ms" if landed else "-"
+    table.add_row("run-stats", f"{len(landed)}/{len(runs)}", slowest, str(len(outcomes)))
     console.print(table)
-    if not same:
-        raise SystemExit(1)
+    console.print(
+        "\nThe stack keeps running. Explore:\n"
+        "  .venv/bin/agentledger infra status        # what runs where\n"
+        "  .venv/bin/agentledger dlq list            # dead letters (none expected)\n"
+        f"  psql {settings.pg_address} -c 'SELECT * FROM al_live'\n"
+        f"  tail -f {settings.state_dir / 'worker' / 'worker.log'}\n"
+        "Stop everything:\n"
+        "  .venv/bin/agentledger infra down"
+    )
+    if len(landed) < len(runs):
+        raise SystemExit(f"only {len(landed)}/{len(runs)} runs landed within {WAIT_S:.0f}s")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from rich.console import Console
 
+from infra.process import live_pid, spawn, stop_pid
 from infra.services import ServiceStatus, all_services, purge_state
 from infra.settings import Settings
 
@@ -28,8 +32,37 @@ def _prepare(settings: Settings, console: Console) -> None:
     console.print(f"migrations: {', '.join(applied) if applied else 'up to date'}")
 
 
+def worker_pidfile(settings: Settings) -> Path:
+    return settings.state_dir / "worker" / "worker.pid"
+
+
+def worker_pid(settings: Settings) -> int | None:
+    return live_pid(worker_pidfile(settings), "consumers.cli worker")
+
+
+def start_worker(settings: Settings, console: Console) -> int:
+    """A background projection worker (what the demo runs); idempotent."""
+    pid = worker_pid(settings)
+    if pid is not None:
+        console.print(f"worker: already running (pid {pid})")
+        return pid
+    log = settings.state_dir / "worker" / "worker.log"
+    pid = spawn([sys.executable, "-m", "consumers.cli", "worker", "--loglevel", "info"], log)
+    worker_pidfile(settings).write_text(f"{pid}\n")
+    console.print(f"worker: started (pid {pid}, log {log})")
+    return pid
+
+
+def stop_worker(settings: Settings, console: Console) -> None:
+    pid = worker_pid(settings)
+    if pid is not None:
+        clean = stop_pid(pid, settings.stop_timeout_s)
+        console.print(f"worker: {'stopped' if clean else 'killed after timeout'} (pid {pid})")
+
+
 def down(settings: Settings, console: Console, purge: bool = False) -> None:
     """Stop our services (SIGTERM, SIGKILL after a timeout); keep data unless ``purge``."""
+    stop_worker(settings, console)
     services = all_services(settings, console)
     for service in reversed(services):
         console.print(service.down())

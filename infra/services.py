@@ -32,6 +32,7 @@ from rich.console import Console
 from infra.errors import InfraError
 from infra.process import (
     died_at_start,
+    is_alive,
     live_pid,
     require_free_ports,
     run_checked,
@@ -70,6 +71,7 @@ class LocalService(ABC):
         self.settings = settings
         self.console = console
         self.home = settings.state_dir / self.name
+        self._spawned: int | None = None
 
     @property
     @abstractmethod
@@ -121,17 +123,24 @@ class LocalService(ABC):
 
     def _wait_ready(self) -> None:
         with self.console.status(f"waiting for {self.name} at {self.address}"):
-            ok = wait_until(self._alive_and_ready, self.settings.start_timeout_s, 0.5)
-        if self.pid() is None:
+            wait_until(self._ready_or_dead, self.settings.start_timeout_s, 0.5)
+        if self.ready():
+            return
+        if not self._alive():
             raise died_at_start(self.name, self.log)
-        if not ok:
-            raise InfraError(
-                f"{self.name} did not become ready within {self.settings.start_timeout_s:.0f}s; "
-                f"see {self.log}"
-            )
+        raise InfraError(
+            f"{self.name} did not become ready within {self.settings.start_timeout_s:.0f}s; "
+            f"see {self.log}"
+        )
 
-    def _alive_and_ready(self) -> bool:
-        return self.pid() is None or self.ready()
+    def _ready_or_dead(self) -> bool:
+        return not self._alive() or self.ready()
+
+    def _alive(self) -> bool:
+        """The process we just started still runs (by its pid, not its changing title)."""
+        if self._spawned is not None:
+            return is_alive(self._spawned)
+        return self.pid() is not None
 
     def down(self) -> str:
         if self.external:
@@ -196,6 +205,7 @@ class KafkaService(LocalService):
                 )
         argv = [*self._java(libs), "kafka.Kafka", str(self._props)]
         pid = spawn(argv, self.log)
+        self._spawned = pid
         self._pidfile.write_text(f"{pid}\n")
 
     def _java(self, libs: Path) -> list[str]:
@@ -538,6 +548,7 @@ class RedisService(LocalService):
             "yes",
         ]
         pid = spawn(argv, self.log)
+        self._spawned = pid
         self._pidfile.write_text(f"{pid}\n")
 
 

@@ -145,6 +145,7 @@ class Engine:
                 await pg.ensure_build(conn, t.name, t.build, t.projection.version, live)
         if self.redis_url is not None:
             await self._retrying(self.refill_views, "refilling Redis views")
+            await self._retrying(self.publish_live_pointers, "publishing live builds to Redis")
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -318,6 +319,15 @@ class Engine:
                 await self._refill(store, target)
             with self.telemetry.span("redis.write", projection=target.name):
                 await store.write(target.name, target.build, batch)
+
+    async def publish_live_pointers(self) -> None:
+        """Mirror PostgreSQL's live pointer into Redis for the targets that are live."""
+        conn = await self._pg()
+        store = await self._view_store()
+        for target in self.targets:
+            if await pg.live_build(conn, target.name) == target.build:
+                await store.set_live(target.name, target.build)
+        await conn.rollback()
 
     async def refill_views(self) -> None:
         """Write every hot target's views from PostgreSQL (CAS: never backwards), mark ready."""

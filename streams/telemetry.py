@@ -47,6 +47,10 @@ class Telemetry:
         )
         self._lag = meter.create_gauge("agentledger.consumer.lag") if meter else None
 
+    @property
+    def enabled(self) -> bool:
+        return self.meter is not None or self.tracer is not None
+
     @classmethod
     def disabled(cls) -> Telemetry:
         return cls(None, None)

@@ -70,6 +70,19 @@ def _record(event: Any) -> SourceRecord:
     return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, headers)
 
 
+def _lag(app: faust.App, records: list[SourceRecord]) -> int:
+    """Entries behind the high-water marks of the partitions this batch came from."""
+    last: dict[TP, int] = {}
+    for r in records:
+        last[TP(r.topic, r.partition)] = max(last.get(TP(r.topic, r.partition), -1), r.offset)
+    lag = 0
+    for tp, offset in last.items():
+        highwater = app.consumer.highwater(tp)
+        if highwater is not None:
+            lag += max(0, int(highwater) - offset - 1)
+    return lag
+
+
 def create_app(settings: Settings, within_s: float = 0.2) -> faust.App:
     """The faust app for these settings; its engine is built when the worker starts."""
     topics = [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
@@ -110,7 +123,10 @@ def create_app(settings: Settings, within_s: float = 0.2) -> faust.App:
         await engine.start()
         async for events in stream.take_events(batch_size, within=within_s):
             try:
-                await engine.process([_record(e) for e in events])
+                records = [_record(e) for e in events]
+                await engine.process(records)
+                if engine.telemetry.enabled:
+                    engine.telemetry.record_lag(_lag(app, records))
             except Exception:
                 logger.critical("non-retriable failure applying a batch; stopping", exc_info=True)
                 logging.shutdown()
