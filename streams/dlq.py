@@ -171,11 +171,13 @@ class RedriveReport:
     already: int = 0
 
 
-async def redrive(settings: Settings, fleets: Sequence[str]) -> RedriveReport:
+async def redrive(
+    settings: Settings, fleets: Sequence[str], codec: LedgerCodec | None = None
+) -> RedriveReport:
     """Send back every dead letter that decodes now; leave the rest, saying why."""
     letters = await read_dead_letters(settings, fleets)
     done = await redriven_sources(settings)
-    codec = LedgerCodec()
+    codec = codec or LedgerCodec()
     report = RedriveReport()
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_address,

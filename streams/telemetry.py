@@ -1,6 +1,7 @@
 """OpenTelemetry for the engine: a span per batch (linked to each publisher ``traceparent``) and
-per store write; counters with low-cardinality attributes only (projection, step — never a run
-id or a path). ``AGENTLEDGER_OTEL=none`` (default) makes every call a no-op.
+per store write; counters with low-cardinality attributes only (projection, step, never a run id
+or a path). ``AGENTLEDGER_OTEL=none`` (default) makes every call a no-op; ``console`` prints,
+``otlp`` exports over OTLP/HTTP.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, TraceFlags
@@ -46,6 +48,7 @@ class Telemetry:
             meter.create_histogram("agentledger.batch.duration", unit="s") if meter else None
         )
         self._lag = meter.create_gauge("agentledger.consumer.lag") if meter else None
+        self._providers: tuple[Any, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -57,11 +60,31 @@ class Telemetry:
 
     @classmethod
     def console(cls, service: str = "agentledger-worker") -> Telemetry:
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        reader = PeriodicExportingMetricReader(ConsoleMetricExporter(), 10_000)
-        meter_provider = MeterProvider(metric_readers=[reader])
-        return cls(provider.get_tracer(service), meter_provider.get_meter(service))
+        return cls._with(ConsoleSpanExporter(), ConsoleMetricExporter(), service)
+
+    @classmethod
+    def otlp(cls, service: str = "agentledger-worker") -> Telemetry:
+        """OTLP over HTTP; endpoint and headers from the standard ``OTEL_EXPORTER_OTLP_*``."""
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return cls._with(OTLPSpanExporter(), OTLPMetricExporter(), service)
+
+    @classmethod
+    def _with(cls, spans: Any, metrics_exporter: Any, service: str) -> Telemetry:
+        resource = Resource.create({"service.name": service})
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(spans))
+        reader = PeriodicExportingMetricReader(metrics_exporter, 10_000)
+        meter_provider = MeterProvider(metric_readers=[reader], resource=resource)
+        telemetry = cls(provider.get_tracer(service), meter_provider.get_meter(service))
+        telemetry._providers = (provider, meter_provider)
+        return telemetry
+
+    def shutdown(self) -> None:
+        """Flush and stop exporters (a no-op when disabled)."""
+        for provider in self._providers:
+            provider.shutdown()
 
     @contextlib.contextmanager
     def batch_span(self, records: Sequence[SourceRecord]) -> Iterator[Span]:
@@ -112,6 +135,8 @@ class Telemetry:
 def telemetry_from_setting(mode: str) -> Telemetry:
     if mode == "console":
         return Telemetry.console()
+    if mode == "otlp":
+        return Telemetry.otlp()
     if mode in ("", "none"):
         return Telemetry.disabled()
-    raise ValueError(f"AGENTLEDGER_OTEL={mode!r}: use none or console")
+    raise ValueError(f"AGENTLEDGER_OTEL={mode!r}: use none, console or otlp")

@@ -136,6 +136,7 @@ def create_app(settings: Settings, within_s: float = 0.2) -> faust.App:
     async def close(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await engine.close()
         await sink.close()
+        engine.telemetry.shutdown()
 
     return app
 

@@ -4,6 +4,8 @@ outages."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 from collections import defaultdict
 
 import pytest
@@ -12,9 +14,12 @@ from rich.console import Console
 
 from infra.services import PostgresService
 from infra.settings import Settings
+from schemas.catalog import AVSC_DIR, CATALOG
+from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
-from schemas.models import EntryKind, LedgerEntry
-from streams.dlq import read_dead_letters, redrive
+from schemas.models import EntryKind, LedgerEntry, to_avro
+from streams.dlq import KafkaDeadLetterSink, read_dead_letters, redrive
+from streams.engine import Engine
 from streams.simulate import simulate
 from streams.source import drain, read_all
 from tests.integration.engine_support import (
@@ -151,3 +156,37 @@ async def test_redis_flushed_mid_run_views_come_back(services: Settings) -> None
     rows = run_rows(env)
     _assert_exact(rows, entries)
     assert same_views(rows, await redis_views(env, list(rows)))
+
+
+async def test_redrive_after_the_fix_applies_once(services: Settings) -> None:
+    """Entries written with a schema this deployment does not know yet are dead-lettered; once
+    the new version is in the catalog, redrive sends them back and they are applied, once."""
+    env = await make_env(services)
+    v1 = json.loads((AVSC_DIR / "ledger_entry.v1.avsc").read_text())
+    v2 = copy.deepcopy(v1)
+    v2["fields"].append({"name": "priority", "type": "int", "default": 0, "doc": "test field"})
+    newer = CATALOG.with_version(v2, 2)
+    writer_v2 = LedgerCodec(newer, writer_version=2)
+    run = simulate(1, 1, seed=3)
+    ahead = [writer_v2.encode_record(to_avro(e) | {"priority": 1}) for e in run[5:]]
+    await produce_raw(env, [*run[:5], *ahead], key=run[0].run_id.encode())
+    async with env.engine() as engine:
+        stats = await drain(engine, env.settings.kafka_address, env.topics)
+    assert stats.dead_lettered == len(run) - 5
+    assert run_rows(env)[run[0].run_id]["applied_seq"] == 5
+
+    fixed = LedgerCodec(newer, reader_version=1)
+    report = await redrive(env.settings, env.fleets, codec=fixed)
+    assert report.redriven == len(run) - 5 and not report.still_bad
+    again = await redrive(env.settings, env.fleets, codec=fixed)
+    assert again.redriven == 0 and again.already == len(run) - 5
+
+    sink = KafkaDeadLetterSink(env.settings)
+    engine = Engine([env.target()], env.settings.pg_address, None, sink, codec=fixed)
+    await engine.start()
+    try:
+        await drain(engine, env.settings.kafka_address, env.topics)
+    finally:
+        await engine.close()
+        await sink.close()
+    _assert_exact(run_rows(env), run)
