@@ -218,6 +218,31 @@ def worker(
     run_worker(_settings(), loglevel)
 
 
+@app.command("bench")
+def bench(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="small N: exercises the code only")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measure throughput and latency, each beside a baseline measured in the same run."""
+    from streams.bench import run_bench
+
+    settings = _settings()
+    local.up(settings, Console(quiet=True))
+    report = asyncio.run(run_bench(settings, quick))
+    if as_json:
+        print(report.as_json())
+        return
+    table = Table("figure", "value", "baseline (same run)", "ratio")
+    for f in report.figures:
+        base = f"{f.baseline:,.1f} {f.unit}  ({f.baseline_name})" if f.baseline is not None else "-"
+        ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
+        table.add_row(f.name, f"{f.value:,.1f} {f.unit}", base, ratio)
+    console.print(table)
+    console.print(json.dumps(report.machine))
+
+
 @app.command("demo")
 def demo() -> None:
     """Bring the stack up and run the demo pipeline end to end."""

@@ -48,6 +48,7 @@ class Settings(BaseSettings):
 
     otel: str = Field(default="none", description="telemetry export: none or console")
     worker_batch_size: int = 2000
+    worker_batch_wait_s: float = 0.02
     worker_session_timeout_s: float = 10.0
     redis_prefix: str = "al"
 

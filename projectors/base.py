@@ -6,6 +6,7 @@ calls :meth:`Projection.fold` for each entry in sequence order and stores the re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -38,11 +39,28 @@ class Projection(Protocol, Generic[S]):
 
     def from_doc(self, doc: dict[str, Any]) -> S: ...
 
+    def history(self, before: S | None, after: S, entry: LedgerEntry) -> list[HistoryRow]:
+        """Rows to keep besides the current state after applying ``entry`` (may be empty)."""
+        ...
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One append-only row of a run's history: a snapshot version, a recorded manifest, ..."""
+
+    kind: str
+    key: str
+    seq: int
+    doc: dict[str, Any]
+
 
 class ModelProjection(Generic[S]):
-    """Stores its state as the JSON of a pydantic model."""
+    """Stores its state as the JSON of a pydantic model; keeps no history unless overridden."""
 
     state_type: type[S]
+
+    def history(self, before: S | None, after: S, entry: LedgerEntry) -> list[HistoryRow]:
+        return []
 
     def to_doc(self, state: S) -> dict[str, Any]:
         return state.model_dump(mode="json")

@@ -25,7 +25,7 @@ import redis.exceptions
 from aiokafka.errors import KafkaError
 from psycopg import AsyncConnection
 
-from projectors.base import Projection
+from projectors.base import HistoryRow, Projection
 from projectors.ordering import missing_ranges, plan_run
 from projectors.stores import postgres as pg
 from projectors.stores.redis import RedisViewStore, RunView
@@ -284,12 +284,15 @@ class Engine:
         }
         plan = plan_run(row.applied_seq if row else 0, held, items)
         state = projection.from_doc(row.state) if row and row.state else None
+        history: list[HistoryRow] = []
         for entry, payload in plan.apply:
             entry = entry or self.codec.decode(payload)
+            before = state
             if state is None:
                 state = projection.initial(entry)
             if projection.accepts(entry):
                 state = projection.fold(state, entry)
+                history.extend(projection.history(before, state, entry))
         stats.applied += len(plan.apply)
         stats.duplicates += plan.duplicates
         stats.held += len(plan.hold)
@@ -305,6 +308,7 @@ class Engine:
             state=doc,
             hold={seq: payload for seq, (_, payload) in plan.hold.items()},
             release=plan.release,
+            history=history,
         )
         changed = bool(plan.apply or plan.hold)
         view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], doc)

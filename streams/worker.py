@@ -83,10 +83,11 @@ def _lag(app: faust.App, records: list[SourceRecord]) -> int:
     return lag
 
 
-def create_app(settings: Settings, within_s: float = 0.2) -> faust.App:
+def create_app(settings: Settings) -> faust.App:
     """The faust app for these settings; its engine is built when the worker starts."""
     topics = [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
     batch_size = settings.worker_batch_size
+    within_s = settings.worker_batch_wait_s
     app = faust.App(
         f"{settings.topic_prefix}-projector",
         broker=f"kafka://{settings.kafka_address}",

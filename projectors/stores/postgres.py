@@ -13,6 +13,8 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from projectors.base import HistoryRow
+
 TopicPartition = tuple[str, int]
 
 
@@ -115,6 +117,7 @@ class RunWrite:
     state: dict[str, Any] | None
     hold: dict[int, bytes] = field(default_factory=dict)
     release: list[int] = field(default_factory=list)
+    history: list[HistoryRow] = field(default_factory=list)
 
 
 async def write_runs(
@@ -155,6 +158,17 @@ async def write_runs(
                 "INSERT INTO al_held (projection, build, run_id, sequence_no, payload) "
                 "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 holds,
+            )
+        history = [
+            (projection, build, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc))
+            for w in writes
+            for h in w.history
+        ]
+        if history:
+            await cur.executemany(
+                "INSERT INTO al_history (projection, build, run_id, kind, key, seq, doc) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                history,
             )
         releases = [(projection, build, w.run_id, seq) for w in writes for seq in w.release]
         if releases:

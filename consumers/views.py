@@ -1,0 +1,57 @@
+"""Reading projections as a user does: always through the live build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from infra.settings import Settings
+
+
+class NotFoundError(LookupError):
+    """The run (or the requested version of it) is not in the live build."""
+
+
+def live_state(settings: Settings, projection: str, run_id: str) -> dict[str, Any]:
+    """The run's current state document, with where it stands (``applied_seq``, ``gaps``)."""
+    with psycopg.connect(settings.pg_address) as conn:
+        row = conn.execute(
+            "SELECT s.state, s.applied_seq, s.gaps FROM al_run_state s "
+            "JOIN al_live l USING (projection, build) "
+            "WHERE s.projection = %s AND s.run_id = %s",
+            (projection, run_id),
+        ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no {projection} for run {run_id} in the live build")
+    return {"applied_seq": row[1], "gaps": row[2], "state": row[0]}
+
+
+def history_at(
+    settings: Settings, projection: str, run_id: str, kind: str, seq: int
+) -> dict[str, Any]:
+    """The newest history row of ``kind`` at or before sequence ``seq``."""
+    with psycopg.connect(settings.pg_address) as conn:
+        row = conn.execute(
+            "SELECT h.doc, h.seq, h.key FROM al_history h JOIN al_live l USING (projection, build) "
+            "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s AND h.seq <= %s "
+            "ORDER BY h.seq DESC, h.key DESC LIMIT 1",
+            (projection, run_id, kind, seq),
+        ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no {kind} of {projection} for run {run_id} at or before {seq}")
+    return {"seq": row[1], "key": row[2], "state": row[0]}
+
+
+def history_row(
+    settings: Settings, projection: str, run_id: str, kind: str, key: str
+) -> dict[str, Any]:
+    with psycopg.connect(settings.pg_address) as conn:
+        row = conn.execute(
+            "SELECT h.doc, h.seq FROM al_history h JOIN al_live l USING (projection, build) "
+            "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s AND h.key = %s",
+            (projection, run_id, kind, key),
+        ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no {kind} {key} of {projection} for run {run_id}")
+    return {"seq": row[1], "key": key, "state": row[0]}
