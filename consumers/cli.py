@@ -243,6 +243,68 @@ def bench(
     console.print(json.dumps(report.machine))
 
 
+@app.command("memory")
+def memory(
+    run_id: Annotated[str, typer.Argument(help="the run")],
+    at: Annotated[int | None, typer.Option("--at", help="as it stood after this sequence")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A run's evidence-bound working memory (live build), now or after any sequence number."""
+    from consumers.render import print_memory
+    from consumers.views import NotFoundError, history_at, live_state
+
+    settings = _settings()
+    try:
+        if at is None:
+            view = live_state(settings, "working-memory", run_id)
+        else:
+            view = history_at(settings, "working-memory", run_id, "snapshot", at)
+    except NotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(code=1) from None
+    if as_json:
+        print(json.dumps(view, indent=2, default=str))
+        return
+    print_memory(console, view)
+
+
+@app.command("context")
+def context(
+    run_id: Annotated[str, typer.Argument(help="the run")],
+    call: Annotated[
+        str | None, typer.Option("--call", help="a model call's entry id: what that call saw")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    render_it: Annotated[
+        bool, typer.Option("--render", help="the sectioned, trust-wrapped context it describes")
+    ] = False,
+) -> None:
+    """A run's next-turn context manifest, or the manifest recorded for one model call."""
+    from consumers.render import print_manifest
+    from consumers.views import NotFoundError, history_row, live_state
+    from projectors.context_manifests import ContextManifest, render
+
+    settings = _settings()
+    try:
+        if call is None:
+            view = live_state(settings, "context-manifests", run_id)
+            doc = view["state"]["next_turn"]
+        else:
+            doc = history_row(settings, "context-manifests", run_id, "manifest", call)["state"]
+    except NotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(code=1) from None
+    if doc is None:
+        err.print(f"[red]run {run_id} has no next-turn manifest yet[/]")
+        raise typer.Exit(code=1)
+    if render_it:
+        print(render(ContextManifest.model_validate(doc)))
+    elif as_json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print_manifest(console, doc)
+
+
 @app.command("demo")
 def demo() -> None:
     """Bring the stack up and run the demo pipeline end to end."""

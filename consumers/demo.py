@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Any
 
 import redis.asyncio as aioredis
 from rich.console import Console
@@ -51,6 +52,9 @@ async def _publish(settings: Settings, entries: list[LedgerEntry]) -> None:
         await publisher.publish_batch(entries)
 
 
+HOT = ("run-stats", "working-memory", "context-manifests")
+
+
 async def _watch(
     settings: Settings,
     runs: dict[str, list[LedgerEntry]],
@@ -67,24 +71,36 @@ async def _watch(
             for run_id, entries in runs.items():
                 if run_id in landed:
                     continue
-                view = await store.read_live("run-stats", run_id)
-                if view is not None and view[0] == len(entries):
+                views = [await store.read_live(p, run_id) for p in HOT]
+                if all(v is not None and v[0] == len(entries) for v in views):
                     landed[run_id] = time.perf_counter() - published_at
                     if len(landed) <= SHOWN:
-                        _print_run(console, view[1], landed[run_id])
+                        docs = {p: v[1]["state"] for p, v in zip(HOT, views, strict=True) if v}
+                        _print_run(console, docs, landed[run_id])
             await asyncio.sleep(0.05)
     finally:
         await client.aclose()
     return landed
 
 
-def _print_run(console: Console, doc: dict[str, object], seconds: float) -> None:
-    state = doc["state"]
-    assert isinstance(state, dict)
+def _print_run(console: Console, docs: dict[str, Any], seconds: float) -> None:
+    stats, memory, context = docs["run-stats"], docs["working-memory"], docs["context-manifests"]
+    facts = [f for f in memory["known_facts"] if f["status"] == "active"]
+    turn = context.get("next_turn") or {}
     console.print(
-        f"  run-stats  {state['run_id'][:8]}  {state['fleet_id']}  "
-        f"{state['entries']:>3} entries  status={state['status']}  "
-        f"landed in Redis {seconds * 1000:.0f} ms after publish"
+        f"[bold]run {stats['run_id'][:8]}[/] {stats['fleet_id']}: {stats['entries']} entries, "
+        f"status {stats['status']}, landed in Redis {seconds * 1000:.0f} ms after publish"
+    )
+    console.print(
+        f"  working-memory     goal: {(memory['task_goal'] or '-')[:60]}; "
+        f"{len(facts)} facts, {len(memory['unsupported_claims'])} unsupported claims, "
+        f"{len(memory['open_problems'])} open problems, {len(memory['blocked_by'])} blockers"
+    )
+    console.print(
+        f"  context-manifests  {len(context['manifests'])} model calls recorded; next turn: "
+        f"{len(turn.get('items', []))} items, {turn.get('total_tokens', 0)} tokens, "
+        f"stable prefix {turn.get('stable_prefix_tokens', 0)} tokens; "
+        f"{context['findings_total']} instruction-like findings in untrusted content"
     )
 
 
@@ -100,14 +116,16 @@ def _summary(
         for e in entries
         if e.kind is EntryKind.RUN_FINISHED
     )
-    table = Table("projection", "runs complete", "slowest run landed", "outcomes across runs")
+    table = Table("projections", "runs complete", "slowest run landed", "outcomes across runs")
     slowest = f"{max(landed.values()) * 1000:.0f} ms" if landed else "-"
-    table.add_row("run-stats", f"{len(landed)}/{len(runs)}", slowest, str(len(outcomes)))
+    table.add_row(", ".join(HOT), f"{len(landed)}/{len(runs)}", slowest, str(len(outcomes)))
     console.print(table)
     console.print(
         "\nThe stack keeps running. Explore:\n"
         "  .venv/bin/agentledger infra status        # what runs where\n"
         "  .venv/bin/agentledger dlq list            # dead letters (none expected)\n"
+        f"  .venv/bin/agentledger memory {next(iter(runs))} [--at 20] [--json]\n"
+        f"  .venv/bin/agentledger context {next(iter(runs))} [--render]\n"
         f"  psql {settings.pg_address} -c 'SELECT * FROM al_live'\n"
         f"  tail -f {settings.state_dir / 'worker' / 'worker.log'}\n"
         "Stop everything:\n"

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from projectors.base import Projection
+from projectors.context_manifests import ContextManifestsProjection
 from projectors.run_stats import RunStatsProjection
+from projectors.working_memory import WorkingMemoryProjection
 
 
 def all_projections() -> list[Projection[Any]]:
-    return [RunStatsProjection()]
+    return [RunStatsProjection(), WorkingMemoryProjection(), ContextManifestsProjection()]
 
 
 def projection(name: str) -> Projection[Any]:

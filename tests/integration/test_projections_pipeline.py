@@ -13,8 +13,10 @@ import redis.asyncio as aioredis
 
 from infra.settings import Settings
 from projectors.base import fold_all
+from projectors.context_manifests import ContextManifestsProjection
 from projectors.registry import all_projections
 from projectors.stores.redis import RedisViewStore
+from projectors.working_memory import WorkingMemoryProjection, memory_at
 from schemas.models import LedgerEntry
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target
@@ -78,3 +80,42 @@ async def test_pipeline_equals_in_memory_fold(services: Settings) -> None:
                     assert view[1]["state"] == doc
     finally:
         await client.aclose()
+
+
+async def test_history_keeps_every_snapshot_and_manifest(services: Settings) -> None:
+    env = await make_env(services)
+    async with AsyncPublisher(env.settings) as publisher:
+        sent = await publisher.publish_batch(simulate(1, 3, seed=405))
+    memory, context = WorkingMemoryProjection(), ContextManifestsProjection()
+    targets = [Target(memory, env.build), Target(context, env.build)]
+    sink = KafkaDeadLetterSink(env.settings)
+    engine = Engine(targets, env.settings.pg_address, None, sink)
+    await engine.start()
+    try:
+        await drain(engine, env.settings.kafka_address, env.topics, batch_size=50)
+    finally:
+        await engine.close()
+        await sink.close()
+    with psycopg.connect(env.settings.pg_address) as conn:
+        rows = conn.execute(
+            "SELECT projection, run_id, kind, key, seq, doc FROM al_history WHERE build = %s",
+            (env.build,),
+        ).fetchall()
+    runs: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for e in sent:
+        runs[e.run_id].append(e)
+    snapshots = [r for r in rows if r[0] == "working-memory"]
+    assert snapshots
+    for _, run_id, kind, key, seq, doc in snapshots:
+        assert kind == "snapshot"
+        expected = memory_at(runs[run_id], seq)
+        assert expected is not None and str(expected.snapshot_version) == key
+        as_doc = json.loads(json.dumps(memory.to_doc(expected)))
+        as_doc.pop("index")
+        assert doc == as_doc, "memory --at SEQ is the fold of the run up to SEQ"
+    for run_id, entries in runs.items():
+        final = fold_all(context, entries)
+        assert final is not None
+        recorded = {r[3] for r in rows if r[0] == "context-manifests" and r[1] == run_id}
+        assert {m.manifest_id for m in final.manifests} <= recorded
+        assert len(final.manifests) >= 1

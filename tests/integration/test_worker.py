@@ -21,7 +21,7 @@ import pytest
 
 from infra.migrate import migrate
 from infra.settings import Settings
-from projectors.run_stats import RunStatsProjection
+from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
 from streams.admin import create_fleet_topics
 from streams.dlq import KafkaDeadLetterSink
@@ -73,23 +73,27 @@ class Deployment:
         with psycopg.connect(self.settings.pg_address) as conn:
             row = conn.execute(
                 "SELECT coalesce(sum(applied_seq), 0), coalesce(sum(cardinality(held)), 0) "
-                "FROM al_run_state s JOIN al_live l USING (projection, build)"
+                "FROM al_run_state s JOIN al_live l USING (projection, build) "
+                "WHERE s.projection = 'run-stats'"
             ).fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
 
-    def rows(self, build: str | None = None) -> dict[str, Any]:
+    def rows(self, build: str | None = None) -> dict[tuple[str, str], Any]:
+        """Every projection's rows of the live build (or of ``build``), by (projection, run)."""
         with psycopg.connect(self.settings.pg_address) as conn:
             if build is None:
-                live = conn.execute("SELECT build FROM al_live").fetchone()
-                assert live is not None
-                build = str(live[0])
-            rows = conn.execute(
-                "SELECT run_id, fleet_id, applied_seq, held, gaps, state FROM al_run_state "
-                "WHERE build = %s",
-                (build,),
-            ).fetchall()
-        return {r[0]: r[1:] for r in rows}
+                rows = conn.execute(
+                    "SELECT projection, run_id, fleet_id, applied_seq, held, gaps, state "
+                    "FROM al_run_state JOIN al_live USING (projection, build)"
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT projection, run_id, fleet_id, applied_seq, held, gaps, state "
+                    "FROM al_run_state WHERE build = %s",
+                    (build,),
+                ).fetchall()
+        return {(r[0], r[1]): r[2:] for r in rows}
 
 
 @pytest.fixture
@@ -146,7 +150,8 @@ def _clean_replay(d: Deployment) -> str:
 
     async def run() -> None:
         sink = KafkaDeadLetterSink(d.settings)
-        engine = Engine([Target(RunStatsProjection(), build)], d.settings.pg_address, None, sink)
+        targets = [Target(p, build) for p in all_projections()]
+        engine = Engine(targets, d.settings.pg_address, None, sink)
         await engine.start()
         try:
             await drain(engine, d.settings.kafka_address, topics, batch_size=5000)

@@ -1,0 +1,726 @@
+"""Working memory: per run, what an agent may rely on, folded from the ledger. Pure.
+
+The state holds the task goal, the current plan, changed files, evidence-bound facts, open (and
+closed) problems, blockers, decisions, rejected claims and warnings, plus a compact index of what
+exists in the run so far (entry ids, tool calls with their result status, artifact ids) against
+which evidence resolves.
+
+How evidence is judged. A proposed fact, problem or decision is accepted only when it cites at
+least one ref and every ref resolves: ``entry:<id>`` to an entry of this run applied before the
+proposal, ``tool-call:<id>`` to a tool call of this run, ``artifact:<id>`` to an artifact carried
+by such an entry. Any other scheme, an entry of another run and a later entry do not resolve.
+Facts must also be *supported*:
+
+- a fact citing only the agent's own words (assistant responses, thought summaries, memory
+  proposals) is unsupported;
+- a fact claiming success (pass, succeeded, works, fixed, ...) is unsupported when some ref
+  contradicts it (a failed, timed-out, denied or unanswered tool call, its result entry or
+  artifacts, a failed verifier, an error event) and no ref confirms it; a claim of failure is
+  judged the same way the other way round. Negation flips the claim ("does not pass" is a
+  failure); a claim with both or neither kind of word is judged on resolution alone.
+
+Rejected claims land in ``unsupported_claims`` with the reason. Facts are never deleted: a newer
+fact about the same subject (same normalized key, with polarity and filler words removed)
+supersedes the older one, which keeps ``superseded_by``. A passing verifier check is a fact with
+the verifier entry as evidence; a failing one opens a problem that a later pass of the same check
+closes, and either outcome supersedes older facts about that check (its ``check:<id>`` key, or a
+fact/problem keyed by the check's name or short test name, e.g. "test_last_page fails").
+
+Other rules. The latest USER_TASK text is the goal; ASSISTANT_RESPONSE ``metadata["plan"]`` (a
+JSON list or numbered/bulleted text) is the plan. A COMPACTION's inline text/JSON must mention
+every significant word of the goal and of each open problem's subject, else it is flagged.
+Pending approval requests, rejected approvals and ``policy*`` errors block the run. Duplicate
+sequence numbers and other runs' entries leave the state untouched; ``snapshot_version`` and
+``snapshot_at`` move only when a content field changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from projectors.base import HistoryRow, ModelProjection, fold_all
+from schemas.models import (
+    ArtifactRefPart,
+    DiffFile,
+    DiffPart,
+    EntryKind,
+    ErrorPart,
+    FileChangeStatus,
+    JsonPart,
+    LedgerEntry,
+    MemoryProposalPart,
+    RunStatus,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolResultStatus,
+    UtcDatetime,
+    VerificationPart,
+    VerificationStatus,
+)
+
+Outcome = Literal["succeeded", "failed", "neutral", "pending", "agent"]
+Polarity = Literal["success", "failure"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fact(_Frozen):
+    """A fact the agent may rely on; superseded facts stay, linked to what replaced them."""
+
+    fact_id: str
+    fact: str
+    evidence: tuple[str, ...]
+    status: Literal["active", "superseded"] = "active"
+    superseded_by: str | None = None  # fact:<fact_id> or entry:<entry_id>
+    source: Literal["proposal", "verifier"]
+    key: str
+    added_at_seq: int
+    superseded_at_seq: int | None = None
+
+
+class Problem(_Frozen):
+    """An open problem; a closed one keeps the ref that closed it."""
+
+    problem: str
+    evidence: tuple[str, ...]
+    opened_at_seq: int
+    source: Literal["proposal", "verifier"]
+    key: str
+    closed_by: str | None = None
+    closed_at_seq: int | None = None
+
+
+class Decision(_Frozen):
+    decision: str
+    reason: str
+    evidence: tuple[str, ...]
+    decided_at_seq: int
+
+
+class UnsupportedClaim(_Frozen):
+    """A proposal the projector rejected, and why."""
+
+    claim: str
+    kind: Literal["fact", "problem", "decision"]
+    reason: str
+    evidence: tuple[str, ...]
+    proposed_at_seq: int
+
+
+class Blocker(_Frozen):
+    kind: Literal["approval-pending", "approval-rejected", "policy-denied"]
+    blocker: str
+    evidence: str
+    since_seq: int
+
+
+class ToolCallStatus(_Frozen):
+    request_entry_id: str | None = None
+    status: ToolResultStatus | None = None  # None: no result yet
+
+
+class RunIndex(_Frozen):
+    """What exists in the run so far; bounded by the run's size."""
+
+    entries: dict[str, Outcome] = Field(default_factory=dict)
+    tool_calls: dict[str, ToolCallStatus] = Field(default_factory=dict)
+    artifacts: dict[str, str] = Field(default_factory=dict)  # artifact id -> carrying entry id
+    created_files: tuple[str, ...] = ()  # ADDED in this run, so a later DELETE drops them
+
+
+class WorkingMemory(_Frozen):
+    """One run's working memory; ``snapshot_version`` counts changes of its content."""
+
+    run_id: str
+    fleet_id: str
+    task_goal: str | None = None
+    current_plan: tuple[str, ...] = ()
+    changed_files: tuple[str, ...] = ()
+    known_facts: tuple[Fact, ...] = ()
+    open_problems: tuple[Problem, ...] = ()
+    closed_problems: tuple[Problem, ...] = ()
+    blocked_by: tuple[Blocker, ...] = ()
+    decisions: tuple[Decision, ...] = ()
+    unsupported_claims: tuple[UnsupportedClaim, ...] = ()
+    flags: tuple[str, ...] = ()
+    source_seq_range: tuple[int, int] | None = None
+    snapshot_version: int = 0
+    snapshot_at: UtcDatetime | None = None  # occurred_at of the entry that made this version
+    index: RunIndex = Field(default_factory=RunIndex)
+
+    def active_facts(self) -> tuple[Fact, ...]:
+        return tuple(f for f in self.known_facts if f.status == "active")
+
+
+_CONTENT_FIELDS = (
+    "task_goal",
+    "current_plan",
+    "changed_files",
+    "known_facts",
+    "open_problems",
+    "closed_problems",
+    "blocked_by",
+    "decisions",
+    "unsupported_claims",
+    "flags",
+)
+
+
+class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
+    name = "working-memory"
+    version = 1
+    hot = True
+    state_type = WorkingMemory
+
+    def accepts(self, entry: LedgerEntry) -> bool:
+        return True  # every entry may later be cited as evidence
+
+    def initial(self, entry: LedgerEntry) -> WorkingMemory:
+        return WorkingMemory(run_id=entry.run_id, fleet_id=entry.fleet_id)
+
+    def history(
+        self, before: WorkingMemory | None, after: WorkingMemory, entry: LedgerEntry
+    ) -> list[HistoryRow]:
+        """Every snapshot version, for time travel (without the evidence index)."""
+        if before is not None and before.snapshot_version == after.snapshot_version:
+            return []
+        doc = self.to_doc(after)
+        doc.pop("index", None)
+        return [HistoryRow("snapshot", str(after.snapshot_version), entry.sequence_no, doc)]
+
+    def fold(self, state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+        seen = state.source_seq_range
+        if entry.run_id != state.run_id or (seen is not None and entry.sequence_no <= seen[1]):
+            return state
+        handler = _HANDLERS.get(entry.kind)
+        updated = handler(state, entry) if handler is not None else state
+        return _bookkeep(state, updated, entry)
+
+
+def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
+    """The working memory of a run as it stood after entry ``seq`` (None before any entry)."""
+    prefix = sorted((e for e in entries if e.sequence_no <= seq), key=lambda e: e.sequence_no)
+    return fold_all(WorkingMemoryProjection(), prefix)
+
+
+def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    seen = before.source_seq_range
+    changed = _content(before) != _content(after)
+    return after.model_copy(
+        update={
+            "index": _indexed(after.index, entry),
+            "source_seq_range": (seen[0] if seen else entry.sequence_no, entry.sequence_no),
+            "snapshot_version": before.snapshot_version + (1 if changed else 0),
+            "snapshot_at": entry.occurred_at if changed else before.snapshot_at,
+        }
+    )
+
+
+def _content(state: WorkingMemory) -> tuple[object, ...]:
+    return tuple(getattr(state, name) for name in _CONTENT_FIELDS)
+
+
+# --- the index of what exists ---------------------------------------------------------------
+
+
+def _indexed(index: RunIndex, entry: LedgerEntry) -> RunIndex:
+    entries = {**index.entries, entry.entry_id: _outcome(entry)}
+    calls = dict(index.tool_calls)
+    artifacts = dict(index.artifacts)
+    for part in entry.parts:
+        if isinstance(part, ToolCallPart):
+            known = calls.get(part.tool_call_id, ToolCallStatus())
+            calls[part.tool_call_id] = known.model_copy(update={"request_entry_id": entry.entry_id})
+            if known.status is not None:
+                entries[entry.entry_id] = _status_outcome(known.status)
+        elif isinstance(part, ToolResultPart):
+            known = calls.get(part.tool_call_id, ToolCallStatus())
+            calls[part.tool_call_id] = known.model_copy(update={"status": part.status})
+            if known.request_entry_id is not None:
+                entries[known.request_entry_id] = _status_outcome(part.status)
+        for artifact_id in _artifact_ids(part):
+            artifacts.setdefault(artifact_id, entry.entry_id)
+    return index.model_copy(
+        update={"entries": entries, "tool_calls": calls, "artifacts": artifacts}
+    )
+
+
+def _artifact_ids(part: object) -> list[str]:
+    if isinstance(part, ToolResultPart):
+        return [ref.artifact_id for ref in part.artifact_refs]
+    if isinstance(part, DiffPart):
+        return [part.diff_artifact.artifact_id] if part.diff_artifact else []
+    if isinstance(part, VerificationPart):
+        return [part.diagnostics_ref.artifact_id] if part.diagnostics_ref else []
+    return [part.artifact_id] if isinstance(part, ArtifactRefPart) else []
+
+
+_AGENT_WORDS = {
+    EntryKind.ASSISTANT_RESPONSE,
+    EntryKind.AGENT_THOUGHT_SUMMARY,
+    EntryKind.MEMORY_UPDATE_PROPOSED,
+}
+
+
+def _outcome(entry: LedgerEntry) -> Outcome:
+    if entry.kind in _AGENT_WORDS:
+        return "agent"
+    if entry.kind is EntryKind.TOOL_CALL_REQUEST:
+        return "pending"
+    if entry.kind is EntryKind.ERROR_EVENT:
+        return "failed"
+    if entry.kind is EntryKind.RUN_FINISHED:
+        return "succeeded" if entry.run_status is RunStatus.SUCCEEDED else "failed"
+    results = [p.status for p in entry.parts if isinstance(p, ToolResultPart)]
+    if results:
+        return "succeeded" if set(results) == {ToolResultStatus.SUCCEEDED} else "failed"
+    return _verification_outcome(entry)
+
+
+def _verification_outcome(entry: LedgerEntry) -> Outcome:
+    statuses = {p.status for p in entry.parts if isinstance(p, VerificationPart)}
+    if statuses & {VerificationStatus.FAILED, VerificationStatus.ERROR}:
+        return "failed"
+    return "succeeded" if VerificationStatus.PASSED in statuses else "neutral"
+
+
+def _status_outcome(status: ToolResultStatus | None) -> Outcome:
+    if status is None:
+        return "pending"
+    return "succeeded" if status is ToolResultStatus.SUCCEEDED else "failed"
+
+
+def _resolve(index: RunIndex, ref: str) -> Outcome | None:
+    scheme, _, ident = ref.partition(":")
+    if scheme == "entry":
+        return index.entries.get(ident)
+    if scheme == "tool-call":
+        call = index.tool_calls.get(ident)
+        return _status_outcome(call.status) if call is not None else None
+    if scheme == "artifact" and ident in index.artifacts:
+        return index.entries.get(index.artifacts[ident])
+    return None
+
+
+# --- judging evidence -----------------------------------------------------------------------
+
+
+def _unresolved(index: RunIndex, refs: tuple[str, ...], seq: int) -> str | None:
+    """Why the refs do not all resolve in this run before ``seq``, or None if they do."""
+    if not refs:
+        return "no evidence cited"
+    missing = [ref for ref in refs if _resolve(index, ref) is None]
+    if missing:
+        return f"evidence does not resolve in this run before seq {seq}: {', '.join(missing)}"
+    return None
+
+
+def _unsupported_fact(index: RunIndex, text: str, refs: tuple[str, ...], seq: int) -> str | None:
+    unresolved = _unresolved(index, refs, seq)
+    if unresolved is not None:
+        return unresolved
+    outcomes = {ref: _resolve(index, ref) for ref in refs}
+    if set(outcomes.values()) == {"agent"}:
+        return "cites only the agent's own statements"
+    polarity = _polarity(text)
+    if polarity is None:
+        return None
+    confirming: Outcome = "succeeded" if polarity == "success" else "failed"
+    contradicting = {"failed", "pending"} if polarity == "success" else {"succeeded", "pending"}
+    against = [f"{ref} ({out})" for ref, out in outcomes.items() if out in contradicting]
+    if against and confirming not in outcomes.values():
+        return f"claims {polarity} but its evidence shows otherwise: {', '.join(against)}"
+    return None
+
+
+_TOKEN = re.compile(r"[a-z0-9_]+")
+_SUCCESS = frozenset({
+    "pass", "passes", "passed", "passing", "succeed", "succeeds", "succeeded", "success",
+    "successful", "successfully", "work", "works", "worked", "working", "fixed", "resolved",
+    "green", "ok", "okay",
+})  # fmt: skip
+_FAILURE = frozenset({
+    "fail", "fails", "failed", "failing", "failure", "failures", "error", "errors", "broken",
+    "breaks", "crash", "crashes", "crashed", "red", "timeout", "timed",
+})  # fmt: skip
+_NEGATION = frozenset({
+    "not", "no", "never", "cannot", "doesn", "don", "didn", "isn", "aren", "won", "nothing",
+})  # fmt: skip
+_FILLER = frozenset({
+    "a", "an", "the", "all", "now", "still", "again", "is", "are", "was", "were", "be", "been",
+    "it", "its", "this", "that", "of", "in", "on", "for", "to", "and", "or", "with", "after",
+    "before", "latest", "do", "does", "did", "has", "have", "had", "check", "goal",
+})  # fmt: skip
+_NOT_SUBJECT = _SUCCESS | _FAILURE | _NEGATION | _FILLER
+
+
+def _tokens(text: str) -> list[str]:
+    return _TOKEN.findall(text.casefold())
+
+
+def _normalized(text: str) -> str:
+    return " ".join(_tokens(text))
+
+
+def _subject_key(text: str) -> str:
+    """A fact's subject: its words without polarity, negation and filler ("tests pass" -> tests)."""
+    subject = [t for t in _tokens(text) if t not in _NOT_SUBJECT]
+    return " ".join(subject) or _normalized(text)
+
+
+def _polarity(text: str) -> Polarity | None:
+    words = set(_tokens(text))
+    success, failure = bool(words & _SUCCESS), bool(words & _FAILURE)
+    if success == failure:
+        return None
+    return "failure" if success == bool(words & _NEGATION) else "success"
+
+
+# --- facts and problems ---------------------------------------------------------------------
+
+
+def _merged(old: tuple[str, ...], new: Iterable[str]) -> tuple[str, ...]:
+    return old + tuple(ref for ref in dict.fromkeys(new) if ref not in old)
+
+
+def _with_fact(
+    state: WorkingMemory,
+    text: str,
+    refs: tuple[str, ...],
+    seq: int,
+    source: Literal["proposal", "verifier"],
+    key: str,
+    also_about: Iterable[str] = (),
+) -> WorkingMemory:
+    """Add a fact (or merge its evidence into the same active fact); supersede older ones."""
+    same = next(
+        (f for f in state.known_facts if f.status == "active" and _same(f.fact, text)), None
+    )
+    fact_id = same.fact_id if same else f"fact-{len(state.known_facts) + 1}"
+    facts = tuple(
+        f if f.fact_id == fact_id else _superseded(f, {key, *also_about}, f"fact:{fact_id}", seq)
+        for f in state.known_facts
+    )
+    if same is not None:
+        merged = same.model_copy(update={"evidence": _merged(same.evidence, refs)})
+        facts = tuple(merged if f.fact_id == fact_id else f for f in facts)
+    else:
+        added = Fact(
+            fact_id=fact_id, fact=text, evidence=refs, source=source, key=key, added_at_seq=seq
+        )
+        facts = (*facts, added)
+    return state.model_copy(update={"known_facts": facts})
+
+
+def _same(one: str, other: str) -> bool:
+    return _normalized(one) == _normalized(other)
+
+
+def _superseded(fact: Fact, keys: set[str], by: str, seq: int) -> Fact:
+    if fact.status != "active" or fact.key not in keys:
+        return fact
+    return fact.model_copy(
+        update={"status": "superseded", "superseded_by": by, "superseded_at_seq": seq}
+    )
+
+
+def _with_problem(
+    state: WorkingMemory,
+    text: str,
+    refs: tuple[str, ...],
+    seq: int,
+    source: Literal["proposal", "verifier"],
+    key: str,
+) -> WorkingMemory:
+    """Open a problem, or add evidence to the open problem with the same key."""
+    problems = list(state.open_problems)
+    for i, problem in enumerate(problems):
+        if problem.key == key:
+            problems[i] = problem.model_copy(update={"evidence": _merged(problem.evidence, refs)})
+            return state.model_copy(update={"open_problems": tuple(problems)})
+    opened = Problem(problem=text, evidence=refs, opened_at_seq=seq, source=source, key=key)
+    return state.model_copy(update={"open_problems": (*problems, opened)})
+
+
+def _closing(state: WorkingMemory, keys: set[str], by: str, seq: int) -> WorkingMemory:
+    still = tuple(p for p in state.open_problems if p.key not in keys)
+    closed = tuple(
+        p.model_copy(update={"closed_by": by, "closed_at_seq": seq})
+        for p in state.open_problems
+        if p.key in keys
+    )
+    if not closed:
+        return state
+    return state.model_copy(
+        update={"open_problems": still, "closed_problems": state.closed_problems + closed}
+    )
+
+
+# --- handlers, one per entry kind that changes memory ---------------------------------------
+
+
+def _task(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    goal = _text(entry).strip()
+    return state.model_copy(update={"task_goal": goal}) if goal else state
+
+
+def _plan(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    plan = entry.metadata.get("plan")
+    if plan is None:
+        return state
+    return state.model_copy(update={"current_plan": _plan_steps(plan)})
+
+
+_STEP = re.compile(r"\n|(?:^|\s)(?:\d+[.)]|[-*•])\s+")
+
+
+def _plan_steps(plan: str) -> tuple[str, ...]:
+    """A plan's steps: a JSON list of strings, or text numbered "1. 2." / bulleted / by line."""
+    try:
+        parsed = json.loads(plan)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, list) and all(isinstance(step, str) for step in parsed):
+        return tuple(step.strip() for step in parsed if step.strip())
+    body = re.sub(r"^\s*plan\s*:\s*", "", plan, flags=re.IGNORECASE)
+    steps = (step.strip(" \t;,") for step in _STEP.split(body))
+    return tuple(step for step in steps if step)
+
+
+def _diff(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    changed = set(state.changed_files)
+    created = set(state.index.created_files)
+    for part in entry.parts:
+        if isinstance(part, DiffPart):
+            for file in part.files:
+                _apply_file_change(changed, created, file)
+    index = state.index.model_copy(update={"created_files": tuple(sorted(created))})
+    return state.model_copy(update={"changed_files": tuple(sorted(changed)), "index": index})
+
+
+def _apply_file_change(changed: set[str], created: set[str], file: DiffFile) -> None:
+    if file.status is FileChangeStatus.RENAMED and file.old_path:
+        born_here = _removed(changed, created, file.old_path)
+        if born_here:
+            created.add(file.path)
+        changed.add(file.path)
+    elif file.status is FileChangeStatus.DELETED:
+        _removed(changed, created, file.path)
+    else:
+        if file.status is FileChangeStatus.ADDED and file.path not in changed:
+            created.add(file.path)
+        changed.add(file.path)
+
+
+def _removed(changed: set[str], created: set[str], path: str) -> bool:
+    """A path leaves the tree: no change is left if the run created it, else it is a deletion."""
+    if path in created:
+        created.discard(path)
+        changed.discard(path)
+        return True
+    changed.add(path)
+    return False
+
+
+def _verification(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    for part in entry.parts:
+        if isinstance(part, VerificationPart):
+            state = _verified(state, entry, part)
+    return state
+
+
+def _verified(state: WorkingMemory, entry: LedgerEntry, part: VerificationPart) -> WorkingMemory:
+    check = part.check_id or f"{part.verifier}/{part.profile}"
+    key = f"check:{check}"
+    about = _check_keys(check)
+    ref, seq = f"entry:{entry.entry_id}", entry.sequence_no
+    label = f"{check} ({part.verifier}/{part.profile})"
+    if part.status is VerificationStatus.PASSED:
+        state = _closing(state, about, ref, seq)
+        return _with_fact(state, f"{label} passed", (ref,), seq, "verifier", key, about)
+    if part.status in (VerificationStatus.FAILED, VerificationStatus.ERROR):
+        facts = tuple(_superseded(f, about, ref, seq) for f in state.known_facts)
+        state = state.model_copy(update={"known_facts": facts})
+        verb = "failed" if part.status is VerificationStatus.FAILED else "errored"
+        return _with_problem(state, f"{label} {verb}", (ref,), seq, "verifier", key)
+    return state
+
+
+def _check_keys(check: str) -> set[str]:
+    """Keys of memory items about a check: its own, its full name, its short (test) name."""
+    return {f"check:{check}", _subject_key(check), _subject_key(_short_name(check))}
+
+
+def _short_name(check: str) -> str:
+    return re.split(r"::|#", check)[-1]
+
+
+def _proposal(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    for part in entry.parts:
+        if isinstance(part, MemoryProposalPart):
+            state = _proposed(state, part, entry.sequence_no)
+    return state
+
+
+def _proposed(state: WorkingMemory, part: MemoryProposalPart, seq: int) -> WorkingMemory:
+    for fact in part.facts:
+        refs = fact.evidence_refs
+        why = _unsupported_fact(state.index, fact.fact, refs, seq)
+        key = _subject_key(fact.fact)
+        state = (
+            _rejected(state, fact.fact, "fact", why, refs, seq)
+            if why
+            else _with_fact(state, fact.fact, refs, seq, "proposal", key)
+        )
+    for problem in part.problems:
+        refs = problem.evidence_refs
+        why = _unresolved(state.index, refs, seq)
+        key = _subject_key(problem.problem)
+        state = (
+            _rejected(state, problem.problem, "problem", why, refs, seq)
+            if why
+            else _with_problem(state, problem.problem, refs, seq, "proposal", key)
+        )
+    for decision in part.decisions:
+        refs = decision.evidence_refs
+        why = _unresolved(state.index, refs, seq)
+        state = (
+            _rejected(state, decision.decision, "decision", why, refs, seq)
+            if why
+            else _decided(state, decision.decision, decision.reason, refs, seq)
+        )
+    return state
+
+
+def _rejected(
+    state: WorkingMemory,
+    claim: str,
+    kind: Literal["fact", "problem", "decision"],
+    reason: str,
+    refs: tuple[str, ...],
+    seq: int,
+) -> WorkingMemory:
+    rejected = UnsupportedClaim(
+        claim=claim, kind=kind, reason=reason, evidence=refs, proposed_at_seq=seq
+    )
+    return state.model_copy(update={"unsupported_claims": (*state.unsupported_claims, rejected)})
+
+
+def _decided(
+    state: WorkingMemory, decision: str, reason: str, refs: tuple[str, ...], seq: int
+) -> WorkingMemory:
+    if any(_normalized(d.decision) == _normalized(decision) for d in state.decisions):
+        return state
+    made = Decision(decision=decision, reason=reason, evidence=refs, decided_at_seq=seq)
+    return state.model_copy(update={"decisions": (*state.decisions, made)})
+
+
+def _compaction(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    """A summary must keep the goal and every open problem; flag what it drops."""
+    where = f"compaction {entry.entry_id} (seq {entry.sequence_no})"
+    summary = _text(entry, with_json=True)
+    if not summary.strip():
+        dropped = [f"{where}: summary is not inline, goal and open problems unverified"]
+    else:
+        words = set(_tokens(summary))
+        goal = state.task_goal
+        dropped = [f"{where} drops the task goal"] if goal and not _mentioned(goal, words) else []
+        dropped += [
+            f"{where} drops open problem: {p.problem}"
+            for p in state.open_problems
+            if not set(_problem_words(p)) <= words
+        ]
+    return state.model_copy(update={"flags": state.flags + tuple(dropped)}) if dropped else state
+
+
+def _mentioned(goal: str, words: set[str]) -> bool:
+    return {t for t in _tokens(goal) if t not in _FILLER} <= words
+
+
+def _problem_words(problem: Problem) -> list[str]:
+    if problem.key.startswith("check:"):
+        return _tokens(_short_name(problem.key.removeprefix("check:")))
+    return problem.key.split()
+
+
+def _approval_request(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    what = entry.metadata.get("action") or _text(entry).strip() or entry.entry_id
+    blocker = Blocker(
+        kind="approval-pending",
+        blocker=f"awaiting approval: {what}",
+        evidence=f"entry:{entry.entry_id}",
+        since_seq=entry.sequence_no,
+    )
+    return state.model_copy(update={"blocked_by": (*state.blocked_by, blocker)})
+
+
+def _approval_decision(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    pending = [b for b in state.blocked_by if b.kind == "approval-pending"]
+    parent = f"entry:{entry.causation.parent_entry_id}"
+    answered = next((b for b in pending if b.evidence == parent), pending[0] if pending else None)
+    blockers = tuple(b for b in state.blocked_by if b is not answered)
+    if _rejected_decision(entry):
+        what = answered.blocker.removeprefix("awaiting approval: ") if answered else "request"
+        rejected = Blocker(
+            kind="approval-rejected",
+            blocker=f"approval rejected: {what}",
+            evidence=f"entry:{entry.entry_id}",
+            since_seq=entry.sequence_no,
+        )
+        blockers = (*blockers, rejected)
+    return state.model_copy(update={"blocked_by": blockers})
+
+
+def _rejected_decision(entry: LedgerEntry) -> bool:
+    """REJECTED/DENIED in metadata["decision"] or {"approved": false} in a JSON part."""
+    if entry.metadata.get("decision", "").upper() in ("REJECTED", "DENIED"):
+        return True
+    for part in entry.parts:
+        if isinstance(part, JsonPart):
+            doc = json.loads(part.json_text)
+            if isinstance(doc, dict) and doc.get("approved") is False:
+                return True
+    return False
+
+
+def _error(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    denials = [
+        Blocker(
+            kind="policy-denied",
+            blocker=f"policy denied: {part.message}",
+            evidence=f"entry:{entry.entry_id}",
+            since_seq=entry.sequence_no,
+        )
+        for part in entry.parts
+        if isinstance(part, ErrorPart) and part.category.startswith("policy")
+    ]
+    return state.model_copy(update={"blocked_by": (*state.blocked_by, *denials)})
+
+
+def _text(entry: LedgerEntry, with_json: bool = False) -> str:
+    texts = [p.text for p in entry.parts if isinstance(p, TextPart)]
+    if with_json:
+        texts += [p.json_text for p in entry.parts if isinstance(p, JsonPart)]
+    return "\n".join(texts)
+
+
+_HANDLERS: dict[EntryKind, Callable[[WorkingMemory, LedgerEntry], WorkingMemory]] = {
+    EntryKind.USER_TASK: _task,
+    EntryKind.ASSISTANT_RESPONSE: _plan,
+    EntryKind.DIFF_SNAPSHOT: _diff,
+    EntryKind.DIFF_OBSERVATION: _diff,
+    EntryKind.VERIFIER_RESULT: _verification,
+    EntryKind.MEMORY_UPDATE_PROPOSED: _proposal,
+    EntryKind.COMPACTION: _compaction,
+    EntryKind.APPROVAL_REQUEST: _approval_request,
+    EntryKind.APPROVAL_DECISION: _approval_decision,
+    EntryKind.ERROR_EVENT: _error,
+}
