@@ -16,26 +16,20 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
-from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.registry import all_projections
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
-from streams.admin import create_fleet_topics
 from streams.builds import live_targets
+from streams.deployment import PrivateDeployment
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target
 from streams.publisher import AsyncPublisher
@@ -95,77 +89,6 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-class BenchDeployment:
-    """A private database and prefixes for one bench run."""
-
-    def __init__(self, settings: Settings) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.db = f"al_bench_{tag}"
-        base = settings.pg_address.rsplit("/", 1)[0]
-        self.admin_dsn = settings.pg_address
-        self.settings = settings.model_copy(
-            update={
-                "pg_dsn": f"{base}/{self.db}",
-                "topic_prefix": f"bench{tag}",
-                "redis_prefix": f"bench{tag}",
-                "fleets": ",".join(FLEETS),
-            }
-        )
-        self.worker: subprocess.Popen[bytes] | None = None
-
-    async def __aenter__(self) -> BenchDeployment:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db}"')
-        migrate(self.settings.pg_address)
-        await create_fleet_topics(self.settings, FLEETS)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop_worker()
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
-
-    def env(self) -> dict[str, str]:
-        s = self.settings
-        return {
-            **os.environ,
-            "AGENTLEDGER_KAFKA_BOOTSTRAP": s.kafka_address,
-            "AGENTLEDGER_PG_DSN": s.pg_address,
-            "AGENTLEDGER_REDIS_URL": s.redis_address,
-            "AGENTLEDGER_TOPIC_PREFIX": s.topic_prefix,
-            "AGENTLEDGER_REDIS_PREFIX": s.redis_prefix,
-            "AGENTLEDGER_FLEETS": s.fleets,
-            "AGENTLEDGER_WORKER_BATCH_SIZE": "500",
-        }
-
-    async def start_worker(self, log: Path) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            self.worker = subprocess.Popen(
-                [sys.executable, "-m", "consumers.cli", "worker", "--loglevel", "info"],
-                env=self.env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if "resumed" in log.read_text(errors="replace"):
-                return
-            await asyncio.sleep(0.2)
-        raise RuntimeError(f"bench worker did not get partitions; see {log}")
-
-    def stop_worker(self) -> None:
-        if self.worker is not None and self.worker.poll() is None:
-            self.worker.terminate()
-            try:
-                self.worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-                self.worker.wait()
-
-
 async def _redis_rtt(url: str, samples: int) -> list[float]:
     client = aioredis.Redis.from_url(url)
     try:
@@ -179,7 +102,7 @@ async def _redis_rtt(url: str, samples: int) -> list[float]:
         await client.aclose()
 
 
-async def hot_path(d: BenchDeployment, rate: float, seconds: float) -> list[Figure]:
+async def hot_path(d: PrivateDeployment, rate: float, seconds: float) -> list[Figure]:
     """Publish at ``rate`` entries/s; time publish -> every hot view reflects each entry."""
     s = d.settings
     hot = [p.name for p in all_projections() if p.hot]
@@ -270,7 +193,7 @@ async def hot_path(d: BenchDeployment, rate: float, seconds: float) -> list[Figu
     ]
 
 
-async def _publish_raw(d: BenchDeployment, entries_wanted: int) -> int:
+async def _publish_raw(d: PrivateDeployment, entries_wanted: int) -> int:
     from aiokafka import AIOKafkaProducer
 
     codec = LedgerCodec()
@@ -297,7 +220,7 @@ async def _publish_raw(d: BenchDeployment, entries_wanted: int) -> int:
     return sent
 
 
-async def _consume_decode(d: BenchDeployment) -> tuple[int, float]:
+async def _consume_decode(d: PrivateDeployment) -> tuple[int, float]:
     codec = LedgerCodec()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=d.settings.kafka_address,
@@ -326,7 +249,7 @@ async def _consume_decode(d: BenchDeployment) -> tuple[int, float]:
         await consumer.stop()
 
 
-async def replay(d: BenchDeployment, entries: int) -> list[Figure]:
+async def replay(d: PrivateDeployment, entries: int) -> list[Figure]:
     """Ceiling (consume + decode) beside the engine applying every projection from offset 0."""
     await _publish_raw(d, entries)
     n, secs = await _consume_decode(d)
@@ -365,9 +288,21 @@ async def run_bench(settings: Settings, quick: bool) -> BenchReport:
             "projections": [p.name for p in all_projections()],
         },
     )
-    async with BenchDeployment(settings) as d:
-        await d.start_worker(settings.state_dir / "bench" / "worker.log")
+    d = PrivateDeployment(
+        settings,
+        "bench",
+        FLEETS,
+        settings.state_dir / "bench",
+        {"AGENTLEDGER_WORKER_BATCH_SIZE": "500"},
+    )
+    await d.create()
+    try:
+        d.start_worker("worker")
+        await asyncio.to_thread(d.wait_partitions, "worker")
         report.figures += await hot_path(d, rate, seconds)
-        d.stop_worker()
+        for worker in d.workers:
+            d.stop_worker(worker)
         report.figures += await replay(d, entries)
+    finally:
+        d.drop()
     return report

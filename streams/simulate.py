@@ -7,7 +7,6 @@ cycle through :data:`OUTCOMES`, so a fleet of 14 or more runs shows every failur
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import uuid
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from schemas.factory import sha256_hex
 from schemas.models import (
     Actor,
     ActorType,
@@ -128,10 +128,6 @@ def _leaked_output(rng: random.Random) -> str:
         f"$ env | sort\nAWS_ACCESS_KEY_ID={key}\nGITHUB_TOKEN={token}\nHOME=/home/agent\n"
         "PATH=/usr/bin:/bin\n"
     )
-
-
-def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass

@@ -8,22 +8,18 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
-from streams.admin import create_fleet_topics
+from streams.deployment import PrivateDeployment
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target
 from streams.simulate import simulate
@@ -35,38 +31,8 @@ pytestmark = pytest.mark.integration
 FLEETS = ["fleet-01", "fleet-02"]
 
 
-@dataclass
-class Deployment:
-    """A private database, topic prefix and Redis prefix: one deployment of the product."""
-
-    settings: Settings
-    logs: Path
-
-    def env(self) -> dict[str, str]:
-        s = self.settings
-        return {
-            **os.environ,
-            "AGENTLEDGER_KAFKA_BOOTSTRAP": s.kafka_address,
-            "AGENTLEDGER_PG_DSN": s.pg_address,
-            "AGENTLEDGER_REDIS_URL": s.redis_address,
-            "AGENTLEDGER_TOPIC_PREFIX": s.topic_prefix,
-            "AGENTLEDGER_REDIS_PREFIX": s.redis_prefix,
-            "AGENTLEDGER_FLEETS": ",".join(FLEETS),
-            "AGENTLEDGER_WORKER_SESSION_TIMEOUT_S": "6",
-            "AGENTLEDGER_WORKER_BATCH_SIZE": "1000",
-        }
-
-    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
-        exe = Path(sys.executable).with_name("agentledger")
-        with (self.logs / f"{name}.log").open("ab") as log:
-            return subprocess.Popen(
-                [str(exe), "worker", "--loglevel", "info"],
-                env=self.env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+class Deployment(PrivateDeployment):
+    """A private deployment, plus what these tests read of its projections."""
 
     def applied(self) -> tuple[int, int]:
         """(sum of applied sequence numbers, held entries) over the live build."""
@@ -98,24 +64,14 @@ class Deployment:
 
 @pytest.fixture
 def deployment(services: Settings, tmp_path: Path) -> Iterator[Deployment]:
-    tag = uuid.uuid4().hex[:8]
-    db = f"al_test_{tag}"
-    with psycopg.connect(services.pg_address, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db}"')
-    dsn = services.pg_address.rsplit("/", 1)[0] + f"/{db}"
-    settings = services.model_copy(
-        update={
-            "pg_dsn": dsn,
-            "topic_prefix": f"w{tag}",
-            "redis_prefix": f"w{tag}",
-            "fleets": ",".join(FLEETS),
-        }
-    )
-    migrate(dsn)
-    asyncio.run(create_fleet_topics(settings, FLEETS))
-    yield Deployment(settings, tmp_path)
-    with psycopg.connect(services.pg_address, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    worker_env = {
+        "AGENTLEDGER_WORKER_SESSION_TIMEOUT_S": "6",
+        "AGENTLEDGER_WORKER_BATCH_SIZE": "1000",
+    }
+    d = Deployment(services, "test", FLEETS, tmp_path, worker_env)
+    asyncio.run(d.create())
+    yield d
+    d.drop()
 
 
 async def _publish(settings: Settings, count_runs: int, seed: int) -> int:
@@ -172,17 +128,6 @@ def _wait_drained(d: Deployment, expected: int, timeout_s: float) -> None:
     raise AssertionError(f"not drained: {d.applied()} != ({expected}, 0)")
 
 
-def _wait_resumed(d: Deployment, name: str, timeout_s: float = 60) -> None:
-    """Until the worker owns partitions (killing it before would test nothing)."""
-    log = d.logs / f"{name}.log"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and "resumed" in log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never got partitions")
-
-
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
@@ -205,7 +150,7 @@ def test_sigkill_five_times_equals_clean_replay(deployment: Deployment) -> None:
     worker = d.start_worker("w0")
     try:
         while kills < 5:
-            _wait_resumed(d, f"w{kills}")
+            d.wait_partitions(f"w{kills}")
             time.sleep(rng.uniform(0.5, 3.0))  # a random moment while it applies batches
             done, _ = d.applied()
             if done >= expected:

@@ -1,0 +1,110 @@
+"""A private deployment on the configured services: its own database, topic prefix, Redis prefix
+and worker processes, so benchmarks and tests never touch anyone's live projections."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import psycopg
+
+from infra.migrate import migrate
+from infra.settings import Settings
+from streams.admin import create_fleet_topics
+
+
+class PrivateDeployment:
+    def __init__(
+        self,
+        settings: Settings,
+        kind: str,
+        fleets: Sequence[str],
+        logs: Path,
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        tag = f"{kind}{uuid.uuid4().hex[:6]}"
+        self.db = f"al_{tag}"
+        self.admin_dsn = settings.pg_address
+        self.fleets = list(fleets)
+        self.logs = logs
+        self.worker_env = dict(worker_env or {})
+        base = settings.pg_address.rsplit("/", 1)[0]
+        self.settings = settings.model_copy(
+            update={
+                "pg_dsn": f"{base}/{self.db}",
+                "topic_prefix": tag,
+                "redis_prefix": tag,
+                "fleets": ",".join(self.fleets),
+            }
+        )
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    async def create(self) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.db}"')
+        migrate(self.settings.pg_address)
+        await create_fleet_topics(self.settings, self.fleets)
+
+    def drop(self) -> None:
+        for worker in self.workers:
+            self.stop_worker(worker)
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            **os.environ,
+            "AGENTLEDGER_KAFKA_BOOTSTRAP": s.kafka_address,
+            "AGENTLEDGER_PG_DSN": s.pg_address,
+            "AGENTLEDGER_REDIS_URL": s.redis_address,
+            "AGENTLEDGER_TOPIC_PREFIX": s.topic_prefix,
+            "AGENTLEDGER_REDIS_PREFIX": s.redis_prefix,
+            "AGENTLEDGER_FLEETS": s.fleets,
+            **self.worker_env,
+        }
+
+    def log_of(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+        """A detached ``agentledger worker`` process of this deployment, logging to its file."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with self.log_of(name).open("ab") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "consumers.cli", "worker", "--loglevel", "info"],
+                env=self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.workers.append(worker)
+        return worker
+
+    def has_partitions(self, name: str) -> bool:
+        """Whether the named worker has been assigned partitions and positioned them."""
+        log = self.log_of(name)
+        return log.exists() and "resumed" in log.read_text(errors="replace")
+
+    def wait_partitions(self, name: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.has_partitions(name):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {name} never got partitions; see {self.log_of(name)}")
+            time.sleep(0.2)
+
+    @staticmethod
+    def stop_worker(worker: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+        if worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
