@@ -104,9 +104,11 @@ class BatchStats:
 class _TargetResult:
     writes: list[pg.RunWrite] = field(default_factory=list)
     views: list[RunView] = field(default_factory=list)
+    poison: list[Poison] = field(default_factory=list)
 
 
-Item = tuple[LedgerEntry | None, bytes]  # the entry (None until decoded) and its original bytes
+# The entry (None until decoded), its original bytes, and its record (None when it was held).
+Item = tuple[LedgerEntry | None, bytes, "SourceRecord | None"]
 
 
 class Engine:
@@ -215,6 +217,9 @@ class Engine:
                 stats.dead_lettered = len(poison)
             for target, fresh in fresh_by_target.items():
                 result = await self._apply(conn, target, fresh, decoded, stats)
+                if result.poison:
+                    await self.dead_letters.send(result.poison)
+                    stats.dead_lettered += len(result.poison)
                 with self.telemetry.span("postgres.write", projection=target.name):
                     await pg.write_runs(conn, target.name, target.build, result.writes)
                     await pg.save_offsets(conn, target.name, target.build, last)
@@ -260,11 +265,11 @@ class Engine:
         for r in fresh:
             entry = decoded[(r.tp, r.offset)]
             if isinstance(entry, LedgerEntry):
-                arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"")))
+                arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"", r)))
         rows = await pg.load_runs(conn, target.name, target.build, sorted(arriving))
         result = _TargetResult()
         for run_id, items in arriving.items():
-            write, view = self._fold_run(target, run_id, rows.get(run_id), items, stats)
+            write, view = self._fold_run(target, run_id, rows.get(run_id), items, stats, result)
             result.writes.append(write)
             if view is not None:
                 result.views.append(view)
@@ -277,22 +282,28 @@ class Engine:
         row: pg.RunRow | None,
         items: list[tuple[int, Item]],
         stats: BatchStats,
+        result: _TargetResult,
     ) -> tuple[pg.RunWrite, RunView | None]:
         projection = target.projection
         held: dict[int, Item] = {
-            seq: (None, payload) for seq, payload in (row.held_payloads if row else {}).items()
+            seq: (None, payload, None)
+            for seq, payload in (row.held_payloads if row else {}).items()
         }
         plan = plan_run(row.applied_seq if row else 0, held, items)
         state = projection.from_doc(row.state) if row and row.state else None
         history: list[HistoryRow] = []
-        for entry, payload in plan.apply:
+        for entry, payload, record in plan.apply:
             entry = entry or self.codec.decode(payload)
             before = state
-            if state is None:
-                state = projection.initial(entry)
-            if projection.accepts(entry):
-                state = projection.fold(state, entry)
-                history.extend(projection.history(before, state, entry))
+            try:
+                if state is None:
+                    state = projection.initial(entry)
+                if projection.accepts(entry):
+                    state = projection.fold(state, entry)
+                    history.extend(projection.history(before, state, entry))
+            except Exception as exc:  # a fold bug must not stop the worker on this entry forever
+                state = before
+                result.poison.append(_fold_failure(projection.name, entry, payload, record, exc))
         stats.applied += len(plan.apply)
         stats.duplicates += plan.duplicates
         stats.held += len(plan.hold)
@@ -306,7 +317,7 @@ class Engine:
             held=plan.held,
             gaps=gaps,
             state=doc,
-            hold={seq: payload for seq, (_, payload) in plan.hold.items()},
+            hold={seq: payload for seq, (_, payload, _r) in plan.hold.items()},
             release=plan.release,
             history=history,
         )
@@ -391,8 +402,26 @@ class Engine:
             self._conn = None
 
 
+def _fold_failure(
+    projection: str,
+    entry: LedgerEntry,
+    payload: bytes,
+    record: SourceRecord | None,
+    exc: Exception,
+) -> Poison:
+    """A dead letter for an entry a projection's fold rejected; the run moves on without it."""
+    source = record or SourceRecord(
+        f"held.ledger.{entry.fleet_id}", -1, -1, entry.run_id.encode(), payload
+    )
+    message = (
+        f"projection {projection} failed on run {entry.run_id} seq {entry.sequence_no}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+    return Poison(source, "ProjectionFoldError", message)
+
+
 def _first_entry(items: list[tuple[int, Item]]) -> LedgerEntry:
-    for _, (entry, _payload) in items:
+    for _, (entry, _payload, _record) in items:
         if entry is not None:
             return entry
     raise ValueError("no decoded entry among the arrivals")

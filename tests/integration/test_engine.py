@@ -8,18 +8,20 @@ import copy
 import json
 from collections import defaultdict
 
+import psycopg
 import pytest
 import redis.asyncio as aioredis
 from rich.console import Console
 
 from infra.services import PostgresService
 from infra.settings import Settings
+from projectors.run_stats import RunStats, RunStatsProjection
 from schemas.catalog import AVSC_DIR, CATALOG
 from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry, to_avro
 from streams.dlq import KafkaDeadLetterSink, read_dead_letters, redrive
-from streams.engine import Engine
+from streams.engine import Engine, Target
 from streams.simulate import simulate
 from streams.source import drain, read_all
 from tests.integration.engine_support import (
@@ -190,3 +192,51 @@ async def test_redrive_after_the_fix_applies_once(services: Settings) -> None:
         await engine.close()
         await sink.close()
     _assert_exact(run_rows(env), run)
+
+
+class _FragileStats(RunStatsProjection):
+    """run-stats with a bug: its fold raises on every COMPACTION entry."""
+
+    name = "fragile-stats"
+
+    def fold(self, state: RunStats, entry: LedgerEntry) -> RunStats:
+        if entry.kind is EntryKind.COMPACTION:
+            raise ValueError("cannot handle compactions")
+        return super().fold(state, entry)
+
+
+async def test_a_fold_that_raises_dead_letters_the_entry_and_moves_on(services: Settings) -> None:
+    env = await make_env(services)
+    entries = simulate(1, 14, seed=77)
+    compactions = [e for e in entries if e.kind is EntryKind.COMPACTION]
+    assert compactions
+    await produce_raw(env, entries)
+    sink = KafkaDeadLetterSink(env.settings)
+    engine = Engine([Target(_FragileStats(), env.build)], env.settings.pg_address, None, sink)
+    await engine.start()
+    try:
+        stats = await drain(engine, env.settings.kafka_address, env.topics, batch_size=100)
+    finally:
+        await engine.close()
+        await sink.close()
+    assert stats.applied == len(entries) and stats.dead_lettered == len(compactions)
+    with psycopg.connect(env.settings.pg_address) as conn:
+        rows: dict[str, dict[str, int]] = dict(
+            conn.execute(
+                "SELECT run_id, state FROM al_run_state WHERE projection = 'fragile-stats' "
+                "AND build = %s",
+                (env.build,),
+            ).fetchall()
+        )
+    by_run = _by_run(entries)
+    for run_id, run in by_run.items():
+        skipped = sum(1 for e in run if e.kind is EntryKind.COMPACTION)
+        assert rows[run_id]["entries"] == len(run) - skipped, "every other entry was applied"
+    letters = await read_dead_letters(env.settings, env.fleets)
+    assert len(letters) == len(compactions)
+    assert all(
+        d.error_class == "ProjectionFoldError"
+        and "COMPACTION" not in d.message
+        and "cannot handle compactions" in d.message
+        for d in letters
+    )
