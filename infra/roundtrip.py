@@ -6,10 +6,11 @@ import uuid
 
 import psycopg
 import redis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from infra.errors import InfraError
 from infra.settings import Settings
+from streams.source import read_all
 from streams.topics import TopicSpec, ensure_topics
 
 
@@ -27,23 +28,8 @@ async def kafka_roundtrip(settings: Settings, topic: str, count: int) -> int:
         await producer.flush()
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.kafka_address,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    got: list[bytes] = []
-    try:
-        while len(got) < count:
-            batch = await consumer.getmany(timeout_ms=5000)
-            if not batch:
-                break
-            for records in batch.values():
-                got.extend(r.value for r in records if r.value is not None)
-    finally:
-        await consumer.stop()
+    records = await read_all(settings.kafka_address, [topic])
+    got = [r.value for r in records if r.value is not None]
     if got != payloads:
         raise InfraError(
             f"kafka round trip on {topic}: sent {count}, read {len(got)} or out of order"

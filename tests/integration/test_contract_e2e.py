@@ -16,7 +16,6 @@ from typing import Any, cast
 import avro.io
 import avro.schema
 import pytest
-from aiokafka import AIOKafkaConsumer
 from fastavro.schema import to_parsing_canonical_form
 
 from infra.settings import Settings
@@ -24,6 +23,7 @@ from schemas.catalog import AVSC_DIR
 from schemas.models import LedgerEntry, to_avro
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
+from streams.source import read_all
 from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
@@ -89,26 +89,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-async def _consume(settings: Settings, topic: str, count: int) -> list[tuple[bytes, bytes]]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.kafka_address,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    got: list[tuple[bytes, bytes]] = []
-    try:
-        while len(got) < count:
-            batch = await consumer.getmany(timeout_ms=10000)
-            if not batch:
-                break
-            got.extend((r.key, r.value) for rs in batch.values() for r in rs)
-    finally:
-        await consumer.stop()
-    return got
-
-
 async def test_published_entries_decode_with_apache_avro(services: Settings) -> None:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = services.model_copy(update={"topic_prefix": prefix})
@@ -119,7 +99,8 @@ async def test_published_entries_decode_with_apache_avro(services: Settings) -> 
         sent = await publisher.publish_batch(entries)
     assert [e.entry_id for e in sent] == [e.entry_id for e in entries]
 
-    raw = await _consume(settings, ledger_topic(prefix, "fleet-01"), len(entries))
+    records = await read_all(settings.kafka_address, [ledger_topic(prefix, "fleet-01")])
+    raw = [(r.key or b"", r.value or b"") for r in records]
     assert len(raw) == len(entries)
     assert not any(SECRET_RE.search(value) for _, value in raw)
 

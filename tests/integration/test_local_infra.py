@@ -11,13 +11,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from rich.console import Console
 
 from infra import local
 from infra.errors import PortInUseError
 from infra.process import is_alive, port_free
 from infra.settings import Settings, load_settings
+from streams.source import read_all
 from streams.topics import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -66,26 +67,6 @@ async def _produce(settings: Settings, topic: str, values: list[bytes]) -> None:
         await producer.stop()
 
 
-async def _consume(settings: Settings, topic: str, count: int) -> list[bytes]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.kafka_address,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    got: list[bytes] = []
-    try:
-        while len(got) < count:
-            batch = await consumer.getmany(timeout_ms=5000)
-            if not batch:
-                break
-            got.extend(r.value for rs in batch.values() for r in rs if r.value is not None)
-    finally:
-        await consumer.stop()
-    return got
-
-
 def test_up_is_idempotent_and_down_keeps_data(isolated: Settings) -> None:
     console = Console(quiet=True)
     first = local.up(isolated, console)
@@ -112,7 +93,8 @@ def test_up_is_idempotent_and_down_keeps_data(isolated: Settings) -> None:
 
     third = local.up(isolated, console)
     assert all(s.running for s in third)
-    assert asyncio.run(_consume(isolated, topic, len(values))) == values
+    records = asyncio.run(read_all(isolated.kafka_address, [topic]))
+    assert [r.value for r in records] == values
     with psycopg.connect(isolated.pg_address) as conn:
         assert conn.execute("SELECT v FROM kept").fetchall() == [(42,)]
 

@@ -10,12 +10,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from infra.settings import Settings
 from schemas.codec import LedgerCodec
 from schemas.json_form import to_json, to_json_text
 from streams.simulate import simulate_runs
+from streams.source import read_all
 from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
@@ -31,23 +31,6 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(exe), *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-
-
-async def _count(settings: Settings, topic: str) -> list[bytes]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.kafka_address,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    got: list[bytes] = []
-    try:
-        while batch := await consumer.getmany(timeout_ms=3000):
-            got.extend(r.value for rs in batch.values() for r in rs if r.value is not None)
-    finally:
-        await consumer.stop()
-    return got
 
 
 async def test_publish_reports_invalid_lines_and_sends_valid_ones(
@@ -77,6 +60,9 @@ async def test_publish_reports_invalid_lines_and_sends_valid_ones(
         assert f"line {number}: {field}" in proc.stderr
     assert f"published {n} entries" in proc.stdout
 
-    values = await _count(settings, ledger_topic(settings.topic_prefix, "fleet-01"))
+    records = await read_all(
+        settings.kafka_address, [ledger_topic(settings.topic_prefix, "fleet-01")]
+    )
+    values = [r.value for r in records if r.value is not None]
     decoded = LedgerCodec().decode_many(values)
     assert sorted(e.entry_id for e in decoded) == sorted(e.entry_id for e in run_a)
