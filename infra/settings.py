@@ -48,13 +48,26 @@ class Settings(BaseSettings):
 
     otel: str = Field(default="none", description="telemetry export: none or console")
     worker_batch_size: int = 2000
-    worker_batch_wait_s: float = 0.02
+    worker_batch_wait_s: float = 0.005
     worker_session_timeout_s: float = 10.0
     redis_prefix: str = "al"
 
     max_entry_bytes: int = 512 * 1024
     publish_timeout_s: float = 15.0
+    publish_linger_ms: int = 1  # how long the producer waits to fill a batch
     schema_registry_url: str | None = None
+
+    # Projection inputs kept as data; changing one and rebuilding re-derives history.
+    price_table: Path | None = Field(
+        default=None, description="a price table JSON replacing the shipped one (cost-metrics)"
+    )
+    failure_taxonomy: Path | None = Field(
+        default=None, description="a taxonomy JSON replacing the shipped one (failure classes)"
+    )
+    context_budget: str | None = Field(
+        default=None,
+        description='JSON overriding ContextBudget fields, e.g. {"total_tokens": 64000}',
+    )
 
     @property
     def fleet_ids(self) -> list[str]:

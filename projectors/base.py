@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+import orjson
 from pydantic import BaseModel
 
 from schemas.models import LedgerEntry
@@ -35,7 +36,18 @@ class Projection(Protocol, Generic[S]):
         """The state after ``entry``. Pure: no I/O, no clock."""
         ...
 
+    def finish(self, state: S) -> S:
+        """Derived parts of the state, computed once after a run's entries of a batch.
+
+        Must be a pure function of the folded state, so where batches fall never shows.
+        """
+        ...
+
     def to_doc(self, state: S) -> dict[str, Any]: ...
+
+    def to_json(self, state: S) -> bytes:
+        """:meth:`to_doc` as JSON text: what PostgreSQL and Redis store."""
+        ...
 
     def from_doc(self, doc: dict[str, Any]) -> S: ...
 
@@ -62,8 +74,16 @@ class ModelProjection(Generic[S]):
     def history(self, before: S | None, after: S, entry: LedgerEntry) -> list[HistoryRow]:
         return []
 
+    def finish(self, state: S) -> S:
+        return state
+
     def to_doc(self, state: S) -> dict[str, Any]:
         return state.model_dump(mode="json")
+
+    def to_json(self, state: S) -> bytes:
+        if type(self).to_doc is ModelProjection.to_doc:  # the model's own serializer is faster
+            return state.__pydantic_serializer__.to_json(state)
+        return orjson.dumps(self.to_doc(state))
 
     def from_doc(self, doc: dict[str, Any]) -> S:
         return self.state_type.model_validate(doc)
@@ -77,4 +97,4 @@ def fold_all(projection: Projection[S], entries: list[LedgerEntry]) -> S | None:
             state = projection.initial(entry)
         if projection.accepts(entry):
             state = projection.fold(state, entry)
-    return state
+    return projection.finish(state) if state is not None else None

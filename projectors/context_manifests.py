@@ -274,6 +274,16 @@ class ContextManifest(_Frozen):
     stable_prefix_tokens: int = 0
 
 
+class PrefixKey(_Frozen):
+    """An item's identity and size, all a stable-prefix comparison needs."""
+
+    item_kind: ContextItemKind
+    source_entry_id: str | None
+    sha256: str
+    tool_call_id: str | None
+    tokens: int
+
+
 class ContextState(_Frozen):
     run_id: str
     fleet_id: str
@@ -286,6 +296,8 @@ class ContextState(_Frozen):
     manifests: tuple[ContextManifest, ...] = ()
     duplicate_model_calls: int = 0
     model_calls_without_context: tuple[str, ...] = ()
+    # The next turn as it stood at the last model call: what a prefix cache holds now.
+    prefix_basis: tuple[PrefixKey, ...] = ()
     next_turn: ContextManifest | None = None
 
 
@@ -321,9 +333,15 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             state = _record(state, entry, self.budget)
         elif entry.kind is EntryKind.MODEL_CALL:
             state = _bind_model_call(state, entry)
+            turn = next_turn(state.pool, self.budget, state.last_sequence_no)
+            state = state.model_copy(update={"prefix_basis": prefix_keys(turn.items)})
         elif entry.visibility is Visibility.MODEL_VISIBLE:
             state = _admit(state, entry, self.budget)
-        turn = next_turn(state.pool, self.budget, state.last_sequence_no, state.next_turn)
+        return state
+
+    def finish(self, state: ContextState) -> ContextState:
+        """The next turn, once per batch: a pure function of the folded state."""
+        turn = next_turn(state.pool, self.budget, state.last_sequence_no, state.prefix_basis)
         return state.model_copy(update={"next_turn": turn})
 
 
@@ -702,9 +720,13 @@ def next_turn(
     pool: Sequence[ManifestItem],
     budget: ContextBudget,
     as_of: int,
-    previous: ContextManifest | None = None,
+    basis: Sequence[PrefixKey] = (),
 ) -> ContextManifest:
-    """The manifest the ledger allows for the run's next model call."""
+    """The manifest the ledger allows for the run's next model call.
+
+    Its stable prefix is measured against ``basis``, the next turn as it stood at the run's last
+    model call: the tokens a provider's prefix cache can reuse from that call.
+    """
     instructions = sorted(
         (i for i in pool if i.section in INSTRUCTION_SECTIONS),
         key=lambda i: (i.precedence or 99, i.sequence_no or 0),
@@ -724,7 +746,7 @@ def next_turn(
         items=items,
         dropped=(*orphans, *dropped),
         over_budget=over,
-        stable_prefix_tokens=stable_prefix_tokens(previous.items, items) if previous else 0,
+        stable_prefix_tokens=stable_prefix_tokens(basis, prefix_keys(items)),
         **_totals(items),
     )
 
@@ -871,15 +893,24 @@ def _truncate(
     return kept, dropped, tuple(over)
 
 
-def _identity(item: ManifestItem) -> tuple[str, str | None, str, str | None]:
-    return item.item_kind.value, item.source_entry_id, item.sha256, item.tool_call_id
+def prefix_keys(items: Sequence[ManifestItem]) -> tuple[PrefixKey, ...]:
+    return tuple(
+        PrefixKey.model_construct(
+            item_kind=i.item_kind,
+            source_entry_id=i.source_entry_id,
+            sha256=i.sha256,
+            tool_call_id=i.tool_call_id,
+            tokens=i.tokens,
+        )
+        for i in items
+    )
 
 
-def stable_prefix_tokens(before: Sequence[ManifestItem], after: Sequence[ManifestItem]) -> int:
+def stable_prefix_tokens(before: Sequence[PrefixKey], after: Sequence[PrefixKey]) -> int:
     """Tokens of the longest common prefix of item identities (what a prefix cache reuses)."""
     total = 0
     for old, new in zip(before, after, strict=False):
-        if _identity(old) != _identity(new):
+        if old != new:
             break
         total += new.tokens
     return total

@@ -1,22 +1,51 @@
-"""Every projection the engine runs, by name."""
+"""Every projection the engine runs, by name, configured from the settings' data files."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from infra.settings import Settings
 from projectors.base import Projection
-from projectors.context_manifests import ContextManifestsProjection
+from projectors.context_manifests import ContextBudget, ContextManifestsProjection
+from projectors.cost_metrics import CostMetricsProjection
+from projectors.diff_timelines import DiffTimelinesProjection
+from projectors.failure_classifications import FailureClassifications, Taxonomy
+from projectors.pricing import PriceTable
 from projectors.run_stats import RunStatsProjection
 from projectors.working_memory import WorkingMemoryProjection
 
+NAMES = (
+    "run-stats",
+    "working-memory",
+    "context-manifests",
+    "diff-timelines",
+    "cost-metrics",
+    "failure-classifications",
+)
 
-def all_projections() -> list[Projection[Any]]:
-    return [RunStatsProjection(), WorkingMemoryProjection(), ContextManifestsProjection()]
+
+def all_projections(settings: Settings | None = None) -> list[Projection[Any]]:
+    """Every projection; ``settings`` may replace the shipped price table, taxonomy, budget."""
+    budget = prices = taxonomy = None
+    if settings is not None:
+        if settings.context_budget:
+            budget = ContextBudget.model_validate_json(settings.context_budget)
+        if settings.price_table is not None:
+            prices = PriceTable.load(settings.price_table)
+        if settings.failure_taxonomy is not None:
+            taxonomy = Taxonomy.load(settings.failure_taxonomy)
+    return [
+        RunStatsProjection(),
+        WorkingMemoryProjection(),
+        ContextManifestsProjection(budget),
+        DiffTimelinesProjection(),
+        CostMetricsProjection(prices),
+        FailureClassifications(taxonomy),
+    ]
 
 
-def projection(name: str) -> Projection[Any]:
-    for p in all_projections():
+def projection(name: str, settings: Settings | None = None) -> Projection[Any]:
+    for p in all_projections(settings):
         if p.name == name:
             return p
-    names = ", ".join(p.name for p in all_projections())
-    raise KeyError(f"no projection named {name!r}; known: {names}")
+    raise KeyError(f"no projection named {name!r}; known: {', '.join(NAMES)}")

@@ -3,6 +3,7 @@ first build made live when none exists yet."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -16,11 +17,11 @@ def initial_build(projection: Projection[Any]) -> str:
     return f"v{projection.version}-1"
 
 
-def live_targets(pg_dsn: str) -> list[Target]:
+def live_targets(pg_dsn: str, projections: Sequence[Projection[Any]] | None = None) -> list[Target]:
     """Each projection with its live build (creating and recording the first one if needed)."""
     targets = []
     with psycopg.connect(pg_dsn) as conn:
-        for projection in all_projections():
+        for projection in projections if projections is not None else all_projections():
             conn.execute(
                 "INSERT INTO al_builds (projection, build, version) VALUES (%s, %s, %s) "
                 "ON CONFLICT DO NOTHING",

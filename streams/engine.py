@@ -19,11 +19,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import orjson
 import psycopg
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiokafka.errors import KafkaError
 from psycopg import AsyncConnection
+from psycopg.types.json import set_json_dumps, set_json_loads
 
 from projectors.base import HistoryRow, Projection
 from projectors.ordering import missing_ranges, plan_run
@@ -64,6 +66,11 @@ class SourceRecord:
     def tp(self) -> TopicPartition:
         return (self.topic, self.partition)
 
+    @property
+    def key_tp(self) -> tuple[TopicPartition, int]:
+        """Where the record sits: its partition and offset."""
+        return (self.tp, self.offset)
+
 
 @dataclass(frozen=True)
 class Target:
@@ -98,6 +105,15 @@ class BatchStats:
     held: int = 0
     dead_lettered: int = 0
     runs_written: int = 0
+
+    def add(self, other: BatchStats) -> None:
+        """Fold in one phase's figures (the batch's records and redeliveries are not summed)."""
+        self.applied += other.applied
+        self.duplicates += other.duplicates
+        self.redelivered = max(self.redelivered, other.redelivered)
+        self.held += other.held
+        self.dead_lettered += other.dead_lettered
+        self.runs_written += other.runs_written
 
 
 @dataclass
@@ -181,52 +197,87 @@ class Engine:
     # -- the batch -------------------------------------------------------------------------
 
     async def process(self, records: Sequence[SourceRecord]) -> BatchStats:
-        """Apply one batch; retries retriable failures until it is committed."""
+        """Apply one batch; retries retriable failures until it is committed.
+
+        Hot targets (served from Redis) commit and publish their views first; the others commit
+        in a second transaction, so analytics projections never delay what agents read back.
+        Each target's offsets live in its own rows, so the two commits are independent.
+        """
         if not records:
             return BatchStats()
         started = time.perf_counter()
+        stats = BatchStats(records=len(records))
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError] = {}
+        sent: set[tuple[TopicPartition, int]] = set()  # poison dead-lettered by an earlier phase
         with self.telemetry.batch_span(records) as span:
-            stats, views = await self._retrying(lambda: self._commit(records), "applying a batch")
-            if self.redis_url is not None and views:
-                await self._retrying(lambda: self._write_views(views), "writing Redis views")
+            for targets in self._phases:
+                await self._phase(targets, records, decoded, sent, stats)
             span.set_attribute("agentledger.records", len(records))
         self.telemetry.record_batch(stats, time.perf_counter() - started)
         return stats
 
+    async def _phase(
+        self,
+        targets: Sequence[Target],
+        records: Sequence[SourceRecord],
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+        sent: set[tuple[TopicPartition, int]],
+        stats: BatchStats,
+    ) -> None:
+        views = await self._retrying(
+            lambda: self._commit(targets, records, decoded, sent, stats), "applying a batch"
+        )
+        if self.redis_url is not None and views:
+            await self._retrying(lambda: self._write_views(views), "writing Redis views")
+
+    @property
+    def _phases(self) -> list[list[Target]]:
+        hot = [t for t in self.targets if t.projection.hot]
+        cold = [t for t in self.targets if not t.projection.hot]
+        return [phase for phase in (hot, cold) if phase]
+
     async def _commit(
-        self, records: Sequence[SourceRecord]
-    ) -> tuple[BatchStats, dict[Target, list[RunView]]]:
-        stats = BatchStats(records=len(records))
+        self,
+        targets: Sequence[Target],
+        records: Sequence[SourceRecord],
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+        sent: set[tuple[TopicPartition, int]],
+        totals: BatchStats,
+    ) -> dict[Target, list[RunView]]:
+        stats = BatchStats()
         conn = await self._pg()
-        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError] = {}
         views: dict[Target, list[RunView]] = {}
         partitions = sorted({r.tp for r in records})
         last = {tp: max(r.offset for r in records if r.tp == tp) for tp in partitions}
+        keys = [(t.name, t.build) for t in targets]
         async with conn.transaction():
+            stored = await pg.lock_offsets(conn, keys, partitions)
             fresh_by_target: dict[Target, list[SourceRecord]] = {}
-            for target in self.targets:
-                stored = await pg.lock_offsets(conn, target.name, target.build, partitions)
-                fresh = [r for r in records if r.offset > stored[r.tp]]
+            for target in targets:
+                mine = stored[(target.name, target.build)]
+                fresh = [r for r in records if r.offset > mine[r.tp]]
                 stats.redelivered = max(stats.redelivered, len(records) - len(fresh))
                 fresh_by_target[target] = fresh
             self._decode(fresh_by_target, decoded)
-            poison = self._poison(fresh_by_target, decoded)
+            poison = [
+                p for p in self._poison(fresh_by_target, decoded) if p.record.key_tp not in sent
+            ]
+            results = await self._apply(conn, fresh_by_target, decoded, stats)
+            poison += [p for result in results.values() for p in result.poison]
             if poison:
                 with self.telemetry.span("dead-letter", count=len(poison)):
                     await self.dead_letters.send(poison)
+                sent.update(p.record.key_tp for p in poison)
                 stats.dead_lettered = len(poison)
-            for target, fresh in fresh_by_target.items():
-                result = await self._apply(conn, target, fresh, decoded, stats)
-                if result.poison:
-                    await self.dead_letters.send(result.poison)
-                    stats.dead_lettered += len(result.poison)
-                with self.telemetry.span("postgres.write", projection=target.name):
-                    await pg.write_runs(conn, target.name, target.build, result.writes)
-                    await pg.save_offsets(conn, target.name, target.build, last)
+            with self.telemetry.span("postgres.write", targets=len(results)):
+                await pg.write_runs(conn, {(t.name, t.build): r.writes for t, r in results.items()})
+                await pg.save_offsets(conn, {key: last for key in keys})
+            for target, result in results.items():
                 stats.runs_written += len(result.writes)
-                if target.projection.hot:
+                if target.projection.hot and result.views:
                     views[target] = result.views
-        return stats, {t: v for t, v in views.items() if v}
+        totals.add(stats)  # only once committed: a retried attempt is not counted twice
+        return views
 
     def _decode(
         self,
@@ -256,24 +307,34 @@ class Engine:
     async def _apply(
         self,
         conn: AsyncConnection[Any],
-        target: Target,
-        fresh: list[SourceRecord],
+        fresh_by_target: dict[Target, list[SourceRecord]],
         decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
         stats: BatchStats,
-    ) -> _TargetResult:
-        arriving: dict[str, list[tuple[int, Item]]] = defaultdict(list)
-        for r in fresh:
-            entry = decoded[(r.tp, r.offset)]
-            if isinstance(entry, LedgerEntry):
-                arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"", r)))
-        rows = await pg.load_runs(conn, target.name, target.build, sorted(arriving))
-        result = _TargetResult()
-        for run_id, items in arriving.items():
-            write, view = self._fold_run(target, run_id, rows.get(run_id), items, stats, result)
-            result.writes.append(write)
-            if view is not None:
-                result.views.append(view)
-        return result
+    ) -> dict[Target, _TargetResult]:
+        arriving_by_target: dict[Target, dict[str, list[tuple[int, Item]]]] = {}
+        for target, fresh in fresh_by_target.items():
+            arriving: dict[str, list[tuple[int, Item]]] = defaultdict(list)
+            for r in fresh:
+                entry = decoded[(r.tp, r.offset)]
+                if isinstance(entry, LedgerEntry):
+                    arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"", r)))
+            arriving_by_target[target] = arriving
+        rows = await pg.load_runs(
+            conn, {(t.name, t.build): sorted(a) for t, a in arriving_by_target.items()}
+        )
+        results: dict[Target, _TargetResult] = {}
+        with self.telemetry.span("fold", targets=len(arriving_by_target)):
+            for target, arriving in arriving_by_target.items():
+                mine = rows[(target.name, target.build)]
+                result = results[target] = _TargetResult()
+                for run_id, items in arriving.items():
+                    write, view = self._fold_run(
+                        target, run_id, mine.get(run_id), items, stats, result
+                    )
+                    result.writes.append(write)
+                    if view is not None:
+                        result.views.append(view)
+        return results
 
     def _fold_run(
         self,
@@ -309,7 +370,12 @@ class Engine:
         stats.held += len(plan.hold)
         fleet_id = row.fleet_id if row else _first_entry(items).fleet_id
         gaps = missing_ranges(plan.applied_seq, plan.held)
-        doc = projection.to_doc(state) if state is not None else None
+        if state is not None and plan.apply:
+            try:
+                state = projection.finish(state)
+            except Exception:  # derived parts only: keep the folded state, say so loudly
+                logger.exception("%s: finish failed for run %s", projection.name, run_id)
+        doc = projection.to_json(state) if state is not None else None
         write = pg.RunWrite(
             run_id=run_id,
             fleet_id=fleet_id,
@@ -329,11 +395,12 @@ class Engine:
 
     async def _write_views(self, views: dict[Target, list[RunView]]) -> None:
         store = await self._view_store()
-        for target, batch in views.items():
-            if not await store.is_ready(target.name, target.build):
+        ready = await store.ready_builds((t.name, t.build) for t in views)
+        for target in views:
+            if (target.name, target.build) not in ready:
                 await self._refill(store, target)
-            with self.telemetry.span("redis.write", projection=target.name):
-                await store.write(target.name, target.build, batch)
+        with self.telemetry.span("redis.write", targets=len(views)):
+            await store.write_builds((t.name, t.build, batch) for t, batch in views.items())
 
     async def publish_live_pointers(self) -> None:
         """Mirror PostgreSQL's live pointer into Redis for the targets that are live."""
@@ -356,8 +423,7 @@ class Engine:
         rows = await pg.iter_states(conn, target.name, target.build)
         await conn.rollback()
         views = [
-            RunView(run_id, seq, len(held), gaps, state or None)
-            for run_id, seq, held, gaps, state in rows
+            RunView(run_id, seq, len(held), gaps, state) for run_id, seq, held, gaps, state in rows
         ]
         for start in range(0, len(views), 2000):
             await store.write(target.name, target.build, views[start : start + 2000])
@@ -370,6 +436,8 @@ class Engine:
     async def _pg(self) -> AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = await psycopg.AsyncConnection.connect(self.pg_dsn, connect_timeout=5)
+            set_json_loads(orjson.loads, self._conn)
+            set_json_dumps(orjson.dumps, self._conn)
         return self._conn
 
     async def _view_store(self) -> RedisViewStore:

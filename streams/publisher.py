@@ -135,7 +135,7 @@ class AsyncPublisher:
             bootstrap_servers=self.settings.kafka_address,
             acks="all",
             enable_idempotence=True,
-            linger_ms=5,
+            linger_ms=self.settings.publish_linger_ms,
             compression_type="zstd",
             max_batch_size=256 * 1024,
             request_timeout_ms=timeout_ms,

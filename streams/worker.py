@@ -10,6 +10,7 @@ stored offsets decide where the next start begins.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from faust.types import TP
 
 from infra.migrate import migrate
 from infra.settings import Settings
+from projectors.registry import all_projections
 from streams.builds import live_targets
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord
@@ -109,7 +111,7 @@ def create_app(settings: Settings) -> faust.App:
     PositionedConsumer.ledger_topics = frozenset(topics)
     sink = KafkaDeadLetterSink(settings)
     engine = Engine(
-        live_targets(settings.pg_address),
+        live_targets(settings.pg_address, all_projections(settings)),
         settings.pg_address,
         settings.redis_address,
         sink,
@@ -122,6 +124,10 @@ def create_app(settings: Settings) -> faust.App:
     @app.agent(source)
     async def project(stream: Any) -> None:
         await engine.start()
+        # What exists now lives as long as the worker: keep it out of every collection, so a
+        # full collection scans only what batches allocate (a long pause is hot-path latency).
+        gc.collect()
+        gc.freeze()
         async for events in stream.take_events(batch_size, within=within_s):
             try:
                 records = [_record(e) for e in events]

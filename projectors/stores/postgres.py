@@ -30,29 +30,46 @@ class RunRow:
     held_payloads: dict[int, bytes] = field(default_factory=dict)
 
 
+BuildKey = tuple[str, str]  # (projection, build)
+
+
 async def lock_offsets(
-    conn: AsyncConnection[Any], projection: str, build: str, partitions: Sequence[TopicPartition]
-) -> dict[TopicPartition, int]:
-    """Lock the offset rows of these partitions (creating them at -1) and return them.
+    conn: AsyncConnection[Any], builds: Sequence[BuildKey], partitions: Sequence[TopicPartition]
+) -> dict[BuildKey, dict[TopicPartition, int]]:
+    """Lock the offset rows of these builds' partitions (creating them at -1) and return them.
 
     The row lock serializes two workers that both think they own a partition during a rebalance:
-    the second sees the first's offsets once it commits, and skips what was applied.
+    the second sees the first's offsets once it commits, and skips what was applied. Rows are
+    locked in one order (build, topic, partition) so two batches never deadlock.
     """
-    ordered = sorted(set(partitions))
+    keys = sorted({(b, tp) for b in builds for tp in partitions})
+    columns = _columns([(proj, build, t, p) for (proj, build), (t, p) in keys], 4)
     async with conn.cursor() as cur:
-        await cur.executemany(
+        await cur.execute(
             'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
-            "VALUES (%s, %s, %s, %s, -1) ON CONFLICT DO NOTHING",
-            [(projection, build, t, p) for t, p in ordered],
+            "SELECT *, -1 FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) "
+            "ON CONFLICT DO NOTHING",
+            columns,
         )
         await cur.execute(
-            'SELECT topic, partition, "offset" FROM al_offsets '
-            "WHERE projection = %s AND build = %s AND (topic, partition) IN "
-            "(SELECT * FROM unnest(%s::text[], %s::int[])) "
-            "ORDER BY topic, partition FOR UPDATE",
-            (projection, build, [t for t, _ in ordered], [p for _, p in ordered]),
+            'SELECT projection, build, topic, partition, "offset" FROM al_offsets '
+            "WHERE (projection, build, topic, partition) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[])) "
+            "ORDER BY projection, build, topic, partition FOR UPDATE",
+            columns,
         )
-        return {(t, p): o for t, p, o in await cur.fetchall()}
+        out: dict[BuildKey, dict[TopicPartition, int]] = {b: {} for b in builds}
+        for proj, build, t, p, o in await cur.fetchall():
+            out[(proj, build)][(t, p)] = o
+        return out
+
+
+def _as_is(document: bytes) -> bytes:
+    return document
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [[r[i] for r in rows] for i in range(width)]
 
 
 async def read_offsets(
@@ -69,40 +86,54 @@ async def read_offsets(
 
 
 async def save_offsets(
-    conn: AsyncConnection[Any], projection: str, build: str, offsets: dict[TopicPartition, int]
+    conn: AsyncConnection[Any], offsets: dict[BuildKey, dict[TopicPartition, int]]
 ) -> None:
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            'UPDATE al_offsets SET "offset" = %s, updated_at = now() '
-            "WHERE projection = %s AND build = %s AND topic = %s AND partition = %s",
-            [(o, projection, build, t, p) for (t, p), o in sorted(offsets.items())],
+    rows = [
+        (proj, build, t, p, o)
+        for (proj, build), by_tp in sorted(offsets.items())
+        for (t, p), o in sorted(by_tp.items())
+    ]
+    if rows:
+        await conn.execute(
+            'UPDATE al_offsets AS o SET "offset" = v.o, updated_at = now() '
+            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) "
+            "AS v(projection, build, topic, partition, o) "
+            "WHERE o.projection = v.projection AND o.build = v.build "
+            "AND o.topic = v.topic AND o.partition = v.partition",
+            _columns(rows, 5),
         )
 
 
 async def load_runs(
-    conn: AsyncConnection[Any], projection: str, build: str, run_ids: Sequence[str]
-) -> dict[str, RunRow]:
-    """Stored rows of these runs, with the payloads of their held entries."""
+    conn: AsyncConnection[Any], wanted: dict[BuildKey, Sequence[str]]
+) -> dict[BuildKey, dict[str, RunRow]]:
+    """Stored rows of these builds' runs, with the payloads of their held entries."""
+    keys = [(proj, build, run_id) for (proj, build), ids in wanted.items() for run_id in ids]
+    out: dict[BuildKey, dict[str, RunRow]] = {b: {} for b in wanted}
+    if not keys:
+        return out
+    columns = _columns(keys, 3)
     async with conn.cursor() as cur:
         await cur.execute(
-            "SELECT run_id, fleet_id, applied_seq, held, state FROM al_run_state "
-            "WHERE projection = %s AND build = %s AND run_id = ANY(%s)",
-            (projection, build, list(run_ids)),
+            "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, s.state "
+            "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[]) "
+            "AS k(projection, build, run_id) USING (projection, build, run_id)",
+            columns,
         )
-        rows = {
-            run_id: RunRow(run_id, fleet_id, seq, tuple(held), state)
-            for run_id, fleet_id, seq, held, state in await cur.fetchall()
-        }
-        waiting = [r.run_id for r in rows.values() if r.held]
+        waiting = False
+        for proj, build, run_id, fleet_id, seq, held, state in await cur.fetchall():
+            out[(proj, build)][run_id] = RunRow(run_id, fleet_id, seq, tuple(held), state)
+            waiting = waiting or bool(held)
         if waiting:
             await cur.execute(
-                "SELECT run_id, sequence_no, payload FROM al_held "
-                "WHERE projection = %s AND build = %s AND run_id = ANY(%s)",
-                (projection, build, waiting),
+                "SELECT h.projection, h.build, h.run_id, h.sequence_no, h.payload "
+                "FROM al_held h JOIN unnest(%s::text[], %s::text[], %s::text[]) "
+                "AS k(projection, build, run_id) USING (projection, build, run_id)",
+                columns,
             )
-            for run_id, seq, payload in await cur.fetchall():
-                rows[run_id].held_payloads[seq] = bytes(payload)
-    return rows
+            for proj, build, run_id, seq, payload in await cur.fetchall():
+                out[(proj, build)][run_id].held_payloads[seq] = bytes(payload)
+    return out
 
 
 @dataclass
@@ -114,17 +145,18 @@ class RunWrite:
     applied_seq: int
     held: tuple[int, ...]
     gaps: list[tuple[int, int]]
-    state: dict[str, Any] | None
+    state: bytes | None  # the projection's JSON document
     hold: dict[int, bytes] = field(default_factory=dict)
     release: list[int] = field(default_factory=list)
     history: list[HistoryRow] = field(default_factory=list)
 
 
 async def write_runs(
-    conn: AsyncConnection[Any], projection: str, build: str, writes: Sequence[RunWrite]
+    conn: AsyncConnection[Any], writes: dict[BuildKey, Sequence[RunWrite]]
 ) -> None:
-    """Upsert every touched run and move held entries, in as few round trips as possible."""
-    if not writes:
+    """Upsert every touched run of every build and move held entries, in few round trips."""
+    flat = [(proj, build, w) for (proj, build), ws in writes.items() for w in ws]
+    if not flat:
         return
     async with conn.cursor() as cur:
         await cur.executemany(
@@ -136,21 +168,21 @@ async def write_runs(
             "state = EXCLUDED.state, updated_at = now()",
             [
                 (
-                    projection,
+                    proj,
                     build,
                     w.run_id,
                     w.fleet_id,
                     w.applied_seq,
                     list(w.held),
                     Jsonb([list(g) for g in w.gaps]),
-                    Jsonb(w.state or {}),
+                    Jsonb(w.state or b"{}", dumps=_as_is),
                 )
-                for w in writes
+                for proj, build, w in flat
             ],
         )
         holds = [
-            (projection, build, w.run_id, seq, payload)
-            for w in writes
+            (proj, build, w.run_id, seq, payload)
+            for proj, build, w in flat
             for seq, payload in w.hold.items()
         ]
         if holds:
@@ -160,8 +192,8 @@ async def write_runs(
                 holds,
             )
         history = [
-            (projection, build, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc))
-            for w in writes
+            (proj, build, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc))
+            for proj, build, w in flat
             for h in w.history
         ]
         if history:
@@ -170,7 +202,7 @@ async def write_runs(
                 "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 history,
             )
-        releases = [(projection, build, w.run_id, seq) for w in writes for seq in w.release]
+        releases = [(proj, build, w.run_id, seq) for proj, build, w in flat for seq in w.release]
         if releases:
             await cur.executemany(
                 "DELETE FROM al_held WHERE projection = %s AND build = %s AND run_id = %s "
@@ -203,11 +235,14 @@ async def live_build(conn: AsyncConnection[Any], projection: str) -> str | None:
 
 async def iter_states(
     conn: AsyncConnection[Any], projection: str, build: str
-) -> list[tuple[str, int, tuple[int, ...], list[list[int]], dict[str, Any]]]:
-    """Every run's (run_id, applied_seq, held, gaps, state) of a build, for refilling Redis."""
+) -> list[tuple[str, int, tuple[int, ...], list[list[int]], bytes | None]]:
+    """Every run's (run_id, applied_seq, held, gaps, JSON state) of a build, to refill Redis."""
     cur = await conn.execute(
-        "SELECT run_id, applied_seq, held, gaps, state FROM al_run_state "
+        "SELECT run_id, applied_seq, held, gaps, state::text FROM al_run_state "
         "WHERE projection = %s AND build = %s ORDER BY run_id",
         (projection, build),
     )
-    return [(r, s, tuple(h), g, st) for r, s, h, g, st in await cur.fetchall()]
+    return [
+        (r, s, tuple(h), g, st.encode() if st and st != "{}" else None)
+        for r, s, h, g, st in await cur.fetchall()
+    ]

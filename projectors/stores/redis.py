@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 
 CAS_SCRIPT = """
@@ -41,7 +42,13 @@ class RunView:
     applied_seq: int
     held: int
     gaps: list[list[int]]
-    state: dict[str, Any] | None
+    state: bytes | None  # the projection's JSON document
+
+
+def _view_doc(view: RunView) -> bytes:
+    """``{"applied_seq", "gaps", "state"}`` as JSON, the state spliced in without re-encoding."""
+    head = orjson.dumps({"applied_seq": view.applied_seq, "gaps": view.gaps})
+    return head[:-1] + b',"state":' + (view.state or b"null") + b"}"
 
 
 def view_key(prefix: str, projection: str, build: str, run_id: str) -> str:
@@ -66,22 +73,35 @@ class RedisViewStore:
 
     async def write(self, projection: str, build: str, views: Iterable[RunView]) -> int:
         """CAS-write views in one pipeline; returns how many moved forward."""
+        return await self.write_builds([(projection, build, views)])
+
+    async def write_builds(self, batches: Iterable[tuple[str, str, Iterable[RunView]]]) -> int:
+        """CAS-write the views of several builds in one pipeline; how many moved forward."""
         pipe = self.client.pipeline(transaction=False)
         count = 0
-        for v in views:
-            key = view_key(self.prefix, projection, build, v.run_id)
-            doc = {"applied_seq": v.applied_seq, "gaps": v.gaps, "state": v.state}
-            args: list[int | str] = [
-                view_version(v.applied_seq, v.held),
-                v.applied_seq,
-                json.dumps(doc),
-            ]
-            await self._cas(keys=[key], args=args, client=pipe)
-            count += 1
+        for projection, build, views in batches:
+            for v in views:
+                key = view_key(self.prefix, projection, build, v.run_id)
+                args: list[int | bytes] = [
+                    view_version(v.applied_seq, v.held),
+                    v.applied_seq,
+                    _view_doc(v),
+                ]
+                await self._cas(keys=[key], args=args, client=pipe)
+                count += 1
         if not count:
             return 0
         results = await pipe.execute()
         return sum(int(r) for r in results)
+
+    async def ready_builds(self, builds: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these builds have their ready key (one round trip)."""
+        wanted = list(builds)
+        pipe = self.client.pipeline(transaction=False)
+        for projection, build in wanted:
+            pipe.exists(ready_key(self.prefix, projection, build))
+        found = await pipe.execute()
+        return {b for b, present in zip(wanted, found, strict=True) if present}
 
     async def is_ready(self, projection: str, build: str) -> bool:
         return bool(await self.client.exists(ready_key(self.prefix, projection, build)))

@@ -551,24 +551,43 @@ def test_compaction_replaces_history_but_keeps_instructions_and_open_calls() -> 
 # --- prefix stability ---------------------------------------------------------------------------
 
 
-def test_volatile_items_last_and_the_stable_prefix_grows() -> None:
+def test_volatile_items_last_and_the_stable_prefix_is_measured_from_the_last_model_call() -> None:
     b = started(EntryKind.SYSTEM_INSTRUCTION, EntryKind.USER_TASK)
     tool_round(b, "call-1")
     first = next_turn(b.entries)
     assert first.items[-1].item_kind is K.WORKING_MEMORY
+    assert first.stable_prefix_tokens == 0  # no model call yet: nothing cached
+    b.add(EntryKind.MODEL_CALL, usage("resp-1"))
+    at_call = next_turn(b.entries)
+    assert at_call.stable_prefix_tokens == at_call.total_tokens  # what the call saw, all cached
     b.add(EntryKind.AGENT_THOUGHT_SUMMARY)  # audit only: just the working memory moves
     second = next_turn(b.entries)
     assert second.items[:-1] == first.items[:-1] and second.items[-1] != first.items[-1]
     assert second.stable_prefix_tokens == second.total_tokens - second.items[-1].tokens
     b.add(EntryKind.ASSISTANT_RESPONSE)
     third = next_turn(b.entries)
-    assert third.stable_prefix_tokens == second.stable_prefix_tokens
+    assert third.stable_prefix_tokens == second.stable_prefix_tokens  # appended before the tail
+    b.add(EntryKind.MODEL_CALL, usage("resp-2"))
     b.add(EntryKind.ASSISTANT_RESPONSE)
     fourth = next_turn(b.entries)
     assert fourth.stable_prefix_tokens > third.stable_prefix_tokens
     assert fourth.stable_prefix_tokens == fourth.total_tokens - fourth.items[-1].tokens - (
         fourth.items[-2].tokens
     )
+
+
+def test_next_turn_does_not_depend_on_where_batches_fall() -> None:
+    projection = ContextManifestsProjection()
+    run = next(iter(simulate_runs(1, 1, seed=11)))
+    whole = fold_all(projection, run)
+    state = None
+    for start in range(0, len(run), 3):  # finish after every 3 entries, as small batches do
+        for entry in run[start : start + 3]:
+            state = projection.fold(state or projection.initial(entry), entry)
+        assert state is not None
+        state = projection.from_doc(projection.to_doc(projection.finish(state)))
+    assert state == whole and whole is not None and whole.next_turn is not None
+    assert whole.next_turn.stable_prefix_tokens > 0
 
 
 # --- the projection as a whole ------------------------------------------------------------------

@@ -1,0 +1,353 @@
+"""Cost metrics: the tokens, latency and cost of each run's model calls, a pure fold.
+
+One state per run. Each ``ModelUsagePart`` of a ``MODEL_CALL`` entry is one call, counted once per
+run under its provider response id (its entry id when it has none): runtimes that report one
+response twice add nothing the second time. A counted call's tokens are normalized from the
+provider's raw usage and priced at the price in effect at the entry's ``occurred_at``, both
+versioned (see :mod:`projectors.pricing`). A model the table does not price is ``unpriced``: its
+cost is None and the run's cost counts priced calls only.
+
+When the provider reports its own cost it is kept beside ours; the two disagree when they differ
+by more than both ``rel_tolerance`` of the reported cost and ``abs_tolerance_usd``.
+
+The task budget comes from the ``task_budget_usd`` metadata of ``RUN_STARTED``; the run is
+``over_budget`` once its cost exceeds it.
+
+Every counted call leaves one flat history row (kind ``model_call``), the rows SQL roll-ups by
+fleet, model, purpose and day read; :func:`rollup` is the same roll-up in Python. USD amounts are
+exact decimals, written as decimal text (``"0.0123"``) in documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PlainSerializer
+
+from projectors.base import HistoryRow, ModelProjection
+from projectors.pricing import (
+    ENTRY_FIELDS,
+    NORMALIZER_VERSION,
+    PriceTable,
+    normalize_usage,
+    usd_text,
+)
+from schemas.models import (
+    EntryKind,
+    LedgerEntry,
+    ModelCallStatus,
+    ModelUsagePart,
+    UtcDatetime,
+)
+
+HISTORY_KIND = "model_call"
+BUDGET_KEY = "task_budget_usd"
+_ZERO = Decimal(0)
+_ACCEPTED = frozenset({EntryKind.MODEL_CALL, EntryKind.RUN_STARTED})
+
+
+def _sorted_ids(ids: frozenset[str]) -> list[str]:
+    return sorted(ids)  # a stable document whatever the process's hash seed
+
+
+UsdAmount = Annotated[Decimal, PlainSerializer(usd_text, return_type=str, when_used="json")]
+IdSet = Annotated[frozenset[str], PlainSerializer(_sorted_ids, return_type=list, when_used="json")]
+Dimension = Literal["run", "fleet", "model", "purpose", "day"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CallCost(_Frozen):
+    """One counted model call: normalized usage, latency and cost."""
+
+    key: str  # the provider response id, else the entry id
+    response_id: str | None
+    entry_id: str
+    seq: int
+    occurred_at: UtcDatetime
+    provider: str
+    model: str
+    purpose: str
+    status: str
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    latency_ms: int
+    cost_usd: UsdAmount | None
+    provider_reported_cost_usd: UsdAmount | None
+    cost_disagreement: bool
+    unpriced: bool
+    price_effective_from: date | None
+    normalizer: str  # which provider's raw shape was read, or "entry-fields"
+    usage_mismatch: bool  # the raw usage says other than the entry's own normalized fields
+
+
+class CostTotals(_Frozen):
+    """Sums over counted calls (``cost_usd`` over priced calls only)."""
+
+    calls: int = 0
+    failed_calls: int = 0  # status other than OK
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    latency_ms_sum: int = 0
+    cost_usd: UsdAmount = _ZERO
+    unpriced_calls: int = 0
+    reported_calls: int = 0
+    provider_reported_cost_usd: UsdAmount = _ZERO  # over the calls that report one
+    cost_disagreements: int = 0
+
+    @property
+    def avg_latency_ms(self) -> float | None:
+        return self.latency_ms_sum / self.calls if self.calls else None
+
+    def plus(self, call: CallCost) -> CostTotals:
+        reported = call.provider_reported_cost_usd
+        return self.model_copy(
+            update={
+                "calls": self.calls + 1,
+                "failed_calls": self.failed_calls + (call.status != ModelCallStatus.OK),
+                "input_tokens": self.input_tokens + call.input_tokens,
+                "cached_input_tokens": self.cached_input_tokens + call.cached_input_tokens,
+                "output_tokens": self.output_tokens + call.output_tokens,
+                "reasoning_tokens": self.reasoning_tokens + call.reasoning_tokens,
+                "latency_ms_sum": self.latency_ms_sum + call.latency_ms,
+                "cost_usd": self.cost_usd + (call.cost_usd or _ZERO),
+                "unpriced_calls": self.unpriced_calls + call.unpriced,
+                "reported_calls": self.reported_calls + (reported is not None),
+                "provider_reported_cost_usd": self.provider_reported_cost_usd + (reported or _ZERO),
+                "cost_disagreements": self.cost_disagreements + call.cost_disagreement,
+            }
+        )
+
+
+class CostMetrics(_Frozen):
+    """A run's model-call usage and cost, with the price table and normalizer versions used."""
+
+    run_id: str
+    fleet_id: str
+    price_version: str
+    normalizer_version: int
+    totals: CostTotals = CostTotals()
+    by_model: dict[str, CostTotals] = {}  # "provider/model"
+    by_purpose: dict[str, CostTotals] = {}
+    task_budget_usd: UsdAmount | None = None
+    over_budget: bool = False
+    duplicate_reports: int = 0
+    seen_keys: IdSet = frozenset()  # response ids, or entry ids of calls without one
+    first_at: UtcDatetime | None = None  # the run's start (or first counted call)
+    last_at: UtcDatetime | None = None  # the last counted call
+    latest: tuple[CallCost, ...] = ()  # the calls the last counting entry added
+
+
+class CostMetricsProjection(ModelProjection[CostMetrics]):
+    name = "cost-metrics"
+    version = 1
+    hot = False
+    state_type = CostMetrics
+
+    def __init__(
+        self,
+        prices: PriceTable | None = None,
+        *,
+        rel_tolerance: Decimal = Decimal("0.01"),
+        abs_tolerance_usd: Decimal = Decimal("0.000001"),
+    ) -> None:
+        self.prices = prices if prices is not None else PriceTable.shipped()
+        self.rel_tolerance = rel_tolerance
+        self.abs_tolerance_usd = abs_tolerance_usd
+
+    def accepts(self, entry: LedgerEntry) -> bool:
+        return entry.kind in _ACCEPTED
+
+    def initial(self, entry: LedgerEntry) -> CostMetrics:
+        return CostMetrics(
+            run_id=entry.run_id,
+            fleet_id=entry.fleet_id,
+            price_version=self.prices.version,
+            normalizer_version=NORMALIZER_VERSION,
+        )
+
+    def fold(self, state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
+        if entry.kind is EntryKind.MODEL_CALL:
+            return self._model_call(state, entry)
+        if entry.kind is EntryKind.RUN_STARTED:
+            return _started(state, entry)
+        return state
+
+    def history(
+        self, before: CostMetrics | None, after: CostMetrics, entry: LedgerEntry
+    ) -> list[HistoryRow]:
+        """One row per newly counted call; a duplicate report leaves none."""
+        added = after.totals.calls - (before.totals.calls if before is not None else 0)
+        if added <= 0:
+            return []
+        return [
+            HistoryRow(HISTORY_KIND, call.key, entry.sequence_no, call_doc(after, call))
+            for call in after.latest[-added:]
+        ]
+
+    def _model_call(self, state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
+        seen, calls, duplicates = state.seen_keys, [], 0
+        usages = [p for p in entry.parts if isinstance(p, ModelUsagePart)]
+        for i, part in enumerate(usages):
+            key = part.provider_response_id or (
+                entry.entry_id if i == 0 else f"{entry.entry_id}#{i}"
+            )
+            if key in seen:
+                duplicates += 1
+                continue
+            seen = seen | {key}
+            calls.append(self._call(part, entry, key))
+        if not calls:
+            if not duplicates:
+                return state
+            return state.model_copy(
+                update={"duplicate_reports": state.duplicate_reports + duplicates}
+            )
+        return _counted(state, calls, seen, duplicates, entry.occurred_at)
+
+    def _call(self, part: ModelUsagePart, entry: LedgerEntry, key: str) -> CallCost:
+        usage = normalize_usage(part)
+        price = self.prices.price(part.provider, part.model, entry.occurred_at)
+        cost = price.cost(usage) if price is not None else None
+        reported = _usd(part.provider_reported_cost_usd)
+        normalized = (usage.input, usage.cached_input, usage.output, usage.reasoning)
+        own = (
+            part.input_tokens,
+            part.cached_input_tokens,
+            part.output_tokens,
+            part.reasoning_tokens,
+        )
+        return CallCost(
+            key=key,
+            response_id=part.provider_response_id,
+            entry_id=entry.entry_id,
+            seq=entry.sequence_no,
+            occurred_at=entry.occurred_at,
+            provider=part.provider,
+            model=part.model,
+            purpose=part.purpose,
+            status=part.status.value,
+            input_tokens=usage.input,
+            cached_input_tokens=usage.cached_input,
+            output_tokens=usage.output,
+            reasoning_tokens=usage.reasoning,
+            latency_ms=part.latency_ms,
+            cost_usd=cost,
+            provider_reported_cost_usd=reported,
+            cost_disagreement=self._disagree(cost, reported),
+            unpriced=price is None,
+            price_effective_from=price.effective_from if price is not None else None,
+            normalizer=usage.normalizer,
+            usage_mismatch=usage.normalizer != ENTRY_FIELDS and normalized != own,
+        )
+
+    def _disagree(self, ours: Decimal | None, reported: Decimal | None) -> bool:
+        if ours is None or reported is None:
+            return False
+        gap = abs(ours - reported)
+        return gap > self.abs_tolerance_usd and gap > self.rel_tolerance * reported
+
+
+def call_doc(state: CostMetrics, call: CallCost) -> dict[str, Any]:
+    """The flat history document of a counted call (stable keys for SQL roll-ups)."""
+    doc = call.model_dump(mode="json", exclude={"key"})
+    doc["run_id"] = state.run_id
+    doc["fleet_id"] = state.fleet_id
+    doc["day"] = doc["occurred_at"][:10]
+    doc["price_version"] = state.price_version
+    doc["normalizer_version"] = state.normalizer_version
+    return doc
+
+
+class CostRollup(CostTotals):
+    """The totals of the history rows sharing one value of a dimension."""
+
+    by: Dimension
+    key: str
+
+
+def rollup(rows: Iterable[Mapping[str, Any]], by: Dimension) -> list[CostRollup]:
+    """Sum history documents (:func:`call_doc`) by run, fleet, model, purpose or day; by key."""
+    groups: dict[str, CostTotals] = {}
+    for row in rows:
+        key = _group_key(row, by)
+        groups[key] = groups.get(key, CostTotals()).plus(_call_from_doc(row))
+    return [CostRollup(by=by, key=key, **groups[key].model_dump()) for key in sorted(groups)]
+
+
+def _group_key(row: Mapping[str, Any], by: Dimension) -> str:
+    if by == "model":
+        return f"{row['provider']}/{row['model']}"
+    field = {"run": "run_id", "fleet": "fleet_id", "purpose": "purpose", "day": "day"}[by]
+    return str(row[field])
+
+
+def _call_from_doc(row: Mapping[str, Any]) -> CallCost:
+    fields = {name: row[name] for name in CallCost.model_fields if name in row}
+    return CallCost.model_validate({**fields, "key": row.get("response_id") or row["entry_id"]})
+
+
+def _started(state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
+    budget = _budget(entry.metadata.get(BUDGET_KEY))
+    return state.model_copy(
+        update={
+            "task_budget_usd": budget,
+            "over_budget": budget is not None and state.totals.cost_usd > budget,
+            "first_at": state.first_at or entry.occurred_at,
+        }
+    )
+
+
+def _counted(
+    state: CostMetrics,
+    calls: list[CallCost],
+    seen: frozenset[str],
+    duplicates: int,
+    at: datetime,
+) -> CostMetrics:
+    totals, by_model, by_purpose = state.totals, dict(state.by_model), dict(state.by_purpose)
+    for call in calls:
+        totals = totals.plus(call)
+        model = f"{call.provider}/{call.model}"
+        by_model[model] = by_model.get(model, _EMPTY).plus(call)
+        by_purpose[call.purpose] = by_purpose.get(call.purpose, _EMPTY).plus(call)
+    budget = state.task_budget_usd
+    return state.model_copy(
+        update={
+            "totals": totals,
+            "by_model": by_model,
+            "by_purpose": by_purpose,
+            "over_budget": budget is not None and totals.cost_usd > budget,
+            "duplicate_reports": state.duplicate_reports + duplicates,
+            "seen_keys": seen,
+            "first_at": state.first_at or at,
+            "last_at": at,
+            "latest": tuple(calls),
+        }
+    )
+
+
+def _usd(value: float | None) -> Decimal | None:
+    return Decimal(repr(value)) if value is not None else None  # the float's shortest decimal
+
+
+def _budget(text: str | None) -> Decimal | None:
+    if text is None:
+        return None
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() and value >= 0 else None
+
+
+_EMPTY = CostTotals()

@@ -1,0 +1,899 @@
+"""Diff timelines: per run, how the patch evolved, what looks wrong with it, and the timeline.
+
+One state per run, a pure fold. Each ``DIFF_SNAPSHOT`` is the change made by one step (the
+simulator's snapshots are deltas: a scratch file shows up ADDED in one snapshot and DELETED in
+the next), so a file's history is the sequence of its edits across snapshots. The state holds:
+
+* **Snapshots** in sequence order: files with status, lines and classification, the diff artifact,
+  and the flags the snapshot raised. ``DIFF_OBSERVATION`` (a diff the agent looked at) is not one.
+* **Per-file churn**, keyed by path: every edit, times edited, lines added/deleted in total and the
+  *net status*, what the run's final diff shows for the file (None: no net change). A rename moves
+  the record, edits and all, to the new path.
+* **Flags**, one per (kind, path); a later occurrence adds its evidence and updates the reason:
+
+  - ``overreach``: an edit reverts an earlier edit of the same file in this run: (a) a file ADDED
+    and later DELETED (every edit from the add to the delete is reverted); (b) a file DELETED and
+    later ADDED back; (c) a MODIFIED edit whose lines are the mirror of an earlier, not yet
+    reverted MODIFIED edit (added == its deleted, deleted == its added, not both 0): the counts of
+    the inverse patch, as ``git revert`` or an undo yields (the patch artifact itself is not read);
+    (d) a file RENAMED back to the path it was renamed from.
+  - ``churn``: a file edited ``churn_threshold`` or more times (renames carry the count along).
+  - ``verifier-gaming``: a TEST file in a snapshot while the run's latest check is failing. Checks
+    are ``VERIFIER_RESULT`` entries (any FAILED or ERROR part fails, else any PASSED passes) and
+    results of tools whose name matches ``test_tool_pattern`` (FAILED or TIMED_OUT fails,
+    SUCCEEDED passes); other outcomes leave the latest check as it was.
+  - ``generated-edit``: a GENERATED file in a snapshot, whatever its status.
+  - ``out-of-scope``: a path (or a rename's old path) not starting with any scope prefix, when the
+    task gives one: ``metadata["scope"]`` of ``RUN_STARTED`` or ``USER_TASK`` (the latest wins),
+    prefixes separated by commas or spaces. Snapshots are judged by the scope known when folded.
+
+* **A summary** of the final diff: files touched and files with a net change, lines added and
+  deleted (summed over every snapshot, so reverted work counts), the same by classification (a
+  file's latest), and net-changed files by net status.
+* **Timeline rows** for ``agentledger timeline RUN_ID`` (seed 003 §16), one per step: lifecycle,
+  task, plan, tool (the request's row is completed in place by its result), model call (repeated
+  reports of one provider response are dropped; ``cost_usd`` is left for the cost projection),
+  diff, verifier, judge, approval, error, compaction, summary. Each row has seq, time, kind, a
+  one-line summary and a drill-down reference (entry id, artifact id); no content bodies.
+
+Entries of other runs and sequence numbers at or below the last folded one leave the state alone.
+State is tuples appended per row, so a fold costs O(rows) in copying; runs are hundreds of rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Literal, assert_never
+
+from pydantic import BaseModel, ConfigDict
+
+from projectors.base import HistoryRow, ModelProjection
+from schemas.models import (
+    ArtifactRef,
+    ArtifactRefPart,
+    DiffFile,
+    DiffPart,
+    EntryKind,
+    ErrorPart,
+    FileChangeStatus,
+    FileClassification,
+    JsonPart,
+    LedgerEntry,
+    ModelUsagePart,
+    RunStatus,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolResultStatus,
+    UtcDatetime,
+    VerificationPart,
+    VerificationStatus,
+)
+
+FlagKind = Literal["overreach", "churn", "verifier-gaming", "generated-edit", "out-of-scope"]
+RowKind = Literal[
+    "lifecycle",
+    "task",
+    "plan",
+    "tool",
+    "model-call",
+    "diff",
+    "verifier",
+    "judge",
+    "approval",
+    "error",
+    "compaction",
+    "summary",
+]
+Detail = dict[str, str | int | float | None]
+
+S = FileChangeStatus
+SCOPE_KEY = "scope"
+SUMMARY_CHARS = 100
+_SCOPE_SPLIT = re.compile(r"[,\s]+")
+# Worst first: the status a row with several verification parts shows.
+_VERIFICATION_ORDER = (
+    VerificationStatus.ERROR,
+    VerificationStatus.FAILED,
+    VerificationStatus.UNKNOWN,
+    VerificationStatus.SKIPPED,
+    VerificationStatus.PASSED,
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Evidence(_Frozen):
+    seq: int
+    entry_id: str
+
+
+class FileEdit(_Frozen):
+    """One file of one snapshot, as part of that file's history."""
+
+    seq: int
+    entry_id: str
+    status: FileChangeStatus
+    lines_added: int
+    lines_deleted: int
+    reverted: bool = False
+
+
+class FileChurn(_Frozen):
+    """A file's edits in this run; ``net_status`` None means no net change."""
+
+    path: str
+    classification: FileClassification
+    times_edited: int
+    lines_added: int
+    lines_deleted: int
+    net_status: FileChangeStatus | None
+    renamed_from: str | None = None
+    edits: tuple[FileEdit, ...]
+
+
+class DiffSnapshot(_Frozen):
+    seq: int
+    entry_id: str
+    occurred_at: UtcDatetime
+    files: tuple[DiffFile, ...]
+    lines_added: int
+    lines_deleted: int
+    diff_artifact: ArtifactRef | None = None
+    base_sha: str | None = None
+    workspace_tree_hash: str | None = None
+    flags: tuple[FlagKind, ...] = ()  # raised or extended by this snapshot
+
+
+class DiffFlag(_Frozen):
+    kind: FlagKind
+    path: str
+    reason: str
+    evidence: tuple[Evidence, ...]  # in sequence order
+    raised_at_seq: int
+
+
+class ClassTotals(_Frozen):
+    files_touched: int = 0
+    files_changed: int = 0
+    lines_added: int = 0
+    lines_deleted: int = 0
+
+
+class DiffSummary(_Frozen):
+    snapshots: int = 0
+    files_touched: int = 0
+    files_changed: int = 0  # with a net change
+    lines_added: int = 0
+    lines_deleted: int = 0
+    by_classification: dict[str, ClassTotals] = {}
+    by_status: dict[str, int] = {}  # net status -> files
+
+
+class TimelineRow(_Frozen):
+    seq: int
+    occurred_at: UtcDatetime
+    kind: RowKind
+    summary: str
+    entry_id: str
+    artifact_id: str | None = None
+    status: str | None = None
+    detail: Detail = {}
+
+
+class OpenCall(_Frozen):
+    """A tool call awaiting its result, and where its timeline row is."""
+
+    row: int
+    tool_name: str
+    started_at: UtcDatetime
+    finished_at: UtcDatetime | None = None
+
+
+class DiffTimeline(_Frozen):
+    run_id: str
+    fleet_id: str
+    last_seq: int = 0
+    scope: tuple[str, ...] = ()
+    status: RunStatus | None = None
+    snapshots: tuple[DiffSnapshot, ...] = ()
+    files: dict[str, FileChurn] = {}
+    flags: tuple[DiffFlag, ...] = ()
+    summary: DiffSummary = DiffSummary()
+    rows: tuple[TimelineRow, ...] = ()
+    failing_check: Evidence | None = None  # the latest check, while it is failing
+    open_calls: dict[str, OpenCall] = {}
+    model_responses: dict[str, int] = {}  # provider response id -> seq of its row
+
+
+_FOLDED = frozenset(
+    {
+        EntryKind.RUN_STARTED,
+        EntryKind.RUN_FINISHED,
+        EntryKind.RUN_SUMMARY,
+        EntryKind.USER_TASK,
+        EntryKind.TOOL_CALL_REQUEST,
+        EntryKind.TOOL_CALL_RESULT,
+        EntryKind.MODEL_CALL,
+        EntryKind.DIFF_SNAPSHOT,
+        EntryKind.VERIFIER_RESULT,
+        EntryKind.JUDGE_RESULT,
+        EntryKind.APPROVAL_REQUEST,
+        EntryKind.APPROVAL_DECISION,
+        EntryKind.ERROR_EVENT,
+        EntryKind.COMPACTION,
+    }
+)
+
+
+class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
+    name = "diff-timelines"
+    version = 1
+    hot = False
+    state_type = DiffTimeline
+
+    def __init__(self, churn_threshold: int = 3, test_tool_pattern: str = r"test") -> None:
+        if churn_threshold < 1:
+            raise ValueError(f"churn_threshold must be at least 1, not {churn_threshold}")
+        self.churn_threshold = churn_threshold
+        self._test_tool = re.compile(test_tool_pattern, re.IGNORECASE)
+
+    def accepts(self, entry: LedgerEntry) -> bool:
+        if entry.kind is EntryKind.ASSISTANT_RESPONSE:
+            return "plan" in entry.metadata
+        return entry.kind in _FOLDED
+
+    def initial(self, entry: LedgerEntry) -> DiffTimeline:
+        return DiffTimeline(run_id=entry.run_id, fleet_id=entry.fleet_id)
+
+    def history(
+        self, before: DiffTimeline | None, after: DiffTimeline, entry: LedgerEntry
+    ) -> list[HistoryRow]:
+        """One row per snapshot, so SQL can query snapshots across runs without the state."""
+        if entry.kind is not EntryKind.DIFF_SNAPSHOT or not after.snapshots:
+            return []
+        if before is not None and len(before.snapshots) == len(after.snapshots):
+            return []
+        snap = after.snapshots[-1]
+        return [HistoryRow("diff", snap.entry_id, snap.seq, snap.model_dump(mode="json"))]
+
+    def fold(self, state: DiffTimeline, entry: LedgerEntry) -> DiffTimeline:
+        if entry.run_id != state.run_id or entry.sequence_no <= state.last_seq:
+            return state
+        update = self._update(state, entry)
+        update["last_seq"] = entry.sequence_no
+        return state.model_copy(update=update)
+
+    def _update(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+        kind = entry.kind
+        match kind:
+            case EntryKind.RUN_STARTED | EntryKind.USER_TASK:
+                return _started(state, entry)
+            case EntryKind.RUN_FINISHED:
+                return _finished(state, entry)
+            case EntryKind.RUN_SUMMARY:
+                return _rows(state, _row(entry, "summary", _clip(_text(entry) or "run summary")))
+            case EntryKind.ASSISTANT_RESPONSE:
+                return _rows(state, _plan_row(entry)) if "plan" in entry.metadata else {}
+            case EntryKind.TOOL_CALL_REQUEST:
+                return _tool_requested(state, entry)
+            case EntryKind.TOOL_CALL_RESULT:
+                return self._tool_result(state, entry)
+            case EntryKind.MODEL_CALL:
+                return _model_called(state, entry)
+            case EntryKind.DIFF_SNAPSHOT:
+                return self._snapshot(state, entry)
+            case EntryKind.VERIFIER_RESULT:
+                return _verified(state, entry)
+            case EntryKind.JUDGE_RESULT:
+                return _rows(state, _verification_row(entry, "judge"))
+            case EntryKind.APPROVAL_REQUEST | EntryKind.APPROVAL_DECISION:
+                return _rows(state, _approval_row(entry))
+            case EntryKind.ERROR_EVENT:
+                return _rows(state, *_error_rows(entry))
+            case EntryKind.COMPACTION:
+                return _rows(state, _compaction_row(entry))
+            case (
+                EntryKind.SYSTEM_INSTRUCTION
+                | EntryKind.DEVELOPER_INSTRUCTION
+                | EntryKind.ORG_POLICY
+                | EntryKind.REPOSITORY_INSTRUCTION
+                | EntryKind.AGENT_THOUGHT_SUMMARY
+                | EntryKind.FILE_OBSERVATION
+                | EntryKind.DIFF_OBSERVATION
+                | EntryKind.CONTEXT_PROJECTED
+                | EntryKind.MEMORY_UPDATE_PROPOSED
+                | EntryKind.ARTIFACT_STORED
+                | EntryKind.UNKNOWN
+            ):
+                return {}  # not a step of the timeline (model calls carry their context's id)
+            case _:
+                assert_never(kind)
+
+    # --- tool results and checks --------------------------------------------------------------
+
+    def _tool_result(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+        rows = list(state.rows)
+        calls = dict(state.open_calls)
+        failing = state.failing_check
+        for part in entry.parts:
+            if not isinstance(part, ToolResultPart):
+                continue
+            call = calls.pop(part.tool_call_id, None)
+            if call is None:
+                rows.append(_result_row(entry, part, None, None))
+                continue
+            rows[call.row] = _result_row(entry, part, call, rows[call.row])
+            if self._test_tool.search(call.tool_name):
+                failing = _after_test_tool(failing, part.status, entry)
+        return {"rows": tuple(rows), "open_calls": calls, "failing_check": failing}
+
+    # --- diff snapshots -----------------------------------------------------------------------
+
+    def _snapshot(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+        diffs = [p for p in entry.parts if isinstance(p, DiffPart)]
+        files = tuple(f for d in diffs for f in d.files)
+        at = Evidence.model_construct(seq=entry.sequence_no, entry_id=entry.entry_id)
+        churn = dict(state.files)
+        book = _FlagBook(state.flags, entry.sequence_no)
+        for f in files:
+            record = self._edited(churn, book, f, at)
+            self._judge(state, book, f, record, at)
+        snap = _snapshot_of(entry, diffs, files, tuple(dict.fromkeys(book.raised)))
+        snapshots = (*state.snapshots, snap)
+        return {
+            "snapshots": snapshots,
+            "files": churn,
+            "flags": book.flags(),
+            "summary": _summary(churn, len(snapshots)),
+            "rows": (*state.rows, _diff_row(entry, snap, len(snapshots))),
+        }
+
+    def _edited(
+        self, churn: dict[str, FileChurn], book: _FlagBook, f: DiffFile, at: Evidence
+    ) -> FileChurn:
+        record, undone, why = _churned(churn, f, at)
+        churn[f.path] = record
+        if undone:
+            book.flag("overreach", f.path, why, (*_evidence(undone), at))
+        if record.times_edited >= self.churn_threshold:
+            reason = (
+                f"edited {record.times_edited} times (threshold {self.churn_threshold}), "
+                f"+{record.lines_added} -{record.lines_deleted} lines in total"
+            )
+            book.flag("churn", f.path, reason, _evidence(record.edits))
+        return record
+
+    def _judge(
+        self, state: DiffTimeline, book: _FlagBook, f: DiffFile, record: FileChurn, at: Evidence
+    ) -> None:
+        failing = state.failing_check
+        status = f.status.value.lower()
+        if f.classification is FileClassification.TEST and failing is not None:
+            reason = (
+                f"test file {status} at seq {at.seq} after a failing check at seq {failing.seq}"
+            )
+            book.flag("verifier-gaming", f.path, reason, (failing, at))
+        if f.classification is FileClassification.GENERATED:
+            reason = f"generated file {status} at seq {at.seq}; change its source and regenerate"
+            book.flag("generated-edit", f.path, reason, (at,))
+        if state.scope:
+            for path in (f.path, f.old_path):
+                if path is not None and not _in_scope(path, state.scope):
+                    reason = f"{path} is outside the task scope ({', '.join(state.scope)})"
+                    book.flag("out-of-scope", path, reason, (at,))
+
+
+# --- flags --------------------------------------------------------------------------------------
+
+
+class _FlagBook:
+    """The flags of one fold call: one per (kind, path), new evidence merged in."""
+
+    def __init__(self, flags: tuple[DiffFlag, ...], seq: int) -> None:
+        self._flags = {(f.kind, f.path): f for f in flags}
+        self._seq = seq
+        self.raised: list[FlagKind] = []
+
+    def flag(self, kind: FlagKind, path: str, reason: str, evidence: tuple[Evidence, ...]) -> None:
+        old = self._flags.get((kind, path))
+        if old is not None:
+            merged = {e.seq: e for e in (*old.evidence, *evidence)}
+            evidence = tuple(merged[seq] for seq in sorted(merged))
+        self._flags[(kind, path)] = DiffFlag.model_construct(
+            kind=kind,
+            path=path,
+            reason=reason,
+            evidence=evidence,
+            raised_at_seq=old.raised_at_seq if old is not None else self._seq,
+        )
+        self.raised.append(kind)
+
+    def flags(self) -> tuple[DiffFlag, ...]:
+        return tuple(self._flags.values())
+
+
+def _evidence(edits: Iterable[FileEdit]) -> tuple[Evidence, ...]:
+    return tuple(Evidence.model_construct(seq=e.seq, entry_id=e.entry_id) for e in edits)
+
+
+def _in_scope(path: str, scope: tuple[str, ...]) -> bool:
+    return path.removeprefix("./").startswith(scope)
+
+
+def _scope(value: str) -> tuple[str, ...]:
+    return tuple(p.removeprefix("./") for p in _SCOPE_SPLIT.split(value) if p)
+
+
+# --- per-file history ---------------------------------------------------------------------------
+
+_Transition = tuple[FileChangeStatus | None, tuple[FileEdit, ...], str]
+
+
+def _churned(
+    churn: dict[str, FileChurn], f: DiffFile, at: Evidence
+) -> tuple[FileChurn, tuple[FileEdit, ...], str]:
+    """The file's record after this edit, the earlier edits it reverted, and how."""
+    prev = _previous(churn, f)
+    edits = list(prev.edits) if prev is not None else []
+    net = prev.net_status if prev is not None else None
+    renamed_from = prev.renamed_from if prev is not None else None
+    match f.status:
+        case S.ADDED:
+            net, undone, why = _added(f, net, edits)
+        case S.DELETED:
+            net, undone, why = _deleted(f, net, edits, at)
+        case S.MODIFIED:
+            net, undone, why = _modified(f, net, edits)
+        case S.RENAMED:
+            net, undone, why = _renamed(f, net, edits, renamed_from)
+            renamed_from = None if undone else renamed_from or f.old_path
+        case S.UNKNOWN:
+            net, undone, why = net or S.UNKNOWN, (), ""
+        case _:
+            assert_never(f.status)
+    edit = FileEdit.model_construct(
+        seq=at.seq,
+        entry_id=at.entry_id,
+        status=f.status,
+        lines_added=f.lines_added,
+        lines_deleted=f.lines_deleted,
+        reverted=bool(undone),
+    )
+    edits.append(edit)
+    record = FileChurn.model_construct(
+        path=f.path,
+        classification=f.classification,
+        times_edited=len(edits),
+        lines_added=(prev.lines_added if prev else 0) + f.lines_added,
+        lines_deleted=(prev.lines_deleted if prev else 0) + f.lines_deleted,
+        net_status=net,
+        renamed_from=renamed_from,
+        edits=tuple(edits),
+    )
+    return record, undone, why
+
+
+def _previous(churn: dict[str, FileChurn], f: DiffFile) -> FileChurn | None:
+    """The record this edit continues; a rename takes over its old path's record."""
+    here = churn.get(f.path)
+    if f.status is not S.RENAMED or f.old_path is None or f.old_path not in churn:
+        return here
+    moved = churn.pop(f.old_path)
+    if here is None:
+        return moved
+    edits = tuple(sorted((*moved.edits, *here.edits), key=lambda e: e.seq))
+    return moved.model_copy(
+        update={
+            "edits": edits,
+            "lines_added": moved.lines_added + here.lines_added,
+            "lines_deleted": moved.lines_deleted + here.lines_deleted,
+        }
+    )
+
+
+def _last(edits: list[FileEdit], status: FileChangeStatus) -> int | None:
+    for i in range(len(edits) - 1, -1, -1):
+        if edits[i].status is status and not edits[i].reverted:
+            return i
+    return None
+
+
+def _revert(edits: list[FileEdit], indexes: Iterable[int]) -> tuple[FileEdit, ...]:
+    undone = []
+    for i in indexes:
+        edits[i] = edits[i].model_copy(update={"reverted": True})
+        undone.append(edits[i])
+    return tuple(undone)
+
+
+def _added(f: DiffFile, net: FileChangeStatus | None, edits: list[FileEdit]) -> _Transition:
+    i = _last(edits, S.DELETED) if net is S.DELETED else None
+    if i is None:
+        return (S.ADDED if net in (None, S.ADDED) else net), (), ""
+    why = f"{f.path} deleted at seq {edits[i].seq} and added back"
+    return S.MODIFIED, _revert(edits, [i]), why
+
+
+def _deleted(
+    f: DiffFile, net: FileChangeStatus | None, edits: list[FileEdit], at: Evidence
+) -> _Transition:
+    i = _last(edits, S.ADDED) if net is S.ADDED else None
+    if i is None:
+        return S.DELETED, (), ""
+    why = f"{f.path} added at seq {edits[i].seq} and deleted at seq {at.seq}"
+    return None, _revert(edits, [j for j in range(i, len(edits)) if not edits[j].reverted]), why
+
+
+def _modified(f: DiffFile, net: FileChangeStatus | None, edits: list[FileEdit]) -> _Transition:
+    mirror = (f.lines_deleted, f.lines_added)
+    match = None
+    if f.lines_added or f.lines_deleted:
+        match = next(
+            (
+                i
+                for i in range(len(edits) - 1, -1, -1)
+                if edits[i].status is S.MODIFIED
+                and not edits[i].reverted
+                and (edits[i].lines_added, edits[i].lines_deleted) == mirror
+            ),
+            None,
+        )
+    if match is None:
+        return (net if net in (S.ADDED, S.RENAMED) else S.MODIFIED), (), ""
+    undone = _revert(edits, [match])
+    why = (
+        f"{f.path} +{f.lines_added} -{f.lines_deleted} undoes the "
+        f"+{mirror[0]} -{mirror[1]} change of seq {undone[0].seq}"
+    )
+    settled = all(e.reverted for e in edits) and net in (None, S.MODIFIED)
+    return (None if settled else net or S.MODIFIED), undone, why
+
+
+def _renamed(
+    f: DiffFile, net: FileChangeStatus | None, edits: list[FileEdit], renamed_from: str | None
+) -> _Transition:
+    i = _last(edits, S.RENAMED) if renamed_from is not None and renamed_from == f.path else None
+    if i is None:
+        return (S.ADDED if net is S.ADDED else S.RENAMED), (), ""
+    undone = _revert(edits, [i])
+    why = f"{f.old_path} renamed back to {f.path} (renamed at seq {undone[0].seq})"
+    if net is S.ADDED:
+        return S.ADDED, undone, why
+    return (None if all(e.reverted for e in edits) else S.MODIFIED), undone, why
+
+
+def _summary(churn: dict[str, FileChurn], snapshots: int) -> DiffSummary:
+    by_class: dict[str, list[int]] = {}
+    by_status: dict[str, int] = {}
+    for record in churn.values():
+        totals = by_class.setdefault(record.classification.value, [0, 0, 0, 0])
+        totals[0] += 1
+        totals[2] += record.lines_added
+        totals[3] += record.lines_deleted
+        if record.net_status is not None:
+            totals[1] += 1
+            by_status[record.net_status.value] = by_status.get(record.net_status.value, 0) + 1
+    classes = {
+        cls: ClassTotals.model_construct(
+            files_touched=t[0], files_changed=t[1], lines_added=t[2], lines_deleted=t[3]
+        )
+        for cls, t in sorted(by_class.items())
+    }
+    return DiffSummary.model_construct(
+        snapshots=snapshots,
+        files_touched=len(churn),
+        files_changed=sum(t.files_changed for t in classes.values()),
+        lines_added=sum(t.lines_added for t in classes.values()),
+        lines_deleted=sum(t.lines_deleted for t in classes.values()),
+        by_classification=classes,
+        by_status=dict(sorted(by_status.items())),
+    )
+
+
+def _snapshot_of(
+    entry: LedgerEntry,
+    diffs: list[DiffPart],
+    files: tuple[DiffFile, ...],
+    flags: tuple[FlagKind, ...],
+) -> DiffSnapshot:
+    first = diffs[0] if diffs else None
+    return DiffSnapshot.model_construct(
+        seq=entry.sequence_no,
+        entry_id=entry.entry_id,
+        occurred_at=entry.occurred_at,
+        files=files,
+        lines_added=sum(f.lines_added for f in files),
+        lines_deleted=sum(f.lines_deleted for f in files),
+        diff_artifact=next((d.diff_artifact for d in diffs if d.diff_artifact), None),
+        base_sha=first.base_sha if first else None,
+        workspace_tree_hash=first.workspace_tree_hash if first else None,
+        flags=flags,
+    )
+
+
+# --- timeline rows ------------------------------------------------------------------------------
+
+
+def _row(
+    entry: LedgerEntry,
+    kind: RowKind,
+    summary: str,
+    *,
+    artifact_id: str | None = None,
+    status: str | None = None,
+    detail: Detail | None = None,
+) -> TimelineRow:
+    return TimelineRow.model_construct(
+        seq=entry.sequence_no,
+        occurred_at=entry.occurred_at,
+        kind=kind,
+        summary=summary,
+        entry_id=entry.entry_id,
+        artifact_id=artifact_id,
+        status=status,
+        detail=detail if detail is not None else {},
+    )
+
+
+def _rows(state: DiffTimeline, *rows: TimelineRow) -> dict[str, object]:
+    return {"rows": (*state.rows, *rows)} if rows else {}
+
+
+def _clip(text: str, limit: int = SUMMARY_CHARS) -> str:
+    line = text.strip().split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def _text(entry: LedgerEntry) -> str:
+    return next((p.text for p in entry.parts if isinstance(p, TextPart)), "")
+
+
+def _json(entry: LedgerEntry) -> dict[str, object]:
+    for part in entry.parts:
+        if isinstance(part, JsonPart):
+            value = json.loads(part.json_text)
+            if isinstance(value, dict):
+                return value
+    return {}
+
+
+def _started(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+    meta = entry.metadata
+    scope = _scope(meta[SCOPE_KEY]) if SCOPE_KEY in meta else state.scope
+    detail: Detail = {k: meta[k] for k in ("repository", "base_sha", SCOPE_KEY) if k in meta}
+    if entry.kind is EntryKind.RUN_STARTED:
+        row = _row(entry, "lifecycle", _clip(_text(entry) or "run started"), detail=detail)
+    else:
+        row = _row(entry, "task", "task: " + _clip(_text(entry) or "(no text)"), detail=detail)
+    return {"scope": scope, "rows": (*state.rows, row)}
+
+
+def _finished(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+    status = entry.run_status or RunStatus.UNKNOWN
+    detail: Detail = {"outcome": entry.metadata["outcome"]} if "outcome" in entry.metadata else {}
+    row = _row(
+        entry, "lifecycle", f"run finished: {status.value}", status=status.value, detail=detail
+    )
+    return {"status": status, "rows": (*state.rows, row)}
+
+
+def _plan_row(entry: LedgerEntry) -> TimelineRow:
+    plan = entry.metadata["plan"]
+    try:
+        steps = json.loads(plan)
+    except ValueError:
+        steps = None
+    if isinstance(steps, list):
+        plan = "; ".join(str(s) for s in steps)
+    return _row(entry, "plan", "plan: " + _clip(plan))
+
+
+def _tool_requested(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+    rows = list(state.rows)
+    calls = dict(state.open_calls)
+    for part in entry.parts:
+        if not isinstance(part, ToolCallPart):
+            continue
+        detail: Detail = {
+            "tool_call_id": part.tool_call_id,
+            "tool_name": part.tool_name,
+            "permission_class": part.permission_class.value,
+        }
+        if part.approval_id is not None:
+            detail["approval_id"] = part.approval_id
+        summary = f"{part.tool_name} requested ({part.permission_class.value})"
+        calls[part.tool_call_id] = OpenCall.model_construct(
+            row=len(rows),
+            tool_name=part.tool_name,
+            started_at=part.started_at,
+            finished_at=part.finished_at,
+        )
+        rows.append(_row(entry, "tool", summary, status="PENDING", detail=detail))
+    return {"rows": tuple(rows), "open_calls": calls}
+
+
+def _result_row(
+    entry: LedgerEntry, part: ToolResultPart, call: OpenCall | None, request: TimelineRow | None
+) -> TimelineRow:
+    name = call.tool_name if call is not None else part.tool_call_id
+    words = [name, part.status.value]
+    detail: Detail = dict(request.detail) if request is not None else {}
+    detail["tool_call_id"] = part.tool_call_id
+    detail["result_entry_id"] = entry.entry_id
+    detail["result_seq"] = entry.sequence_no
+    detail["exit_code"] = part.exit_code
+    if part.exit_code is not None:
+        words.append(f"exit {part.exit_code}")
+    if call is not None:
+        end = call.finished_at or entry.occurred_at
+        duration_ms = max(0, round((end - call.started_at).total_seconds() * 1000))
+        detail["duration_ms"] = duration_ms
+        words.append(f"in {duration_ms / 1000:.1f}s")
+    summary = " ".join(words) + (f": {_clip(part.summary, 60)}" if part.summary.strip() else "")
+    artifact_id = part.artifact_refs[0].artifact_id if part.artifact_refs else None
+    base = request if request is not None else _row(entry, "tool", "")
+    return base.model_copy(
+        update={
+            "summary": summary,
+            "status": part.status.value,
+            "artifact_id": artifact_id,
+            "detail": detail,
+        }
+    )
+
+
+def _after_test_tool(
+    failing: Evidence | None, status: ToolResultStatus, entry: LedgerEntry
+) -> Evidence | None:
+    if status in (ToolResultStatus.FAILED, ToolResultStatus.TIMED_OUT):
+        return Evidence.model_construct(seq=entry.sequence_no, entry_id=entry.entry_id)
+    return None if status is ToolResultStatus.SUCCEEDED else failing
+
+
+def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+    rows: list[TimelineRow] = []
+    seen = state.model_responses
+    for part in entry.parts:
+        if not isinstance(part, ModelUsagePart):
+            continue
+        response = part.provider_response_id
+        if response is not None and response in seen:
+            continue  # the same response reported again (once per content block)
+        if response is not None:
+            seen = {**seen, response: entry.sequence_no}
+        rows.append(_model_row(entry, part))
+    if not rows:
+        return {}
+    return {"rows": (*state.rows, *rows), "model_responses": seen}
+
+
+def _model_row(entry: LedgerEntry, u: ModelUsagePart) -> TimelineRow:
+    summary = (
+        f"{u.provider}/{u.model} {u.purpose}: {u.input_tokens:,} in "
+        f"({u.cached_input_tokens:,} cached) / {u.output_tokens:,} out, "
+        f"{u.latency_ms / 1000:.1f}s"
+    )
+    detail: Detail = {
+        "provider": u.provider,
+        "model": u.model,
+        "purpose": u.purpose,
+        "provider_response_id": u.provider_response_id,
+        "input_tokens": u.input_tokens,
+        "cached_input_tokens": u.cached_input_tokens,
+        "output_tokens": u.output_tokens,
+        "reasoning_tokens": u.reasoning_tokens,
+        "latency_ms": u.latency_ms,
+        "context_entry_id": entry.causation.parent_entry_id,
+        "cost_usd": None,  # joined in from the cost projection
+    }
+    return _row(entry, "model-call", summary, status=u.status.value, detail=detail)
+
+
+def _diff_row(entry: LedgerEntry, snap: DiffSnapshot, number: int) -> TimelineRow:
+    names = ", ".join(f"{f.path} {f.status.value}" for f in snap.files[:3])
+    more = f" +{len(snap.files) - 3} more" if len(snap.files) > 3 else ""
+    summary = (
+        f"diff #{number}: {len(snap.files)} file{'' if len(snap.files) == 1 else 's'} "
+        f"(+{snap.lines_added} -{snap.lines_deleted}) {names}{more}"
+    )
+    if snap.flags:
+        summary += f" [{', '.join(snap.flags)}]"
+    detail: Detail = {
+        "snapshot": number,
+        "files": len(snap.files),
+        "lines_added": snap.lines_added,
+        "lines_deleted": snap.lines_deleted,
+        "flags": ",".join(snap.flags),
+    }
+    artifact_id = snap.diff_artifact.artifact_id if snap.diff_artifact else None
+    return _row(entry, "diff", summary, artifact_id=artifact_id, detail=detail)
+
+
+def _verified(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
+    row = _verification_row(entry, "verifier")
+    failing = state.failing_check
+    if row.status in (VerificationStatus.ERROR, VerificationStatus.FAILED):
+        failing = Evidence.model_construct(seq=entry.sequence_no, entry_id=entry.entry_id)
+    elif any(
+        isinstance(p, VerificationPart) and p.status is VerificationStatus.PASSED
+        for p in entry.parts
+    ):
+        failing = None
+    return {"rows": (*state.rows, row), "failing_check": failing}
+
+
+def _verification_row(entry: LedgerEntry, kind: Literal["verifier", "judge"]) -> TimelineRow:
+    checks = [p for p in entry.parts if isinstance(p, VerificationPart)]
+    statuses = {p.status for p in checks}
+    status = next((s for s in _VERIFICATION_ORDER if s in statuses), None)
+    words = [f"{p.verifier}/{p.profile} {p.status.value}" for p in checks[:2]]
+    if len(checks) > 2:
+        words.append(f"+{len(checks) - 2} more")
+    first = checks[0] if checks else None
+    if first is not None and first.check_id:
+        words.append(first.check_id)
+    note = _text(entry)
+    summary = _clip(" ".join(words) + (f": {note}" if note else "") or kind)
+    detail: Detail = {}
+    if first is not None:
+        detail = {"verifier": first.verifier, "profile": first.profile, "check_id": first.check_id}
+        detail["checks"] = len(checks)
+    diagnostics = next((p.diagnostics_ref for p in checks if p.diagnostics_ref), None)
+    return _row(
+        entry,
+        kind,
+        summary,
+        artifact_id=diagnostics.artifact_id if diagnostics else None,
+        status=status.value if status else None,
+        detail=detail,
+    )
+
+
+def _approval_row(entry: LedgerEntry) -> TimelineRow:
+    meta, doc = entry.metadata, _json(entry)
+    detail: Detail = {"parent_entry_id": entry.causation.parent_entry_id}
+    if entry.kind is EntryKind.APPROVAL_REQUEST:
+        action = meta.get("action") or str(doc.get("action") or "") or _clip(_text(entry), 60)
+        detail["action"] = action or None
+        return _row(entry, "approval", f"approval requested: {action or '?'}", detail=detail)
+    decision = meta.get("decision", "").upper() or _decision(doc)
+    summary = f"approval {decision}" + (f": {_clip(_text(entry), 60)}" if _text(entry) else "")
+    return _row(entry, "approval", summary, status=decision, detail=detail)
+
+
+def _decision(doc: dict[str, object]) -> str:
+    if isinstance(doc.get("decision"), str):
+        return str(doc["decision"]).upper()
+    approved = doc.get("approved")
+    if isinstance(approved, bool):
+        return "APPROVED" if approved else "REJECTED"
+    return "UNKNOWN"
+
+
+def _error_rows(entry: LedgerEntry) -> list[TimelineRow]:
+    errors = [p for p in entry.parts if isinstance(p, ErrorPart)]
+    if not errors:
+        return [_row(entry, "error", "error: " + _clip(_text(entry) or "(no detail)"))]
+    return [
+        _row(
+            entry,
+            "error",
+            _clip(f"error {e.category}: {e.message}"),
+            status=e.category,
+            detail={"category": e.category, "signature": e.signature},
+        )
+        for e in errors
+    ]
+
+
+def _compaction_row(entry: LedgerEntry) -> TimelineRow:
+    through = entry.metadata.get("replaces_through_seq")
+    summary = "compaction" + (f" replaces entries through seq {through}" if through else "")
+    artifact = next((p.artifact_id for p in entry.parts if isinstance(p, ArtifactRefPart)), None)
+    detail: Detail = {"replaces_through_seq": int(through)} if through and through.isdigit() else {}
+    return _row(entry, "compaction", summary, artifact_id=artifact, detail=detail)

@@ -1,0 +1,310 @@
+"""Model-call pricing: a versioned usage normalizer and a versioned price table.
+
+**Normalized usage** (``NORMALIZER_VERSION`` 1), the convention of ``ModelUsagePart``'s fields:
+
+* ``input``: every prompt token the provider processed, cache reads and cache writes included;
+* ``cached_input``: the prompt tokens read from the provider's cache (a part of ``input``);
+* ``output``: every generated token, reasoning ("thinking") included;
+* ``reasoning``: the generated tokens spent on reasoning (a part of ``output``).
+
+Each provider's raw usage is read in its own shape:
+
+* ``anthropic``: ``input_tokens`` excludes cache reads and writes, so input = input_tokens +
+  cache_read_input_tokens + cache_creation_input_tokens and cached = cache_read_input_tokens.
+  Thinking is billed inside ``output_tokens`` and not reported apart: reasoning = 0.
+* ``openai``: Chat Completions (``prompt_tokens``/``completion_tokens``) or Responses
+  (``input_tokens``/``output_tokens``), each with ``*_details.cached_tokens`` and
+  ``*_details.reasoning_tokens``. Prompt includes cached and completion includes reasoning, so the
+  counts map one to one.
+* ``google``: ``promptTokenCount`` includes ``cachedContentTokenCount``; ``candidatesTokenCount``
+  excludes ``thoughtsTokenCount``, so output = candidates + thoughts and reasoning = thoughts;
+  ``toolUsePromptTokenCount`` is prompt input too. camelCase (REST) or snake_case (SDK) keys.
+
+Raw usage wrapped in ``usage``/``usageMetadata`` is unwrapped. Any other provider, or raw usage not
+of its provider's shape (a required count missing, a count not a non-negative integer, cached above
+input, reasoning above output), falls back to the entry's own fields: normalizer ``entry-fields``.
+
+**Charging**, per million tokens at the price in effect on the call's UTC date: uncached input
+(input - cached) at ``input``; cached input at ``cached_input`` (``input`` when the table gives
+none); non-reasoning output (output - reasoning) at ``output``; reasoning at ``reasoning``
+(``output`` when none). Cache writes are charged as uncached input, and tiered (long-context)
+prices are not modelled. Amounts are exact ``Decimal`` USD, never floats.
+
+**Price table** (JSON, ``projectors/data/prices.v1.json`` ships)::
+
+    {"version": "2026-11-01", "currency": "USD", "unit": "per_million_tokens",
+     "models": {"<provider>/<model>" | "<model>": [
+         {"effective_from": "YYYY-MM-DD", "input": 3.0, "cached_input": 0.3,
+          "output": 15.0, "reasoning": 15.0}, ...]}}
+
+``cached_input`` and ``reasoning`` are optional. A period applies from 00:00 UTC of its
+``effective_from`` until the next period of the same model. ``<provider>/<model>`` is looked up
+first, then the bare model name. Prices are read as exact decimals.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from bisect import bisect_right
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from schemas.errors import AgentLedgerError
+from schemas.models import ModelUsagePart
+
+NORMALIZER_VERSION = 1
+ENTRY_FIELDS = "entry-fields"
+SHIPPED_PRICES = "data/prices.v1.json"
+_MILLION = Decimal(1_000_000)
+_ZERO = Decimal(0)
+
+
+class PriceTableError(AgentLedgerError):
+    """A price table is not valid; fix the file (``projectors/data/prices.v1.json`` shows how)."""
+
+
+def usd_text(value: Decimal) -> str:
+    """An exact USD amount as plain decimal text, without exponent or trailing zeros."""
+    return format(value.normalize(), "f") if value else "0"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Normalized token counts of one call and the normalizer that produced them."""
+
+    input: int
+    cached_input: int
+    output: int
+    reasoning: int
+    normalizer: str
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+PerMillion = Annotated[Decimal, Field(ge=0, allow_inf_nan=False)]
+
+
+class ModelPrice(_Frozen):
+    """USD per million tokens of one model from ``effective_from`` on."""
+
+    effective_from: date
+    input: PerMillion
+    cached_input: PerMillion | None = None
+    output: PerMillion
+    reasoning: PerMillion | None = None
+
+    def cost(self, usage: Usage) -> Decimal:
+        """The exact USD cost of ``usage`` at these prices."""
+        cached_rate = self.input if self.cached_input is None else self.cached_input
+        reasoning_rate = self.output if self.reasoning is None else self.reasoning
+        per_million = (
+            (usage.input - usage.cached_input) * self.input
+            + usage.cached_input * cached_rate
+            + (usage.output - usage.reasoning) * self.output
+            + usage.reasoning * reasoning_rate
+        )
+        return per_million / _MILLION
+
+
+class _PriceTableDoc(_Frozen):
+    version: Annotated[str, Field(min_length=1)]
+    currency: Literal["USD"]
+    unit: Literal["per_million_tokens"] = "per_million_tokens"
+    models: dict[str, Annotated[tuple[ModelPrice, ...], Field(min_length=1)]]
+
+    @field_validator("models")
+    @classmethod
+    def _one_price_per_day(
+        cls, value: dict[str, tuple[ModelPrice, ...]]
+    ) -> dict[str, tuple[ModelPrice, ...]]:
+        for key, periods in value.items():
+            starts = [p.effective_from for p in periods]
+            if len(set(starts)) != len(starts):
+                raise ValueError(f"{key}: two prices with the same effective_from")
+        return value
+
+
+class PriceTable:
+    """A parsed price table: the price of a model at a time. Parse once, look up per call."""
+
+    def __init__(self, version: str, models: Mapping[str, tuple[ModelPrice, ...]]) -> None:
+        self.version = version
+        self._periods = {
+            key: tuple(sorted(periods, key=lambda p: p.effective_from))
+            for key, periods in models.items()
+        }
+        self._starts = {
+            key: [p.effective_from for p in periods] for key, periods in self._periods.items()
+        }
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str = "price table") -> PriceTable:
+        """Parse a price table document; raises PriceTableError naming the bad field."""
+        try:
+            data = json.loads(text, parse_float=Decimal)
+        except ValueError as exc:
+            raise PriceTableError(f"{source}: not a JSON document: {exc}") from None
+        try:
+            doc = _PriceTableDoc.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(item) for item in first["loc"]) or "document"
+            raise PriceTableError(f"{source}: {where}: {first['msg']}") from None
+        return cls(doc.version, doc.models)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PriceTable:
+        """A user's price table file, replacing the shipped one."""
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PriceTableError(f"cannot read price table {file}: {exc.strerror}") from None
+        return cls.from_json(text, str(file))
+
+    @classmethod
+    def shipped(cls) -> PriceTable:
+        """The table shipped with the package (parsed once per process)."""
+        return _shipped()
+
+    @property
+    def models(self) -> list[str]:
+        """The keys priced, ``provider/model`` or bare model names."""
+        return list(self._periods)
+
+    def price(self, provider: str, model: str, at: datetime) -> ModelPrice | None:
+        """The price in effect at ``at``; None when the model is not priced then."""
+        key = f"{provider}/{model}"
+        starts = self._starts.get(key)
+        if starts is None:
+            key, starts = model, self._starts.get(model)
+            if starts is None:
+                return None
+        i = bisect_right(starts, at.astimezone(UTC).date())
+        return self._periods[key][i - 1] if i else None
+
+
+@functools.cache
+def _shipped() -> PriceTable:
+    text = resources.files("projectors").joinpath(SHIPPED_PRICES).read_text(encoding="utf-8")
+    return PriceTable.from_json(text, f"projectors/{SHIPPED_PRICES}")
+
+
+class _ShapeError(Exception):
+    """Raw usage is not of the shape a normalizer reads."""
+
+
+def normalize_usage(part: ModelUsagePart) -> Usage:
+    """The call's usage in the normalized convention, read from its provider's raw usage."""
+    normalizer = _NORMALIZERS.get(part.provider.lower())
+    if normalizer is not None:
+        try:
+            usage = normalizer(_raw(part.raw_usage_json))
+        except _ShapeError:
+            pass
+        else:
+            if usage.cached_input <= usage.input and usage.reasoning <= usage.output:
+                return usage
+    return Usage(
+        part.input_tokens,
+        part.cached_input_tokens,
+        part.output_tokens,
+        part.reasoning_tokens,
+        ENTRY_FIELDS,
+    )
+
+
+def _raw(text: str) -> Mapping[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise _ShapeError("not JSON") from None
+    if not isinstance(value, dict):
+        raise _ShapeError("not an object")
+    for wrapper in ("usage", "usageMetadata", "usage_metadata"):
+        inner = value.get(wrapper)
+        if isinstance(inner, dict):
+            return inner
+    return value
+
+
+def _count(raw: Mapping[str, Any], key: str, required: bool = False) -> int:
+    value = raw.get(key)
+    if value is None and not required:
+        return 0
+    if type(value) is not int or value < 0:
+        raise _ShapeError(key)
+    return value
+
+
+def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _ShapeError(key)
+    return value
+
+
+def _anthropic(raw: Mapping[str, Any]) -> Usage:
+    uncached = _count(raw, "input_tokens", required=True)
+    read = _count(raw, "cache_read_input_tokens")
+    written = _count(raw, "cache_creation_input_tokens")
+    output = _count(raw, "output_tokens", required=True)
+    return Usage(uncached + read + written, read, output, 0, "anthropic")
+
+
+def _openai(raw: Mapping[str, Any]) -> Usage:
+    prompt, completion = (
+        ("prompt_tokens", "completion_tokens")  # Chat Completions
+        if "prompt_tokens" in raw
+        else ("input_tokens", "output_tokens")  # Responses
+    )
+    cached = _count(_details(raw, f"{prompt}_details"), "cached_tokens")
+    reasoning = _count(_details(raw, f"{completion}_details"), "reasoning_tokens")
+    total_in = _count(raw, prompt, required=True)
+    return Usage(total_in, cached, _count(raw, completion, required=True), reasoning, "openai")
+
+
+_GOOGLE_CAMEL = (
+    "promptTokenCount",
+    "toolUsePromptTokenCount",
+    "cachedContentTokenCount",
+    "candidatesTokenCount",
+    "thoughtsTokenCount",
+)
+_GOOGLE_SNAKE = (
+    "prompt_token_count",
+    "tool_use_prompt_token_count",
+    "cached_content_token_count",
+    "candidates_token_count",
+    "thoughts_token_count",
+)
+
+
+def _google(raw: Mapping[str, Any]) -> Usage:
+    prompt, tool_use, cached, candidates, thoughts = (
+        _GOOGLE_SNAKE if "prompt_token_count" in raw else _GOOGLE_CAMEL
+    )
+    total_in = _count(raw, prompt, required=True) + _count(raw, tool_use)
+    reasoning = _count(raw, thoughts)
+    output = _count(raw, candidates) + reasoning
+    return Usage(total_in, _count(raw, cached), output, reasoning, "google")
+
+
+_NORMALIZERS: dict[str, Callable[[Mapping[str, Any]], Usage]] = {
+    "anthropic": _anthropic,
+    "openai": _openai,
+    "google": _google,
+}
