@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from consumers.cli_rebuild import register as register_rebuild
 from infra import local
 from infra.services import ServiceStatus
 from infra.settings import Settings, load_settings
@@ -211,11 +213,18 @@ def dlq_redrive(
 @app.command("worker")
 def worker(
     loglevel: Annotated[str, typer.Option(help="faust/worker log level")] = "warning",
+    projections: Annotated[
+        str | None,
+        typer.Option(help="all, agent, analytics, or projection names (comma-separated)"),
+    ] = None,
 ) -> None:
     """Run a projection worker (several form one consumer group and share the partitions)."""
     from streams.worker import run_worker
 
-    run_worker(_settings(), loglevel)
+    settings = _settings()
+    if projections is not None:
+        settings = settings.model_copy(update={"worker_projections": projections})
+    run_worker(settings, loglevel)
 
 
 @app.command("bench")
@@ -305,12 +314,113 @@ def context(
         print_manifest(console, doc)
 
 
+@app.command("timeline")
+def timeline(
+    run_id: Annotated[str, typer.Argument(help="the run")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A run's timeline: each step with its time, cost so far and drill-down references."""
+    from consumers.analytics import run_timeline
+    from consumers.render_analytics import print_timeline
+    from consumers.views import NotFoundError
+
+    try:
+        doc = run_timeline(_settings(), run_id)
+    except NotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(code=1) from None
+    if as_json:
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    print_timeline(console, doc)
+
+
+def _since(value: str | None) -> datetime | None:
+    from consumers.analytics import parse_since
+
+    if value is None:
+        return None
+    try:
+        return parse_since(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+
+
+@app.command("costs")
+def costs(
+    by: Annotated[str, typer.Option("--by", help="run, fleet, model, purpose or day")] = "model",
+    fleet: Annotated[str | None, typer.Option("--fleet", help="one fleet only")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="calls at or after an ISO date or date-time")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Model-call tokens and cost rolled up by run, fleet, model, purpose or day (live build)."""
+    from consumers.analytics import DIMENSIONS, cost_report
+    from consumers.render_analytics import print_costs
+
+    dimension = next((d for d in DIMENSIONS if d == by), None)
+    if dimension is None:
+        raise typer.BadParameter(f"one of {', '.join(DIMENSIONS)}", param_hint="--by")
+    report = cost_report(_settings(), dimension, fleet, _since(since))
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    print_costs(console, report)
+
+
+@app.command("failures")
+def failures(
+    run_id: Annotated[
+        str | None, typer.Argument(help="explain this run instead of counting all")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="runs whose last entry is at or after an ISO date/time"),
+    ] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", help="one fleet only")] = None,
+    stalled_after: Annotated[
+        float,
+        typer.Option(
+            "--stalled-after",
+            help="minutes without news before an unfinished run counts as stalled",
+        ),
+    ] = 30.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Runs by failure class and fleet (final, provisional, stalled), or why one run failed."""
+    from consumers.analytics import failure_report, run_failure
+    from consumers.render_analytics import print_failures, print_run_failure
+    from consumers.views import NotFoundError
+
+    settings = _settings()
+    if run_id is not None:
+        try:
+            found = run_failure(settings, run_id, stalled_after)
+        except NotFoundError as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(code=1) from None
+        if as_json:
+            print(json.dumps(found.as_json(), indent=2))
+        else:
+            print_run_failure(console, found)
+        return
+    report = failure_report(settings, fleet, _since(since), stalled_after)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    print_failures(console, report)
+
+
 @app.command("demo")
 def demo() -> None:
     """Bring the stack up and run the demo pipeline end to end."""
     from consumers.demo import run_demo
 
     run_demo(_settings(), console)
+
+
+register_rebuild(app)
 
 
 def main() -> None:

@@ -10,8 +10,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from consumers.analytics import ANALYTICS, cost_report, failure_report, run_timeline, runs_applied
+from consumers.render_analytics import money, timeline_headline, tokens
+from consumers.views import NotFoundError
 from infra import local
 from infra.settings import Settings
 from projectors.stores.redis import RedisViewStore
@@ -22,6 +26,7 @@ from streams.simulate import simulate
 FLEETS, RUNS = 2, 14
 SHOWN = 6
 WAIT_S = 120.0
+ANALYTICS_WAIT_S = 60.0
 
 
 def run_demo(settings: Settings, console: Console) -> None:
@@ -37,7 +42,8 @@ def run_demo(settings: Settings, console: Console) -> None:
         f"to {settings.topic_prefix}.ledger.fleet-01/02; secrets redacted at the publisher"
     )
     landed = asyncio.run(_watch(settings, runs, published_at, console))
-    _summary(console, settings, runs, landed)
+    analysed = _analytics(settings, runs, published_at, console)
+    _summary(console, settings, runs, landed, analysed)
 
 
 def _runs(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
@@ -104,11 +110,66 @@ def _print_run(console: Console, docs: dict[str, Any], seconds: float) -> None:
     )
 
 
+def _analytics(
+    settings: Settings,
+    runs: dict[str, list[LedgerEntry]],
+    published_at: float,
+    console: Console,
+) -> int:
+    """Wait for the analytics projections (PostgreSQL only) to apply every run, then show them."""
+    expected = {run_id: entries[-1].sequence_no for run_id, entries in runs.items()}
+    deadline = time.perf_counter() + ANALYTICS_WAIT_S
+    done = runs_applied(settings, expected)
+    while done < len(runs) and time.perf_counter() < deadline:
+        time.sleep(0.1)
+        done = runs_applied(settings, expected)
+    seconds = time.perf_counter() - published_at
+    console.print(
+        f"\n[bold]analytics[/] ({', '.join(ANALYTICS)}): {done}/{len(runs)} runs applied in "
+        f"PostgreSQL {seconds * 1000:.0f} ms after publish"
+    )
+    run_ids = list(runs)
+    costs = cost_report(settings, "model", run_ids=run_ids)
+    table = Table("model", "calls", "tokens in", "tokens out", "cost", "provider-reported")
+    for row in [*costs.rows, costs.total]:
+        if row is costs.total:
+            table.add_section()
+        reported = money(row.provider_reported_cost_usd) if row.reported_calls else "-"
+        if row.cost_disagreements:
+            reported += f" ({row.cost_disagreements} disagree)"
+        table.add_row(
+            escape(row.key),
+            str(row.calls),
+            tokens(row.input_tokens),
+            tokens(row.output_tokens),
+            money(row.cost_usd),
+            reported,
+            style="bold" if row is costs.total else None,
+        )
+    console.print(table)
+    failures = failure_report(settings, run_ids=run_ids)
+    classes = ", ".join(f"{name} {n}" for name, n in failures.by_class.items())
+    console.print(
+        f"failure classes ({failures.total.final} final, {failures.total.repair_loops} repair "
+        f"loops): {classes}"
+    )
+    shown = next(
+        (r for r, entries in runs.items() if entries[-1].metadata.get("outcome") == "budget"),
+        run_ids[0],
+    )
+    try:
+        console.print(f"timeline: {escape(timeline_headline(run_timeline(settings, shown)))}")
+    except NotFoundError as exc:
+        console.print(f"[red]{exc}[/]")
+    return done
+
+
 def _summary(
     console: Console,
     settings: Settings,
     runs: dict[str, list[LedgerEntry]],
     landed: dict[str, float],
+    analysed: int,
 ) -> None:
     outcomes = Counter(
         e.metadata.get("outcome", "?")
@@ -116,6 +177,7 @@ def _summary(
         for e in entries
         if e.kind is EntryKind.RUN_FINISHED
     )
+    run_ids = list(runs)
     table = Table("projections", "runs complete", "slowest run landed", "outcomes across runs")
     slowest = f"{max(landed.values()) * 1000:.0f} ms" if landed else "-"
     table.add_row(", ".join(HOT), f"{len(landed)}/{len(runs)}", slowest, str(len(outcomes)))
@@ -126,6 +188,10 @@ def _summary(
         "  .venv/bin/agentledger dlq list            # dead letters (none expected)\n"
         f"  .venv/bin/agentledger memory {next(iter(runs))} [--at 20] [--json]\n"
         f"  .venv/bin/agentledger context {next(iter(runs))} [--render]\n"
+        f"  .venv/bin/agentledger timeline {next(iter(runs))} [--json]\n"
+        "  .venv/bin/agentledger costs --by fleet|run|model|purpose|day [--json]\n"
+        f"  .venv/bin/agentledger failures [--json]; .venv/bin/agentledger failures {run_ids[1]}\n"
+        f"  psql {settings.pg_address} -c 'SELECT * FROM al_failures'   # docs/ANALYTICS.md\n"
         f"  psql {settings.pg_address} -c 'SELECT * FROM al_live'\n"
         f"  tail -f {settings.state_dir / 'worker' / 'worker.log'}\n"
         "Stop everything:\n"
@@ -133,3 +199,7 @@ def _summary(
     )
     if len(landed) < len(runs):
         raise SystemExit(f"only {len(landed)}/{len(runs)} runs landed within {WAIT_S:.0f}s")
+    if analysed < len(runs):
+        raise SystemExit(
+            f"analytics applied only {analysed}/{len(runs)} runs within {ANALYTICS_WAIT_S:.0f}s"
+        )

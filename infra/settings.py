@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     )
 
     otel: str = Field(default="none", description="telemetry export: none or console")
+    worker_projections: str = Field(
+        default="all",
+        description="what a worker applies: all, agent (hot views), analytics, or a name list",
+    )
     worker_batch_size: int = 2000
     worker_batch_wait_s: float = 0.005
     worker_session_timeout_s: float = 10.0

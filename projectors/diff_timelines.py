@@ -23,9 +23,11 @@ the next), so a file's history is the sequence of its edits across snapshots. Th
     results of tools whose name matches ``test_tool_pattern`` (FAILED or TIMED_OUT fails,
     SUCCEEDED passes); other outcomes leave the latest check as it was.
   - ``generated-edit``: a GENERATED file in a snapshot, whatever its status.
-  - ``out-of-scope``: a path (or a rename's old path) not starting with any scope prefix, when the
-    task gives one: ``metadata["scope"]`` of ``RUN_STARTED`` or ``USER_TASK`` (the latest wins),
-    prefixes separated by commas or spaces. Snapshots are judged by the scope known when folded.
+  - ``out-of-scope``: a path (or a rename's old path) under no scope entry, when the task gives
+    one: ``metadata["scope"]`` of ``RUN_STARTED`` or ``USER_TASK`` (the latest wins), directories
+    or files separated by commas or spaces, matched by whole path segments (``src/api`` covers
+    ``src/api/x.py``, not ``src/api_v2/x.py``). Snapshots are judged by the scope known when
+    folded.
 
 * **A summary** of the final diff: files touched and files with a net change, lines added and
   deleted (summed over every snapshot, so reverted work counts), the same by classification (a
@@ -422,7 +424,10 @@ def _evidence(edits: Iterable[FileEdit]) -> tuple[Evidence, ...]:
 
 
 def _in_scope(path: str, scope: tuple[str, ...]) -> bool:
-    return path.removeprefix("./").startswith(scope)
+    """The path is a scope entry or lies under one, whole path segments only: ``src/api``
+    covers ``src/api/orders.py`` but not ``src/api_v2/orders.py``."""
+    path = path.removeprefix("./")
+    return any(path == p or path.startswith(p if p.endswith("/") else p + "/") for p in scope)
 
 
 def _scope(value: str) -> tuple[str, ...]:

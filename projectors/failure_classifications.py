@@ -11,15 +11,16 @@ parts is never read, so the class always rests on evidence.
 Evidence. Error events by category (count, first and last entry) and the latest category; tool
 results per tool name (failures by status, a timed-out call counting as TIMED_OUT, the latest
 status, failures before the run's first code change); model calls (non-OK calls by status, the
-latest status); verifier results per check (``verifier:check_id``, or ``verifier:profile``):
-latest status, failures, passes, failures before the first code change and *flips* — a pass
-followed by a fail, or a fail by a pass, on the same code; approval decisions (REJECTED when
-``metadata["decision"]`` is REJECTED/DENIED or a JSON part says ``{"approved": false}``);
-signatures of repeated failures (an error's ``signature``, else its category and message hash; a
-tool's name, status, exit code and summary hash; a failing check). "The same code" means no
-DIFF_SNAPSHOT/DIFF_OBSERVATION with files in between, or one whose ``workspace_tree_hash`` equals
-the previous. A signature seen ``repair_loop.threshold`` times (3 in v1) marks a *repair loop
-without progress*, whatever the class.
+latest status; a provider response reported again, as runtimes do once per content block, is one
+call, as in cost-metrics); verifier results per check (``verifier:check_id``, or
+``verifier:profile``): latest status, failures, passes, failures before the first code change and
+*flips* — a pass followed by a fail, or a fail by a pass, on the same code; approval decisions
+(REJECTED when ``metadata["decision"]`` is REJECTED/DENIED or a JSON part says
+``{"approved": false}``); signatures of repeated failures (an error's ``signature``, else its
+category and message hash; a tool's name, status, exit code and summary hash; a failing check).
+"The same code" means no DIFF_SNAPSHOT/DIFF_OBSERVATION with files in between, or one whose
+``workspace_tree_hash`` equals the previous. A signature seen ``repair_loop.threshold`` times (3 in
+v1) marks a *repair loop without progress*, whatever the class.
 
 Taxonomy format (JSON)::
 
@@ -94,6 +95,7 @@ UNKNOWN_CLASS = "unknown"
 _MAX_KEYS = 32  # distinct error categories, tools, checks, approval decisions kept per run
 _MAX_SIGNATURES = 64
 _MAX_PENDING = 64
+_MAX_RESPONSES = 16  # recent provider response ids: a repeated report is one call
 _MAX_REFS = 12
 _OTHER = "(other)"
 
@@ -302,6 +304,7 @@ class Evidence(_Frozen):
     model_calls: dict[str, Tally] = {}  # by ModelCallStatus other than OK
     last_model_status: ModelCallStatus | None = None
     last_model_call: Ref | None = None
+    recent_responses: tuple[str, ...] = ()  # the last provider response ids seen
     tools: dict[str, ToolTally] = {}
     pending_tools: dict[str, str] = {}  # tool call id -> tool name, until its result
     checks: dict[str, CheckHistory] = {}
@@ -542,9 +545,14 @@ def _model_call(ev: Evidence, entry: LedgerEntry) -> Observed:
     usage = next((p for p in entry.parts if isinstance(p, ModelUsagePart)), None)
     if usage is None:
         return ev, False
+    response = usage.provider_response_id
+    if response is not None and response in ev.recent_responses:
+        return ev, False
     status = usage.status
     ref = _ref(entry, f"model call {usage.provider}/{usage.model} {status}")
     update: dict[str, Any] = {"last_model_status": status, "last_model_call": ref}
+    if response is not None:
+        update["recent_responses"] = (*ev.recent_responses, response)[-_MAX_RESPONSES:]
     if status is not ModelCallStatus.OK:
         update["model_calls"] = _bump(ev.model_calls, status.value, ref)
     moved = status is not ModelCallStatus.OK or ev.last_model_status not in (

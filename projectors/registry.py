@@ -44,6 +44,28 @@ def all_projections(settings: Settings | None = None) -> list[Projection[Any]]:
     ]
 
 
+GROUPS = {
+    "agent": ("run-stats", "working-memory", "context-manifests"),
+    "analytics": ("diff-timelines", "cost-metrics", "failure-classifications"),
+}
+
+
+def selected(spec: str, settings: Settings | None = None) -> list[Projection[Any]]:
+    """The projections a worker applies: ``all``, a group of :data:`GROUPS`, or names."""
+    names: set[str] = set()
+    for word in (w.strip() for w in spec.split(",")):
+        if word == "all":
+            names.update(NAMES)
+        elif word in GROUPS:
+            names.update(GROUPS[word])
+        elif word in NAMES:
+            names.add(word)
+        elif word:
+            known = ", ".join(["all", *GROUPS, *NAMES])
+            raise KeyError(f"no projection or group named {word!r}; known: {known}")
+    return [p for p in all_projections(settings) if p.name in names]
+
+
 def projection(name: str, settings: Settings | None = None) -> Projection[Any]:
     for p in all_projections(settings):
         if p.name == name:

@@ -15,6 +15,7 @@ from io import BytesIO
 from typing import Any, Literal
 
 from fastavro import schemaless_reader, schemaless_writer
+from pydantic import ValidationError
 
 from schemas.catalog import SchemaCatalog, SchemaVersion, default_catalog
 from schemas.errors import (
@@ -30,6 +31,7 @@ from schemas.models import (
     model_input,
     parse_entries,
     parse_entry,
+    validation_error,
 )
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -55,16 +57,20 @@ class LedgerCodec:
         schema_ids: SchemaIdResolver | None = None,
         writer_schema_id: int | None = None,
         validate: bool = True,
+        entry_type: type[LedgerEntry] = LedgerEntry,
     ) -> None:
         """`schema_ids` maps Confluent schema ids to fingerprints (for decoding, and for encoding
         when `writer_schema_id` is not given). `validate=False` skips re-validating entries on
-        encode (for publishers that only encode freshly constructed entries)."""
+        encode (for publishers that only encode freshly constructed entries). `entry_type` is
+        the model decoded entries become: a subclass of LedgerEntry that mirrors a newer reader
+        schema (a field the code does not know yet) during a schema change."""
         self.catalog = catalog or default_catalog()
         self.reader = _version(self.catalog, reader_version)
         self.writer = _version(self.catalog, writer_version)
         self._resolve_id = _id_resolver(schema_ids)
         self._header = _header(wire_format, self.writer, schema_ids, writer_schema_id)
         self._validate = validate
+        self.entry_type = entry_type
 
     def encode(self, entry: LedgerEntry) -> bytes:
         """Encode an entry; raises LedgerValidationError naming the offending field."""
@@ -91,7 +97,7 @@ class LedgerCodec:
 
     def decode(self, data: Buffer) -> LedgerEntry:
         """Decode one message; raises LedgerDecodeError and nothing else."""
-        return _entry(self.decode_record(data))
+        return _entry(self.decode_record(data), self.entry_type)
 
     def decode_record(self, data: Buffer) -> dict[str, Any]:
         """Decode to the reader schema's raw record (parts as (record name, record) tuples)."""
@@ -171,11 +177,15 @@ class LedgerCodec:
             ) from None
 
 
-def _entry(record: dict[str, Any]) -> LedgerEntry:
+def _entry(record: dict[str, Any], entry_type: type[LedgerEntry] = LedgerEntry) -> LedgerEntry:
     try:
-        return parse_entry(model_input(record))
+        if entry_type is LedgerEntry:
+            return parse_entry(model_input(record))
+        return entry_type.model_validate(model_input(record))
     except LedgerValidationError as exc:
         raise LedgerDecodeError(f"entry breaks the contract at {exc}") from None
+    except ValidationError as exc:
+        raise LedgerDecodeError(f"entry breaks the contract at {validation_error(exc)}") from None
 
 
 def _indexed(

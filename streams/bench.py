@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -193,7 +194,7 @@ async def hot_path(d: PrivateDeployment, rate: float, seconds: float) -> list[Fi
     ]
 
 
-async def _publish_raw(d: PrivateDeployment, entries_wanted: int) -> int:
+async def _publish_raw(d: PrivateDeployment, entries_wanted: int, seed: int = 99) -> int:
     from aiokafka import AIOKafkaProducer
 
     codec = LedgerCodec()
@@ -207,7 +208,7 @@ async def _publish_raw(d: PrivateDeployment, entries_wanted: int) -> int:
     await producer.start()
     sent = 0
     try:
-        for run in simulate_runs(len(FLEETS), 10_000_000, seed=99):
+        for run in simulate_runs(len(FLEETS), 10_000_000, seed=seed):
             for e in run:
                 topic = ledger_topic(d.settings.topic_prefix, e.fleet_id)
                 await producer.send(topic, codec.encode(e), key=e.run_id.encode())
@@ -249,11 +250,180 @@ async def _consume_decode(d: PrivateDeployment) -> tuple[int, float]:
         await consumer.stop()
 
 
-async def replay(d: PrivateDeployment, entries: int) -> list[Figure]:
-    """Ceiling (consume + decode) beside the engine applying every projection from offset 0."""
-    await _publish_raw(d, entries)
+class _ProcessSampler:
+    """RSS and CPU time of one process, from /proc, sampled while a figure is measured."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.rss_mb: list[float] = []
+        self.cpu_start = self._cpu_s()
+
+    def sample(self) -> None:
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        self.rss_mb.append(int(line.split()[1]) / 1024)
+        except OSError:
+            pass
+
+    def cpu_s(self) -> float:
+        return self._cpu_s() - self.cpu_start
+
+    def _cpu_s(self) -> float:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            return 0.0
+
+
+def _applied_everywhere(dsn: str) -> int:
+    """Entries every live projection has applied (the least advanced one's count)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT s.projection, coalesce(sum(applied_seq), 0) FROM al_run_state s "
+            "JOIN al_live l USING (projection, build) GROUP BY s.projection"
+        ).fetchall()
+    if len(rows) < len(all_projections()):
+        return 0
+    return min(int(r[1]) for r in rows)
+
+
+def _db_bytes(dsn: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Figure]:
+    """N publishers (simulated fleets' agents) at full speed; the worker applies all projections.
+
+    The rate is entries over the time from the first publish until every projection committed
+    the last entry; beside it the same entries consumed and decoded only (the ceiling).
+    """
+    runs = list(_take_runs(entries, seed=7))
+    total = sum(len(r) for r in runs)
+    shares = [runs[i::publishers] for i in range(publishers)]
+    worker = d.start_worker("ingest")
+    await asyncio.to_thread(d.wait_partitions, "ingest")
+    sampler = _ProcessSampler(worker.pid)
+    bytes_before = _db_bytes(d.settings.pg_address)
+    published = 0
+    max_lag = 0
+
+    async def publish(share: list[list[LedgerEntry]]) -> None:
+        nonlocal published
+        async with AsyncPublisher(d.settings) as publisher:
+            batch: list[LedgerEntry] = []
+            for run in share:
+                batch.extend(run)
+                if len(batch) >= 500:
+                    await publisher.publish_batch(batch)
+                    published += len(batch)
+                    batch = []
+            if batch:
+                await publisher.publish_batch(batch)
+                published += len(batch)
+
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(publish(share)) for share in shares]
+    published_at = None
+    while True:
+        await asyncio.sleep(0.5)
+        done = await asyncio.to_thread(_applied_everywhere, d.settings.pg_address)
+        sampler.sample()
+        max_lag = max(max_lag, published - done)
+        if published_at is None and all(t.done() for t in tasks):
+            published_at = time.perf_counter()
+            await asyncio.gather(*tasks)
+        if done >= total:
+            break
+        if time.perf_counter() - started > 3600:
+            raise RuntimeError(f"ingest did not finish: {done}/{total} applied")
+    elapsed = time.perf_counter() - started
+    cpu = sampler.cpu_s()
+    db_growth = _db_bytes(d.settings.pg_address) - bytes_before
+    d.stop_worker(worker)
     n, secs = await _consume_decode(d)
-    targets = [Target(t.projection, "bench-replay") for t in live_targets(d.settings.pg_address)]
+    rss = sampler.rss_mb or [float("nan")]
+    third = max(1, len(rss) // 3)
+    return [
+        Figure(
+            "ingest: publish -> all projections committed",
+            total / elapsed,
+            "entries/s",
+            "ceiling: consume + decode only",
+            n / secs,
+        ),
+        Figure(
+            "ingest: publishers alone",
+            total / ((published_at or time.perf_counter()) - started),
+            "entries/s",
+        ),
+        Figure("ingest: entries", float(total), "entries", f"{publishers} publishers"),
+        Figure("ingest: max lag (published - applied)", float(max_lag), "entries"),
+        Figure("worker RSS peak", max(rss), "MB"),
+        Figure(
+            "worker RSS, last third of the run",
+            sum(rss[-third:]) / third,
+            "MB",
+            "first third",
+            sum(rss[:third]) / third,
+        ),
+        Figure("worker CPU per 1k entries", cpu / total * 1000 * 1000, "ms"),
+        Figure("PostgreSQL bytes per million entries", db_growth / total * 1e6 / 2**20, "MiB"),
+    ]
+
+
+def _take_runs(entries: int, seed: int) -> Iterator[list[LedgerEntry]]:
+    count = 0
+    for run in simulate_runs(len(FLEETS), 10_000_000, seed):
+        if count >= entries:
+            return
+        count += len(run)
+        yield run
+
+
+async def naive(d: PrivateDeployment, entries: int) -> list[Figure]:
+    """The naive faust agent (one transaction per entry) over its own topics."""
+    from streams import naive as naive_app
+
+    await _publish_raw(d, entries)
+    total = sum(len(r) for r in _take_runs(entries, seed=99))
+    naive_app.applied(d.settings.pg_address)
+    process = d.start_process("naive", ["-m", "streams.naive"])
+    try:
+        started = None
+        deadline = time.perf_counter() + 1800
+        while time.perf_counter() < deadline:
+            await asyncio.sleep(0.25)
+            done = naive_app.applied(d.settings.pg_address)
+            if started is None and done > 0:
+                started, first = time.perf_counter(), done
+            if done >= total:
+                break
+        else:
+            raise RuntimeError("the naive baseline did not finish")
+        assert started is not None
+        rate = (done - first) / (time.perf_counter() - started)
+    finally:
+        d.stop_worker(process)
+    return [Figure("naive faust agent (1 entry per transaction)", rate, "entries/s")]
+
+
+async def rebuild(d: PrivateDeployment, entries: int) -> list[Figure]:
+    """Every projection rebuilt at once from offset 0, reading the topics directly."""
+    have = await _topic_entries(d)
+    if have < entries:
+        await _publish_raw(d, entries - have, seed=11)
+    n, secs = await _consume_decode(d)
+    targets = [Target(p, "bench-rebuild") for p in all_projections()]
     sink = KafkaDeadLetterSink(d.settings)
     engine = Engine(targets, d.settings.pg_address, None, sink)
     await engine.start()
@@ -267,42 +437,92 @@ async def replay(d: PrivateDeployment, entries: int) -> list[Figure]:
         await sink.close()
     return [
         Figure(
-            "replay into all projections",
-            stats.applied / elapsed,
+            "rebuild: every projection from offset 0",
+            stats.records / elapsed,
             "entries/s",
             "ceiling: consume + decode only",
             n / secs,
         ),
+        Figure("rebuild: entries replayed", float(stats.records), "entries"),
     ]
 
 
+async def _topic_entries(d: PrivateDeployment) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=d.settings.kafka_address)
+    await consumer.start()
+    try:
+        parts = await topic_partitions(
+            consumer, [ledger_topic(d.settings.topic_prefix, f) for f in FLEETS]
+        )
+        return sum((await consumer.end_offsets(parts)).values()) if parts else 0
+    finally:
+        await consumer.stop()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    hot_rate: float
+    hot_seconds: float
+    ingest_entries: int
+    publishers: int
+    naive_entries: int
+    rebuild_entries: int
+
+
+QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000)
+FULL = Sizes(1000.0, 30.0, 200_000, 4, 3_000, 1_000_000)
+
+
 async def run_bench(settings: Settings, quick: bool) -> BenchReport:
-    rate, seconds, entries = (1000.0, 5.0, 20_000) if quick else (1000.0, 30.0, 200_000)
+    sizes = QUICK if quick else FULL
     report = BenchReport(
         machine=machine_info(),
         settings={
             "quick": quick,
-            "hot_path_rate": rate,
-            "hot_path_seconds": seconds,
-            "replay_entries": entries,
+            **asdict(sizes),
             "projections": [p.name for p in all_projections()],
         },
     )
-    d = PrivateDeployment(
-        settings,
-        "bench",
-        FLEETS,
-        settings.state_dir / "bench",
-        {"AGENTLEDGER_WORKER_BATCH_SIZE": "500"},
-    )
-    await d.create()
+
+    async def deployment(kind: str) -> PrivateDeployment:
+        d = PrivateDeployment(
+            settings,
+            kind,
+            FLEETS,
+            settings.state_dir / "bench",
+            {"AGENTLEDGER_WORKER_BATCH_SIZE": "2000"},
+        )
+        await d.create()
+        return d
+
+    d = await deployment("benchhot")
     try:
         d.start_worker("worker")
         await asyncio.to_thread(d.wait_partitions, "worker")
-        report.figures += await hot_path(d, rate, seconds)
-        for worker in d.workers:
-            d.stop_worker(worker)
-        report.figures += await replay(d, entries)
+        report.figures += await hot_path(d, sizes.hot_rate, sizes.hot_seconds)
+    finally:
+        d.drop()
+    d = await deployment("benchnaive")
+    try:
+        naive_figures = await naive(d, sizes.naive_entries)
+    finally:
+        d.drop()
+    d = await deployment("benchingest")
+    try:
+        ingest_figures = await ingest(d, sizes.ingest_entries, sizes.publishers)
+        first = ingest_figures[0]
+        report.figures += ingest_figures[:1]
+        report.figures.append(
+            Figure(
+                "ingest vs the naive baseline",
+                first.value,
+                "entries/s",
+                naive_figures[0].name,
+                naive_figures[0].value,
+            )
+        )
+        report.figures += ingest_figures[1:]
+        report.figures += await rebuild(d, sizes.rebuild_entries)
     finally:
         d.drop()
     return report

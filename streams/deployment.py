@@ -72,20 +72,25 @@ class PrivateDeployment:
     def log_of(self, name: str) -> Path:
         return self.logs / f"{name}.log"
 
-    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, projections: str = "all") -> subprocess.Popen[bytes]:
         """A detached ``agentledger worker`` process of this deployment, logging to its file."""
+        command = ["-m", "consumers.cli", "worker", "--loglevel", "info"]
+        return self.start_process(name, [*command, "--projections", projections])
+
+    def start_process(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        """``python ARGS`` detached, with this deployment's environment, logging to its file."""
         self.logs.mkdir(parents=True, exist_ok=True)
         with self.log_of(name).open("ab") as out:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "consumers.cli", "worker", "--loglevel", "info"],
+            process = subprocess.Popen(
+                [sys.executable, *args],
                 env=self.env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.workers.append(worker)
-        return worker
+        self.workers.append(process)
+        return process
 
     def has_partitions(self, name: str) -> bool:
         """Whether the named worker has been assigned partitions and positioned them."""

@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -78,6 +79,9 @@ class Target:
 
     projection: Projection[Any]
     build: str
+    # A build started mid-topic (rebuild --from-offset/--from-time) skips the runs whose first
+    # entry came before its start, instead of holding them forever behind a gap.
+    whole_runs_only: bool = False
 
     @property
     def name(self) -> str:
@@ -105,6 +109,7 @@ class BatchStats:
     held: int = 0
     dead_lettered: int = 0
     runs_written: int = 0
+    skipped: int = 0  # entries of runs begun before a partial build's start
 
     def add(self, other: BatchStats) -> None:
         """Fold in one phase's figures (the batch's records and redeliveries are not summed)."""
@@ -114,6 +119,7 @@ class BatchStats:
         self.held += other.held
         self.dead_lettered += other.dead_lettered
         self.runs_written += other.runs_written
+        self.skipped += other.skipped
 
 
 @dataclass
@@ -140,6 +146,8 @@ class Engine:
         telemetry: Telemetry | None = None,
         redis_prefix: str = "al",
         max_backoff_s: float = 5.0,
+        defer_analytics: bool = False,
+        follow_live: bool = False,
     ) -> None:
         self.targets = list(targets)
         self.pg_dsn = pg_dsn
@@ -149,7 +157,18 @@ class Engine:
         self.telemetry = telemetry or Telemetry.disabled()
         self.redis_prefix = redis_prefix
         self.max_backoff_s = max_backoff_s
-        self._conn: AsyncConnection[Any] | None = None
+        # With defer_analytics, a batch's analytics (not hot) targets commit in the background
+        # on their own connection while the next batch's hot targets are applied.
+        self.defer_analytics = defer_analytics
+        # The live worker writes whatever build al_live points to, switching when a rebuild is
+        # swapped in: it notices inside the batch transaction, after locking the offset rows
+        # the swap also locks, so no batch lands in the old build after the swap.
+        self.follow_live = follow_live
+        self._conns: dict[str, AsyncConnection[Any]] = {}
+        self._deferred: asyncio.Task[None] | None = None
+        self._offset_rows: set[pg.OffsetKey] = set()
+        self._hot_idle = asyncio.Event()  # no hot phase running (deferred analytics wait)
+        self._hot_idle.set()  # al_offsets rows known to be committed
         self._redis: aioredis.Redis | None = None
         self._views: RedisViewStore | None = None
 
@@ -165,10 +184,19 @@ class Engine:
             await self._retrying(self.refill_views, "refilling Redis views")
             await self._retrying(self.publish_live_pointers, "publishing live builds to Redis")
 
+    async def flush(self) -> None:
+        """Wait for deferred analytics work; raises what it raised."""
+        task, self._deferred = self._deferred, None
+        if task is not None:
+            await task
+
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        try:
+            await self.flush()
+        finally:
+            for conn in self._conns.values():
+                await conn.close()
+            self._conns.clear()
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = self._views = None
@@ -209,35 +237,65 @@ class Engine:
         stats = BatchStats(records=len(records))
         decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError] = {}
         sent: set[tuple[TopicPartition, int]] = set()  # poison dead-lettered by an earlier phase
+        hot = [t for t in self.targets if t.projection.hot]
+        cold = [t for t in self.targets if not t.projection.hot]
         with self.telemetry.batch_span(records) as span:
-            for targets in self._phases:
-                await self._phase(targets, records, decoded, sent, stats)
+            if hot:
+                self._hot_idle.clear()
+                try:
+                    await self._phase("hot", hot, records, decoded, sent, stats)
+                finally:
+                    self._hot_idle.set()
+            if cold and self.defer_analytics:
+                await self.flush()  # at most one batch of analytics in flight, in batch order
+                self._deferred = asyncio.create_task(
+                    self._phase("analytics", cold, records, decoded, sent, stats)
+                )
+                self._deferred.add_done_callback(_log_failure)
+            elif cold:
+                await self._phase("analytics", cold, records, decoded, sent, stats)
             span.set_attribute("agentledger.records", len(records))
         self.telemetry.record_batch(stats, time.perf_counter() - started)
         return stats
 
     async def _phase(
         self,
+        lane: str,
         targets: Sequence[Target],
         records: Sequence[SourceRecord],
         decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
         sent: set[tuple[TopicPartition, int]],
         stats: BatchStats,
     ) -> None:
-        views = await self._retrying(
-            lambda: self._commit(targets, records, decoded, sent, stats), "applying a batch"
-        )
+        current = list(targets)
+        while True:
+            try:
+                views = await self._retrying(
+                    partial(self._commit, lane, current, records, decoded, sent, stats),
+                    "applying a batch",
+                    lane,
+                )
+                break
+            except _LiveMoved as exc:
+                self._follow(exc.moved)
+                current = [self._current(t) for t in current]
         if self.redis_url is not None and views:
             await self._retrying(lambda: self._write_views(views), "writing Redis views")
 
-    @property
-    def _phases(self) -> list[list[Target]]:
-        hot = [t for t in self.targets if t.projection.hot]
-        cold = [t for t in self.targets if not t.projection.hot]
-        return [phase for phase in (hot, cold) if phase]
+    def _follow(self, moved: dict[str, str]) -> None:
+        for name, build in moved.items():
+            logger.warning("%s: the live build is now %s; writing it from here on", name, build)
+        self.targets = [
+            Target(t.projection, moved[t.name], t.whole_runs_only) if t.name in moved else t
+            for t in self.targets
+        ]
+
+    def _current(self, target: Target) -> Target:
+        return next(t for t in self.targets if t.name == target.name)
 
     async def _commit(
         self,
+        lane: str,
         targets: Sequence[Target],
         records: Sequence[SourceRecord],
         decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
@@ -245,13 +303,20 @@ class Engine:
         totals: BatchStats,
     ) -> dict[Target, list[RunView]]:
         stats = BatchStats()
-        conn = await self._pg()
+        conn = await self._pg(lane)
         views: dict[Target, list[RunView]] = {}
         partitions = sorted({r.tp for r in records})
         last = {tp: max(r.offset for r in records if r.tp == tp) for tp in partitions}
         keys = [(t.name, t.build) for t in targets]
         async with conn.transaction():
-            stored = await pg.lock_offsets(conn, keys, partitions)
+            stored = await pg.lock_offsets(conn, keys, partitions, self._offset_rows)
+            if self.follow_live:
+                live = await pg.live_builds(conn, [t.name for t in targets])
+                moved = {
+                    t.name: live[t.name] for t in targets if live.get(t.name, t.build) != t.build
+                }
+                if moved:
+                    raise _LiveMoved(moved)
             fresh_by_target: dict[Target, list[SourceRecord]] = {}
             for target in targets:
                 mine = stored[(target.name, target.build)]
@@ -262,7 +327,7 @@ class Engine:
             poison = [
                 p for p in self._poison(fresh_by_target, decoded) if p.record.key_tp not in sent
             ]
-            results = await self._apply(conn, fresh_by_target, decoded, stats)
+            results = await self._apply(lane, conn, fresh_by_target, decoded, stats)
             poison += [p for result in results.values() for p in result.poison]
             if poison:
                 with self.telemetry.span("dead-letter", count=len(poison)):
@@ -270,12 +335,16 @@ class Engine:
                 sent.update(p.record.key_tp for p in poison)
                 stats.dead_lettered = len(poison)
             with self.telemetry.span("postgres.write", targets=len(results)):
-                await pg.write_runs(conn, {(t.name, t.build): r.writes for t, r in results.items()})
-                await pg.save_offsets(conn, {key: last for key in keys})
+                async with conn.pipeline():  # one round trip for every statement
+                    await pg.write_runs(
+                        conn, {(t.name, t.build): r.writes for t, r in results.items()}
+                    )
+                    await pg.save_offsets(conn, {key: last for key in keys})
             for target, result in results.items():
                 stats.runs_written += len(result.writes)
                 if target.projection.hot and result.views:
                     views[target] = result.views
+        self._offset_rows.update((n, b, t, p) for n, b in keys for t, p in partitions)
         totals.add(stats)  # only once committed: a retried attempt is not counted twice
         return views
 
@@ -306,6 +375,7 @@ class Engine:
 
     async def _apply(
         self,
+        lane: str,
         conn: AsyncConnection[Any],
         fresh_by_target: dict[Target, list[SourceRecord]],
         decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
@@ -322,12 +392,17 @@ class Engine:
         rows = await pg.load_runs(
             conn, {(t.name, t.build): sorted(a) for t, a in arriving_by_target.items()}
         )
+        if lane != "hot":  # folding blocks the loop: never in the middle of a hot phase
+            await self._hot_idle.wait()
         results: dict[Target, _TargetResult] = {}
         with self.telemetry.span("fold", targets=len(arriving_by_target)):
             for target, arriving in arriving_by_target.items():
                 mine = rows[(target.name, target.build)]
                 result = results[target] = _TargetResult()
                 for run_id, items in arriving.items():
+                    if target.whole_runs_only and run_id not in mine and _begun_before(items):
+                        stats.skipped += len(items)
+                        continue
                     write, view = self._fold_run(
                         target, run_id, mine.get(run_id), items, stats, result
                     )
@@ -395,12 +470,13 @@ class Engine:
 
     async def _write_views(self, views: dict[Target, list[RunView]]) -> None:
         store = await self._view_store()
-        ready = await store.ready_builds((t.name, t.build) for t in views)
-        for target in views:
-            if (target.name, target.build) not in ready:
-                await self._refill(store, target)
         with self.telemetry.span("redis.write", targets=len(views)):
-            await store.write_builds((t.name, t.build, batch) for t, batch in views.items())
+            ready = await store.write_builds((t.name, t.build, b) for t, b in views.items())
+        lost = [t for t in views if (t.name, t.build) not in ready]
+        for target in lost:  # views lost (flush, restart): CAS never moves them backwards
+            await self._refill(store, target)
+        if lost:
+            await self.publish_live_pointers()  # lost with them
 
     async def publish_live_pointers(self) -> None:
         """Mirror PostgreSQL's live pointer into Redis for the targets that are live."""
@@ -433,12 +509,14 @@ class Engine:
 
     # -- connections and retries -----------------------------------------------------------
 
-    async def _pg(self) -> AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(self.pg_dsn, connect_timeout=5)
-            set_json_loads(orjson.loads, self._conn)
-            set_json_dumps(orjson.dumps, self._conn)
-        return self._conn
+    async def _pg(self, lane: str = "hot") -> AsyncConnection[Any]:
+        conn = self._conns.get(lane)
+        if conn is None or conn.closed:
+            conn = await psycopg.AsyncConnection.connect(self.pg_dsn, connect_timeout=5)
+            set_json_loads(orjson.loads, conn)
+            set_json_dumps(orjson.dumps, conn)
+            self._conns[lane] = conn
+        return conn
 
     async def _view_store(self) -> RedisViewStore:
         if self._views is None:
@@ -449,7 +527,7 @@ class Engine:
             self._views = RedisViewStore(self._redis, self.redis_prefix)
         return self._views
 
-    async def _retrying(self, step: Callable[[], Awaitable[T]], what: str) -> T:
+    async def _retrying(self, step: Callable[[], Awaitable[T]], what: str, lane: str = "hot") -> T:
         delay = 0.2
         while True:
             try:
@@ -459,15 +537,32 @@ class Engine:
                     "%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay
                 )
                 self.telemetry.count("retries", 1, step=what)
-                await self._reset_connections()
+                await self._reset_connections(lane)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
 
-    async def _reset_connections(self) -> None:
-        if self._conn is not None:
+    async def _reset_connections(self, lane: str) -> None:
+        conn = self._conns.pop(lane, None)
+        if conn is not None:
             with contextlib.suppress(psycopg.Error):
-                await self._conn.close()
-            self._conn = None
+                await conn.close()
+
+
+def _begun_before(items: list[tuple[int, Item]]) -> bool:
+    return min(seq for seq, _ in items) > 1
+
+
+class _LiveMoved(Exception):
+    """The live pointer of some targets moved to another build (a rebuild was swapped in)."""
+
+    def __init__(self, moved: dict[str, str]) -> None:
+        super().__init__(moved)
+        self.moved = moved
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("deferred analytics batch failed", exc_info=task.exception())
 
 
 def _fold_failure(

@@ -6,7 +6,9 @@ every partition reaches the end offset it had when the drain began.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -52,9 +54,15 @@ async def read_all(bootstrap: str, topics: Sequence[str]) -> list[SourceRecord]:
 
 
 async def _until_end(
-    consumer: AIOKafkaConsumer, partitions: list[TopicPartition], max_records: int
+    consumer: AIOKafkaConsumer,
+    partitions: list[TopicPartition],
+    max_records: int,
+    until: Mapping[tuple[str, int], int] | None = None,
 ) -> Any:
+    """Records up to each partition's end offset at the start (and at most ``until``, inclusive)."""
     end = await consumer.end_offsets(partitions)
+    if until is not None:
+        end = {tp: min(o, until.get((tp.topic, tp.partition), -1) + 1) for tp, o in end.items()}
     remaining = {tp for tp in partitions if await consumer.position(tp) < end[tp]}
     while remaining:
         batch = await consumer.getmany(*remaining, timeout_ms=5000, max_records=max_records)
@@ -66,10 +74,38 @@ async def _until_end(
                 remaining.discard(tp)
 
 
+@dataclass
+class Progress:
+    """Where a drain stands: entries done, rate, entries left, and the time that leaves."""
+
+    done: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.total - self.done)
+
+    @property
+    def eta_s(self) -> float | None:
+        return self.lag / self.rate if self.rate > 0 else None
+
+
 async def drain(
-    engine: Engine, bootstrap: str, topics: Sequence[str], batch_size: int = 2000
+    engine: Engine,
+    bootstrap: str,
+    topics: Sequence[str],
+    batch_size: int = 2000,
+    until: Mapping[tuple[str, int], int] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    every_s: float = 2.0,
 ) -> BatchStats:
-    """Apply everything up to the current end of ``topics``, starting at the stored positions."""
+    """Apply everything up to the current end of ``topics`` (or up to ``until``, inclusive),
+    starting at the stored positions; calls ``progress`` every ``every_s`` and at the end."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -87,18 +123,32 @@ async def drain(
         starts = await engine.positions([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             consumer.seek(tp, max(starts[(tp.topic, tp.partition)], 0))
+        end = await consumer.end_offsets(partitions)
+        todo = sum(
+            max(
+                0,
+                min(end[tp], (until or {}).get((tp.topic, tp.partition), end[tp] - 1) + 1)
+                - max(starts[(tp.topic, tp.partition)], 0),
+            )
+            for tp in partitions
+        )
+        started = last_report = time.monotonic()
         batch: list[SourceRecord] = []
-        async for record in _until_end(consumer, partitions, batch_size):
+        async for record in _until_end(consumer, partitions, batch_size, until):
             batch.append(record)
             if len(batch) >= batch_size:
-                _add(total, await engine.process(batch))
+                total.add(await engine.process(batch))
+                total.records += len(batch)
                 batch = []
-        _add(total, await engine.process(batch))
+                if progress is not None and time.monotonic() - last_report >= every_s:
+                    last_report = time.monotonic()
+                    progress(Progress(total.records, todo, last_report - started))
+        if batch:
+            total.add(await engine.process(batch))
+            total.records += len(batch)
+        await engine.flush()
+        if progress is not None:
+            progress(Progress(total.records, todo, time.monotonic() - started))
     finally:
         await consumer.stop()
     return total
-
-
-def _add(total: BatchStats, stats: BatchStats) -> None:
-    for name in vars(total):
-        setattr(total, name, getattr(total, name) + getattr(stats, name))

@@ -22,7 +22,7 @@ from faust.types import TP
 
 from infra.migrate import migrate
 from infra.settings import Settings
-from projectors.registry import all_projections
+from projectors.registry import selected
 from streams.builds import live_targets
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord
@@ -85,13 +85,20 @@ def _lag(app: faust.App, records: list[SourceRecord]) -> int:
     return lag
 
 
+def _slug(spec: str) -> str:
+    return "-".join(w.strip() for w in spec.split(",") if w.strip())
+
+
 def create_app(settings: Settings) -> faust.App:
     """The faust app for these settings; its engine is built when the worker starts."""
     topics = [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
     batch_size = settings.worker_batch_size
     within_s = settings.worker_batch_wait_s
+    projections = selected(settings.worker_projections, settings)
+    # Workers applying different projections are different consumer groups: each reads it all.
+    group = "" if settings.worker_projections == "all" else "-" + _slug(settings.worker_projections)
     app = faust.App(
-        f"{settings.topic_prefix}-projector",
+        f"{settings.topic_prefix}-projector{group}",
         broker=f"kafka://{settings.kafka_address}",
         store="memory://",
         value_serializer="raw",
@@ -111,12 +118,14 @@ def create_app(settings: Settings) -> faust.App:
     PositionedConsumer.ledger_topics = frozenset(topics)
     sink = KafkaDeadLetterSink(settings)
     engine = Engine(
-        live_targets(settings.pg_address, all_projections(settings)),
+        live_targets(settings.pg_address, projections),
         settings.pg_address,
         settings.redis_address,
         sink,
         telemetry=telemetry_from_setting(settings.otel),
         redis_prefix=settings.redis_prefix,
+        defer_analytics=True,  # analytics commit while the next batch's hot views are applied
+        follow_live=True,  # a rebuild swapped in becomes the build this worker writes
     )
     PositionedConsumer.engine = engine
     source = app.topic(*topics, value_type=bytes)

@@ -6,7 +6,7 @@ projection rows and its offsets commit together or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,24 +33,33 @@ class RunRow:
 BuildKey = tuple[str, str]  # (projection, build)
 
 
+OffsetKey = tuple[str, str, str, int]  # (projection, build, topic, partition)
+
+
 async def lock_offsets(
-    conn: AsyncConnection[Any], builds: Sequence[BuildKey], partitions: Sequence[TopicPartition]
+    conn: AsyncConnection[Any],
+    builds: Sequence[BuildKey],
+    partitions: Sequence[TopicPartition],
+    known: Collection[OffsetKey] = frozenset(),
 ) -> dict[BuildKey, dict[TopicPartition, int]]:
     """Lock the offset rows of these builds' partitions (creating them at -1) and return them.
 
     The row lock serializes two workers that both think they own a partition during a rebalance:
     the second sees the first's offsets once it commits, and skips what was applied. Rows are
-    locked in one order (build, topic, partition) so two batches never deadlock.
+    locked in one order (build, topic, partition) so two batches never deadlock. ``known`` rows
+    exist for sure (committed earlier), so they are not inserted again.
     """
     keys = sorted({(b, tp) for b in builds for tp in partitions})
-    columns = _columns([(proj, build, t, p) for (proj, build), (t, p) in keys], 4)
+    rows = [(proj, build, t, p) for (proj, build), (t, p) in keys]
+    columns = _columns(rows, 4)
     async with conn.cursor() as cur:
-        await cur.execute(
-            'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
-            "SELECT *, -1 FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) "
-            "ON CONFLICT DO NOTHING",
-            columns,
-        )
+        if any(row not in known for row in rows):
+            await cur.execute(
+                'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
+                "SELECT *, -1 FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) "
+                "ON CONFLICT DO NOTHING",
+                columns,
+            )
         await cur.execute(
             'SELECT projection, build, topic, partition, "offset" FROM al_offsets '
             "WHERE (projection, build, topic, partition) IN "
@@ -225,6 +234,13 @@ async def ensure_build(
             "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT DO NOTHING",
             (projection, build),
         )
+
+
+async def live_builds(conn: AsyncConnection[Any], projections: Sequence[str]) -> dict[str, str]:
+    cur = await conn.execute(
+        "SELECT projection, build FROM al_live WHERE projection = ANY(%s)", (list(projections),)
+    )
+    return {p: b for p, b in await cur.fetchall()}
 
 
 async def live_build(conn: AsyncConnection[Any], projection: str) -> str | None:

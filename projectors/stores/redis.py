@@ -73,13 +73,27 @@ class RedisViewStore:
 
     async def write(self, projection: str, build: str, views: Iterable[RunView]) -> int:
         """CAS-write views in one pipeline; returns how many moved forward."""
-        return await self.write_builds([(projection, build, views)])
+        _, moved = await self._write([(projection, build, views)])
+        return moved
 
-    async def write_builds(self, batches: Iterable[tuple[str, str, Iterable[RunView]]]) -> int:
-        """CAS-write the views of several builds in one pipeline; how many moved forward."""
+    async def write_builds(
+        self, batches: Iterable[tuple[str, str, Iterable[RunView]]]
+    ) -> set[tuple[str, str]]:
+        """CAS-write the views of several builds in one round trip; returns the builds that
+        were marked ready (complete) at the time: the others need a refill."""
+        ready, _ = await self._write(batches)
+        return ready
+
+    async def _write(
+        self, batches: Iterable[tuple[str, str, Iterable[RunView]]]
+    ) -> tuple[set[tuple[str, str]], int]:
         pipe = self.client.pipeline(transaction=False)
-        count = 0
+        builds: list[tuple[str, str, int]] = []  # each build and the index of its EXISTS reply
+        issued = 0
         for projection, build, views in batches:
+            builds.append((projection, build, issued))
+            pipe.exists(ready_key(self.prefix, projection, build))
+            issued += 1
             for v in views:
                 key = view_key(self.prefix, projection, build, v.run_id)
                 args: list[int | bytes] = [
@@ -88,11 +102,13 @@ class RedisViewStore:
                     _view_doc(v),
                 ]
                 await self._cas(keys=[key], args=args, client=pipe)
-                count += 1
-        if not count:
-            return 0
+                issued += 1
+        if not builds:
+            return set(), 0
         results = await pipe.execute()
-        return sum(int(r) for r in results)
+        ready = {(proj, build) for proj, build, at in builds if results[at]}
+        moved = sum(int(r) for r in results) - sum(int(results[at]) for _, _, at in builds)
+        return ready, moved
 
     async def ready_builds(self, builds: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which of these builds have their ready key (one round trip)."""

@@ -349,6 +349,19 @@ def test_inside_scope_or_without_scope_nothing_is_flagged() -> None:
     assert flags(fold(unscoped.entries), "out-of-scope") == []
 
 
+def test_scope_entries_match_whole_path_segments() -> None:
+    b = started(scope="src/api src/export/csv_writer.py")
+    snap(
+        b,
+        file("src/api/orders.py"),
+        file("src/export/csv_writer.py"),
+        file("src/api_v2/orders.py"),
+        file("src/export/csv_writer.py.bak", S.ADDED),
+    )
+    found = {f.path for f in flags(fold(b.entries), "out-of-scope")}
+    assert found == {"src/api_v2/orders.py", "src/export/csv_writer.py.bak"}
+
+
 def test_task_scope_overrides_run_scope_and_renames_check_the_old_path() -> None:
     b = started(scope="src/")
     b.add(EntryKind.USER_TASK, (TextPart(text="Fix pagination"),), metadata={"scope": "src/api/"})

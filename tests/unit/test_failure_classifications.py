@@ -86,8 +86,12 @@ class Run:
         self.b.add(EntryKind.DIFF_SNAPSHOT, (part,))
         return self
 
-    def model(self, status: ModelCallStatus = ModelCallStatus.OK) -> Run:
-        self.b.add(EntryKind.MODEL_CALL, (model_usage().model_copy(update={"status": status}),))
+    def model(self, status: ModelCallStatus = ModelCallStatus.OK, reports: int = 1) -> Run:
+        """One provider response (its own id), reported ``reports`` times."""
+        self.steps += 1
+        usage = model_usage(f"resp-{self.steps}").model_copy(update={"status": status})
+        for _ in range(reports):
+            self.b.add(EntryKind.MODEL_CALL, (usage,))
         return self
 
     def approval(self, decision: str) -> Run:
@@ -242,6 +246,15 @@ def test_precedence(entries: list[LedgerEntry], expected: str, rule: str) -> Non
     c = fold(entries).classification
     assert c.failure_class == expected
     assert not rule or c.rule == rule
+
+
+def test_a_response_reported_twice_is_one_model_call() -> None:
+    once = fold(Run().model(ModelCallStatus.RATE_LIMITED).finish(F))
+    twice = fold(Run().model(ModelCallStatus.RATE_LIMITED, reports=2).finish(F))
+    assert twice.evidence.model_calls["RATE_LIMITED"].count == 1
+    assert twice.classification.failure_class == once.classification.failure_class == "provider"
+    recovered = fold(Run().model(ModelCallStatus.RATE_LIMITED).model(reports=2).finish(F))
+    assert recovered.evidence.last_model_status is ModelCallStatus.OK
 
 
 def test_repeated_error_signature_is_a_repair_loop() -> None:

@@ -1,0 +1,551 @@
+"""What ``timeline``, ``costs`` and ``failures`` read: the analytics projections of the live builds.
+
+Roll-ups are SQL over the views of ``infra/migrations/005_analytics_views.sql`` (documented in
+``docs/ANALYTICS.md``); a run's timeline joins three projections' documents in
+:func:`assemble_timeline`, a pure function. ``--since`` filters on the entries' own times (a call's
+``occurred_at``, a run's last entry), never on when a worker wrote a row; *stalled* is the one
+wall-clock notion: an unfinished run no worker has written for ``stalled_after`` minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any, Literal, LiteralString
+
+import psycopg
+from psycopg import sql
+
+from consumers.views import NotFoundError
+from infra.settings import Settings
+from projectors.cost_metrics import CostMetrics
+from projectors.diff_timelines import DiffTimeline, TimelineRow
+from projectors.failure_classifications import RunDiagnosis
+from projectors.pricing import usd_text
+from projectors.registry import projection
+from schemas.errors import AgentLedgerError
+
+Dimension = Literal["run", "fleet", "model", "purpose", "day"]
+DIMENSIONS: tuple[Dimension, ...] = ("run", "fleet", "model", "purpose", "day")
+ANALYTICS = ("diff-timelines", "cost-metrics", "failure-classifications")
+_KEYS: dict[Dimension, LiteralString] = {
+    "run": "run_id",
+    "fleet": "fleet_id",
+    "model": "provider || '/' || model",
+    "purpose": "purpose",
+    "day": "day::text",
+}
+
+
+class AnalyticsViewsMissingError(AgentLedgerError):
+    """The analytics views are not in this database: ``agentledger infra up`` (or any worker
+    start) applies the migrations that create them."""
+
+
+# -- shared --------------------------------------------------------------------------------
+
+
+def parse_since(text: str) -> datetime:
+    """An ISO date (midnight UTC) or date-time (UTC when no offset is given)."""
+    value = text.strip()
+    try:
+        if len(value) == 10:
+            day = date.fromisoformat(value)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an ISO date or date-time: {text!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def usd(value: Decimal | None) -> str | None:
+    """An exact amount as decimal text for JSON (None stays None)."""
+    return None if value is None else usd_text(value)
+
+
+@contextmanager
+def _connect(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
+    try:
+        with psycopg.connect(settings.pg_address) as conn:
+            yield conn
+    except psycopg.errors.UndefinedTable as exc:
+        raise AnalyticsViewsMissingError(
+            f"{exc.diag.message_primary}: run `agentledger infra up` to apply the migrations"
+        ) from None
+
+
+def _filters(
+    fleet: str | None, since: datetime | None, run_ids: Sequence[str] | None, time_column: str
+) -> tuple[sql.Composable, dict[str, Any]]:
+    """A WHERE clause (possibly empty) and its parameters."""
+    clauses: list[sql.Composable] = []
+    params: dict[str, Any] = {}
+    if fleet is not None:
+        clauses.append(sql.SQL("fleet_id = %(fleet)s"))
+        params["fleet"] = fleet
+    if since is not None:
+        clauses.append(sql.SQL("{} >= %(since)s").format(sql.Identifier(time_column)))
+        params["since"] = since
+    if run_ids is not None:
+        clauses.append(sql.SQL("run_id = ANY(%(runs)s)"))
+        params["runs"] = list(run_ids)
+    if not clauses:
+        return sql.SQL(""), params
+    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses), params
+
+
+# -- costs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """The calls sharing one value of the dimension (or all of them, in the total row)."""
+
+    key: str
+    calls: int
+    failed_calls: int
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    avg_latency_ms: int | None
+    cost_usd: Decimal
+    unpriced_calls: int
+    reported_calls: int
+    provider_reported_cost_usd: Decimal
+    cost_disagreements: int
+    fleet_id: str | None = None  # --by run only
+    task_budget_usd: Decimal | None = None  # --by run only
+    over_budget: bool | None = None  # --by run only
+
+    def as_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        for name in ("cost_usd", "provider_reported_cost_usd", "task_budget_usd"):
+            doc[name] = usd(doc[name])
+        return doc
+
+
+@dataclass(frozen=True)
+class CostReport:
+    by: Dimension
+    rows: list[CostRow]
+    total: CostRow
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "rows": [r.as_json() for r in self.rows],
+            "total": self.total.as_json(),
+        }
+
+
+_COSTS: LiteralString = """
+SELECT {key} AS key,
+       count(*) AS calls,
+       count(*) FILTER (WHERE status <> 'OK') AS failed_calls,
+       coalesce(sum(input_tokens), 0) AS input_tokens,
+       coalesce(sum(cached_input_tokens), 0) AS cached_input_tokens,
+       coalesce(sum(output_tokens), 0) AS output_tokens,
+       coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens,
+       round(avg(latency_ms))::bigint AS avg_latency_ms,
+       coalesce(sum(cost_usd), 0) AS cost_usd,
+       count(*) FILTER (WHERE unpriced) AS unpriced_calls,
+       count(provider_reported_cost_usd) AS reported_calls,
+       coalesce(sum(provider_reported_cost_usd), 0) AS provider_reported_cost_usd,
+       count(*) FILTER (WHERE cost_disagreement) AS cost_disagreements,
+       GROUPING({key}) AS is_total
+FROM al_cost_calls
+{where}
+GROUP BY GROUPING SETS (({key}), ())
+ORDER BY is_total, key
+"""
+
+
+def cost_report(
+    settings: Settings,
+    by: Dimension = "model",
+    fleet: str | None = None,
+    since: datetime | None = None,
+    run_ids: Sequence[str] | None = None,
+) -> CostReport:
+    """Counted model calls of the live cost-metrics build rolled up by ``by``, with a total."""
+    where, params = _filters(fleet, since, run_ids, "occurred_at")
+    query = sql.SQL(_COSTS).format(key=sql.SQL(_KEYS[by]), where=where)
+    with _connect(settings) as conn:
+        found = conn.execute(query, params).fetchall()
+        budgets = _budgets(conn, [str(r[0]) for r in found if not r[-1]]) if by == "run" else {}
+    rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
+    total = next(_cost_row(r, None, key="total") for r in found if r[-1])
+    return CostReport(by, rows, total)
+
+
+def _budgets(
+    conn: psycopg.Connection[Any], run_ids: list[str]
+) -> dict[str, tuple[str, Decimal | None, bool]]:
+    rows = conn.execute(
+        "SELECT run_id, fleet_id, task_budget_usd, over_budget FROM al_cost_runs "
+        "WHERE run_id = ANY(%s)",
+        (run_ids,),
+    ).fetchall()
+    return {r[0]: (r[1], r[2], bool(r[3])) for r in rows}
+
+
+def _cost_row(
+    r: Sequence[Any], budget: tuple[str, Decimal | None, bool] | None, key: str | None = None
+) -> CostRow:
+    fleet, limit, over = budget if budget is not None else (None, None, None)
+    return CostRow(
+        key=key if key is not None else str(r[0]),
+        calls=r[1],
+        failed_calls=r[2],
+        input_tokens=int(r[3]),
+        cached_input_tokens=int(r[4]),
+        output_tokens=int(r[5]),
+        reasoning_tokens=int(r[6]),
+        avg_latency_ms=None if r[7] is None else int(r[7]),
+        cost_usd=Decimal(r[8]),
+        unpriced_calls=r[9],
+        reported_calls=r[10],
+        provider_reported_cost_usd=Decimal(r[11]),
+        cost_disagreements=r[12],
+        fleet_id=fleet,
+        task_budget_usd=limit,
+        over_budget=over,
+    )
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailureCount:
+    """Runs of one fleet and class: finished (final), unfinished and recently written
+    (provisional), unfinished and silent for ``stalled_after`` minutes (stalled)."""
+
+    fleet_id: str
+    failure_class: str
+    final: int
+    provisional: int
+    stalled: int
+    repair_loops: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    stalled_after_minutes: float
+    rows: list[FailureCount]
+    total: FailureCount
+
+    @property
+    def by_class(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.failure_class] = out.get(r.failure_class, 0) + r.runs
+        return dict(sorted(out.items()))
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "stalled_after_minutes": self.stalled_after_minutes,
+            "rows": [asdict(r) for r in self.rows],
+            "by_class": self.by_class,
+            "total": asdict(self.total),
+        }
+
+
+_FAILURES: LiteralString = """
+SELECT fleet_id, failure_class,
+       count(*) FILTER (WHERE final) AS final,
+       count(*) FILTER (WHERE NOT final AND updated_at >= now() - %(stall)s) AS provisional,
+       count(*) FILTER (WHERE NOT final AND updated_at < now() - %(stall)s) AS stalled,
+       count(*) FILTER (WHERE repair_loop) AS repair_loops,
+       count(*) AS runs,
+       GROUPING(fleet_id, failure_class) AS is_total
+FROM al_failures
+{where}
+GROUP BY GROUPING SETS ((fleet_id, failure_class), ())
+ORDER BY is_total, fleet_id, failure_class
+"""
+
+
+def failure_report(
+    settings: Settings,
+    fleet: str | None = None,
+    since: datetime | None = None,
+    stalled_after_minutes: float = 30.0,
+    run_ids: Sequence[str] | None = None,
+) -> FailureReport:
+    """Runs of the live failure-classifications build by fleet and class (``since``: runs whose
+    last entry is at or after it)."""
+    where, params = _filters(fleet, since, run_ids, "last_at")
+    params["stall"] = _minutes(stalled_after_minutes)
+    with _connect(settings) as conn:
+        found = conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall()
+    rows = [FailureCount(*r[:7]) for r in found if not r[-1]]
+    total = next(FailureCount("total", "total", *r[2:7]) for r in found if r[-1])
+    return FailureReport(stalled_after_minutes, rows, total)
+
+
+def _minutes(minutes: float) -> timedelta:
+    return timedelta(minutes=minutes)
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    diagnosis: RunDiagnosis  # classified by the configured taxonomy
+    updated_at: datetime
+    stalled: bool
+
+    def as_json(self) -> dict[str, Any]:
+        d = self.diagnosis
+        return {
+            "run_id": d.run_id,
+            "fleet_id": d.fleet_id,
+            "finished": d.finished,
+            "status": d.status,
+            "stalled": self.stalled,
+            "updated_at": self.updated_at.isoformat(),
+            "classification": d.classification.model_dump(mode="json"),
+        }
+
+
+def run_failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> RunFailure:
+    """One run's diagnosis; raises NotFoundError when the live build has none."""
+    with _connect(settings) as conn:
+        row = conn.execute(
+            "SELECT s.state, s.updated_at, s.updated_at < now() - %s FROM al_run_state s "
+            "JOIN al_live l USING (projection, build) "
+            "WHERE s.projection = 'failure-classifications' AND s.run_id = %s",
+            (_minutes(stalled_after_minutes), run_id),
+        ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no failure-classifications for run {run_id} in the live build")
+    diagnosis = projection("failure-classifications", settings).from_doc(row[0])
+    assert isinstance(diagnosis, RunDiagnosis)
+    return RunFailure(diagnosis, row[1], bool(row[2]) and not diagnosis.finished)
+
+
+# -- timeline ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallCostRef:
+    """What the timeline needs of a counted call: which row it is and its cost."""
+
+    call_key: str
+    response_id: str | None
+    entry_id: str
+    cost_usd: Decimal | None
+    unpriced: bool
+
+
+def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
+    """The run's timeline document; raises NotFoundError when the live build has no timeline."""
+    with _connect(settings) as conn:
+        found = conn.execute(
+            "SELECT s.projection, s.state, s.applied_seq, s.gaps FROM al_run_state s "
+            "JOIN al_live l USING (projection, build) "
+            "WHERE s.projection = ANY(%s) AND s.run_id = %s",
+            (list(ANALYTICS), run_id),
+        ).fetchall()
+        calls = conn.execute(
+            "SELECT call_key, response_id, entry_id, cost_usd, unpriced FROM al_cost_calls "
+            "WHERE run_id = %s ORDER BY seq, call_key",
+            (run_id,),
+        ).fetchall()
+    states = {str(r[0]): r[1:] for r in found}
+    if "diff-timelines" not in states:
+        raise NotFoundError(f"no diff-timelines for run {run_id} in the live build")
+    timeline_doc, applied_seq, gaps = states["diff-timelines"]
+    cost = states.get("cost-metrics")
+    diagnosis = None
+    if "failure-classifications" in states:
+        found_diagnosis = projection("failure-classifications", settings).from_doc(
+            states["failure-classifications"][0]
+        )
+        assert isinstance(found_diagnosis, RunDiagnosis)
+        diagnosis = found_diagnosis
+    doc = assemble_timeline(
+        DiffTimeline.model_validate(timeline_doc),
+        [CallCostRef(*c) for c in calls],
+        CostMetrics.model_validate(cost[0]) if cost is not None else None,
+        diagnosis,
+    )
+    doc.update(applied_seq=applied_seq, gaps=gaps)
+    return doc
+
+
+def assemble_timeline(
+    timeline: DiffTimeline,
+    calls: Sequence[CallCostRef],
+    cost: CostMetrics | None,
+    diagnosis: RunDiagnosis | None,
+) -> dict[str, Any]:
+    """The timeline document: header (status, cost, failure class, diff) and rows, each row
+    with its time, drill-down references and the run's cost so far; pure."""
+    by_response = {c.response_id: c for c in calls if c.response_id is not None}
+    by_key = {c.call_key: c for c in calls}
+    evidence = {r.entry_id for r in diagnosis.classification.evidence} if diagnosis else set()
+    seen_in_entry: dict[str, int] = {}
+    so_far = Decimal(0)
+    rows: list[dict[str, Any]] = []
+    for row in timeline.rows:
+        call = None
+        if row.kind == "model-call":
+            call = _call_of(row, by_response, by_key, seen_in_entry)
+            if call is not None and call.cost_usd is not None:
+                so_far += call.cost_usd
+        rows.append(_row_doc(row, call, so_far, evidence))
+    if diagnosis is not None and diagnosis.finished_ref is not None:
+        rows.append(_failure_row(timeline, diagnosis, so_far))
+    times = [row.occurred_at for row in timeline.rows]
+    started = next((r for r in timeline.rows if r.kind == "lifecycle"), None)
+    detail = started.detail if started is not None else {}
+    return {
+        "run_id": timeline.run_id,
+        "fleet_id": timeline.fleet_id,
+        "status": timeline.status.value if timeline.status is not None else "RUNNING",
+        "repository": detail.get("repository"),
+        "base_sha": detail.get("base_sha"),
+        "scope": list(timeline.scope),
+        "started_at": min(times).isoformat() if times else None,
+        "last_at": max(times).isoformat() if times else None,
+        "duration_s": (max(times) - min(times)).total_seconds() if times else None,
+        "cost": _cost_header(cost),
+        "failure": _failure_header(diagnosis),
+        "diff": {
+            "summary": timeline.summary.model_dump(mode="json"),
+            "flags": [
+                {
+                    "kind": f.kind,
+                    "path": f.path,
+                    "reason": f.reason,
+                    "raised_at_seq": f.raised_at_seq,
+                    "evidence_entry_ids": [e.entry_id for e in f.evidence],
+                }
+                for f in timeline.flags
+            ],
+        },
+        "rows": rows,
+    }
+
+
+def _call_of(
+    row: TimelineRow,
+    by_response: Mapping[str, CallCostRef],
+    by_key: Mapping[str, CallCostRef],
+    seen_in_entry: dict[str, int],
+) -> CallCostRef | None:
+    response = row.detail.get("provider_response_id")
+    if isinstance(response, str):
+        return by_response.get(response)
+    n = seen_in_entry.get(row.entry_id, 0)  # the cost key of the entry's n-th call without an id
+    seen_in_entry[row.entry_id] = n + 1
+    return by_key.get(row.entry_id if n == 0 else f"{row.entry_id}#{n}")
+
+
+def _row_doc(
+    row: TimelineRow, call: CallCostRef | None, so_far: Decimal, evidence: set[str]
+) -> dict[str, Any]:
+    refs = {"entry": row.entry_id}
+    if row.artifact_id is not None:
+        refs["artifact"] = row.artifact_id
+    for ref, key in (
+        ("result_entry", "result_entry_id"),
+        ("context_entry", "context_entry_id"),
+        ("parent_entry", "parent_entry_id"),
+        ("approval", "approval_id"),
+    ):
+        value = row.detail.get(key)
+        if isinstance(value, str):
+            refs[ref] = value
+    doc: dict[str, Any] = {
+        "seq": row.seq,
+        "occurred_at": row.occurred_at.isoformat(),
+        "kind": row.kind,
+        "status": row.status,
+        "summary": row.summary,
+        "refs": refs,
+        "evidence": bool(evidence & {row.entry_id, row.detail.get("result_entry_id")}),
+        "cost_so_far_usd": usd(so_far),
+        "detail": row.detail,
+    }
+    if row.kind == "model-call":
+        doc["cost_usd"] = usd(call.cost_usd) if call is not None else None
+        doc["unpriced"] = call.unpriced if call is not None else None
+        doc["detail"] = {**row.detail, "cost_usd": doc["cost_usd"]}
+    return doc
+
+
+def _failure_row(
+    timeline: DiffTimeline, diagnosis: RunDiagnosis, so_far: Decimal
+) -> dict[str, Any]:
+    c, ref = diagnosis.classification, diagnosis.finished_ref
+    assert ref is not None
+    finished = next((r for r in timeline.rows if r.entry_id == ref.entry_id), None)
+    at = finished.occurred_at if finished is not None else max(r.occurred_at for r in timeline.rows)
+    return {
+        "seq": ref.seq,
+        "occurred_at": at.isoformat(),
+        "kind": "failure-class",
+        "status": c.failure_class,
+        "summary": f"class {c.failure_class}: {c.explanation}",
+        "refs": {"entry": ref.entry_id},
+        "evidence": True,
+        "cost_so_far_usd": usd(so_far),
+        "detail": {"rule": c.rule, "taxonomy_version": c.taxonomy_version},
+    }
+
+
+def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
+    if cost is None:
+        return None
+    t = cost.totals
+    return {
+        "cost_usd": usd(t.cost_usd),
+        "task_budget_usd": usd(cost.task_budget_usd),
+        "over_budget": cost.over_budget,
+        "calls": t.calls,
+        "unpriced_calls": t.unpriced_calls,
+        "duplicate_reports": cost.duplicate_reports,
+        "input_tokens": t.input_tokens,
+        "cached_input_tokens": t.cached_input_tokens,
+        "output_tokens": t.output_tokens,
+        "reasoning_tokens": t.reasoning_tokens,
+        "provider_reported_cost_usd": usd(t.provider_reported_cost_usd)
+        if t.reported_calls
+        else None,
+        "cost_disagreements": t.cost_disagreements,
+        "price_version": cost.price_version,
+    }
+
+
+def _failure_header(diagnosis: RunDiagnosis | None) -> dict[str, Any] | None:
+    if diagnosis is None:
+        return None
+    return diagnosis.classification.model_dump(mode="json")
+
+
+# -- the demo's wait -----------------------------------------------------------------------
+
+
+def runs_applied(
+    settings: Settings, expected: Mapping[str, int], projections: Sequence[str] = ANALYTICS
+) -> int:
+    """How many runs every one of ``projections`` (live builds) has applied up to the
+    expected sequence number."""
+    with _connect(settings) as conn:
+        rows = conn.execute(
+            "SELECT s.run_id, s.applied_seq FROM al_run_state s "
+            "JOIN al_live l USING (projection, build) "
+            "WHERE s.projection = ANY(%s) AND s.run_id = ANY(%s)",
+            (list(projections), list(expected)),
+        ).fetchall()
+    done: dict[str, int] = {}
+    for run_id, seq in rows:
+        if seq >= expected[run_id]:
+            done[run_id] = done.get(run_id, 0) + 1
+    return sum(1 for n in done.values() if n == len(projections))

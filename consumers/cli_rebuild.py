@@ -1,0 +1,251 @@
+"""``agentledger rebuild | verify | replay-package``: regenerate projections from the topics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.settings import Settings, load_settings
+from projectors.registry import NAMES, all_projections, projection
+from streams.rebuild import (
+    BuildInfo,
+    RebuildError,
+    Start,
+    create_build,
+    drop,
+    find_build,
+    list_builds,
+    live_offsets,
+    run_build,
+    swap,
+    verify,
+)
+from streams.source import Progress
+
+console = Console()
+err = Console(stderr=True)
+PROJECTIONS = ", ".join(NAMES)
+
+
+def _progress(label: str) -> Callable[[Progress], None]:
+    def report(p: Progress) -> None:
+        eta = f"{p.eta_s:,.0f} s" if p.eta_s is not None else "-"
+        err.print(
+            f"{label}: {p.done:,}/{p.total:,} entries, {p.rate:,.0f}/s, lag {p.lag:,}, ETA {eta}"
+        )
+
+    return report
+
+
+def _start(from_beginning: bool, from_offset: str | None, from_time: str | None) -> Start:
+    chosen = [x for x in (from_beginning, from_offset, from_time) if x]
+    if len(chosen) > 1:
+        raise RebuildError("give one of --from-beginning, --from-offset, --from-time")
+    if from_offset:
+        return Start("offsets", from_offset)
+    if from_time:
+        return Start("time", from_time)
+    return Start()
+
+
+def _table(builds: list[BuildInfo], settings: Settings) -> Table:
+    table = Table(
+        "projection", "build", "live", "version", "inputs", "start", "runs", "behind live"
+    )
+    for b in builds:
+        try:
+            _, live = live_offsets(settings, b.projection)
+            behind = f"{b.behind(live):,}"
+        except RebuildError:
+            behind = "-"
+        inputs = ", ".join(f"{k}={v}" for k, v in b.inputs.items() if k != "context_budget")
+        table.add_row(
+            b.projection,
+            b.build,
+            "[green]live[/]" if b.live else "",
+            str(b.version),
+            inputs or "-",
+            b.start or "beginning",
+            f"{b.runs:,}",
+            behind,
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("rebuild")
+    def rebuild(
+        what: Annotated[
+            str, typer.Argument(help=f"a projection ({PROJECTIONS}), or: list | swap | drop")
+        ],
+        build: Annotated[
+            str | None, typer.Argument(help="PROJECTION/BUILD (or BUILD), for swap and drop")
+        ] = None,
+        from_beginning: Annotated[bool, typer.Option("--from-beginning")] = False,
+        from_offset: Annotated[
+            str | None,
+            typer.Option("--from-offset", help="N, or [topic:]partition=offset,..."),
+        ] = None,
+        from_time: Annotated[
+            str | None, typer.Option("--from-time", help="ISO time, e.g. 2026-11-30T08:00Z")
+        ] = None,
+        do_swap: Annotated[
+            bool, typer.Option("--swap", help="make it live once caught up with the live build")
+        ] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="for list")] = False,
+    ) -> None:
+        """Rebuild a projection into a new build beside the live one; list, swap, drop builds.
+
+        The new build replays the ledger topics with the current code and data (price table,
+        taxonomy, context budget) while the live build keeps serving; readers switch only on
+        swap. Runs that began before a --from-offset/--from-time start are skipped.
+        """
+        settings = load_settings()
+        try:
+            if what == "list":
+                builds = list_builds(settings)
+                if as_json:
+                    print(json.dumps([_as_dict(b) for b in builds], indent=2, default=str))
+                else:
+                    console.print(_table(builds, settings))
+                return
+            if what in ("swap", "drop"):
+                if build is None:
+                    raise RebuildError(f"rebuild {what} needs a BUILD (see `rebuild list`)")
+                info = find_build(settings, build)
+                if what == "drop":
+                    drop(settings, info.projection, info.build)
+                    console.print(f"dropped {info.projection} build {info.build}")
+                    return
+                p = projection(info.projection, settings)
+                previous = asyncio.run(swap(settings, p, info.build, _progress(info.build)))
+                console.print(f"{p.name}: live build {previous} -> {info.build}")
+                return
+            p = projection(what, settings)
+            start = _start(from_beginning, from_offset, from_time)
+            new = asyncio.run(create_build(settings, p, start))
+            err.print(f"{p.name}: building {new} from {start.describe()}")
+            stats = asyncio.run(run_build(settings, p, new, progress=_progress(new)))
+            console.print(
+                f"{p.name}: build {new} applied {stats.records:,} entries "
+                f"({stats.skipped:,} of runs begun before the start skipped, "
+                f"{stats.dead_lettered:,} dead-lettered)"
+            )
+            if do_swap:
+                previous = asyncio.run(swap(settings, p, new, _progress(new)))
+                console.print(f"{p.name}: live build {previous} -> {new}")
+            else:
+                console.print(f"make it live: agentledger rebuild swap {p.name}/{new}")
+        except (RebuildError, KeyError) as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(code=2) from None
+
+    @app.command("verify")
+    def verify_cmd(
+        name: Annotated[str | None, typer.Argument(help=f"the projection ({PROJECTIONS})")] = None,
+        every: Annotated[bool, typer.Option("--all", help="every projection")] = False,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Replay into a scratch build up to the live offsets and compare canonical digests.
+
+        Exit code 0 only when every compared projection is equal.
+        """
+        settings = load_settings()
+        if every == (name is not None):
+            err.print("[red]give one PROJECTION or --all[/]")
+            raise typer.Exit(code=2)
+        chosen = all_projections(settings) if every else [projection(str(name), settings)]
+        verdicts = []
+        for p in chosen:
+            try:
+                verdicts.append(asyncio.run(verify(settings, p, _progress(f"verify {p.name}"))))
+            except RebuildError as exc:
+                err.print(f"[red]{p.name}: {exc}[/]")
+                raise typer.Exit(code=2) from None
+        if as_json:
+            print(
+                json.dumps(
+                    [
+                        {
+                            "projection": v.projection,
+                            "equal": v.equal,
+                            "live_build": v.live_build,
+                            "runs": v.runs,
+                            "live_digest": v.live_digest,
+                            "replay_digest": v.scratch_digest,
+                            "differences": v.differences,
+                        }
+                        for v in verdicts
+                    ],
+                    indent=2,
+                )
+            )
+        else:
+            for v in verdicts:
+                mark = "[green]equal[/]" if v.equal else "[red]DIFFERENT[/]"
+                console.print(
+                    f"{v.projection} ({v.live_build}, {v.runs:,} runs): {mark}  "
+                    f"live {v.live_digest[:12]} replay {v.scratch_digest[:12]}"
+                )
+                for line in v.differences:
+                    console.print(f"  {line}")
+        if not all(v.equal for v in verdicts):
+            raise typer.Exit(code=1)
+
+    @app.command("replay-package")
+    def replay_package(
+        what: Annotated[str, typer.Argument(help="a RUN_ID, or: load")],
+        folder: Annotated[Path | None, typer.Argument(help="the package folder, for load")] = None,
+        out: Annotated[
+            Path | None, typer.Option("--out", help="where to write (default ./replay-RUN_ID)")
+        ] = None,
+    ) -> None:
+        """Write a run's replay package (entries, offsets, schemas, versions, artifact refs), or
+        `replay-package load DIR`: fold one back into every projection offline (prints JSON)."""
+        from streams import replay_package as rp
+        from streams.topics import ledger_topic
+
+        settings = load_settings()
+        projections = all_projections(settings)
+        try:
+            if what == "load":
+                if folder is None:
+                    raise rp.ReplayPackageError("replay-package load needs a DIR")
+                manifest, docs = rp.load_package(folder, projections)
+                print(json.dumps({"run_id": manifest["run_id"], "views": docs}, indent=2))
+                return
+            located = asyncio.run(rp.locate(settings, what))
+            if not located:
+                raise rp.ReplayPackageError(f"no entries of run {what} on its fleet's topic")
+            topic = ledger_topic(settings.topic_prefix, located[0].entry.fleet_id)
+            target = rp.write_package(out or Path(f"replay-{what}"), located, projections, topic)
+            console.print(
+                f"wrote {target}: {len(located)} entries of run {what} "
+                f"(offsets {located[0].offset}..{located[-1].offset} of "
+                f"{topic}[{located[0].partition}])"
+            )
+        except rp.ReplayPackageError as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(code=1) from None
+
+
+def _as_dict(b: BuildInfo) -> dict[str, object]:
+    return {
+        "projection": b.projection,
+        "build": b.build,
+        "live": b.live,
+        "version": b.version,
+        "created_at": b.created_at,
+        "origin": b.origin,
+        "start": b.start,
+        "runs": b.runs,
+        "inputs": b.inputs,
+        "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()},
+    }

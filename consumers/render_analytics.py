@@ -1,0 +1,280 @@
+"""Human-readable views of the analytics reports: timeline, costs, failures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from consumers.analytics import CostReport, CostRow, FailureCount, FailureReport, RunFailure
+from projectors.failure_classifications import explain
+
+_STATUS_STYLE = {
+    "SUCCEEDED": "green",
+    "PASSED": "green",
+    "APPROVED": "green",
+    "OK": "green",
+    "none": "green",
+    "FAILED": "red",
+    "ERROR": "red",
+    "REJECTED": "red",
+    "TIMED_OUT": "red",
+    "PENDING": "yellow",
+}
+
+
+def money(value: Decimal | str | None, places: int = 4) -> str:
+    if value is None:
+        return "-"
+    return f"${Decimal(value):,.{places}f}"
+
+
+def tokens(n: int) -> str:
+    """A token count at a glance: 812, 98.9k, 2.48M (--json has the exact figures)."""
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}k"
+    return f"{n / 1_000_000:.2f}M"
+
+
+def _styled(status: str | None) -> str:
+    if status is None:
+        return ""
+    style = _STATUS_STYLE.get(status)
+    return f"[{style}]{escape(status)}[/]" if style else escape(status)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+# -- timeline ------------------------------------------------------------------------------
+
+
+def timeline_headline(t: dict[str, Any]) -> str:
+    """One line: status, class, cost against budget, diff size and flags (the demo prints it)."""
+    failure, cost, diff = t["failure"], t["cost"], t["diff"]
+    parts = [f"run {t['run_id']} ({t['fleet_id']}) {t['status']}"]
+    if failure is not None:
+        final = "" if failure["final"] else " (provisional)"
+        parts.append(f"class {failure['failure_class']}{final}")
+    if cost is not None:
+        budget = (
+            f" of {money(cost['task_budget_usd'], 2)} budget" if cost["task_budget_usd"] else ""
+        )
+        over = " OVER BUDGET" if cost["over_budget"] else ""
+        parts.append(f"{money(cost['cost_usd'])}{budget}{over} in {cost['calls']} calls")
+    s = diff["summary"]
+    flags = sorted({f["kind"] for f in diff["flags"]})
+    parts.append(
+        f"{s['snapshots']} diffs, {s['files_touched']} files, +{s['lines_added']} "
+        f"-{s['lines_deleted']}" + (f" [{', '.join(flags)}]" if flags else "")
+    )
+    parts.append(f"{len(t['rows'])} steps in {_duration(t['duration_s'])}")
+    return "; ".join(parts)
+
+
+def print_timeline(console: Console, t: dict[str, Any]) -> None:
+    status = _styled(t["status"])
+    console.print(f"[bold]run[/] {t['run_id']}  fleet {t['fleet_id']}  status {status}")
+    if t.get("gaps"):
+        console.print(f"[red]incomplete: missing sequence numbers {t['gaps']}[/]")
+    repo = t["repository"] or "-"
+    sha = f" @ {t['base_sha']}" if t["base_sha"] else ""
+    scope = f"  scope {', '.join(t['scope'])}" if t["scope"] else ""
+    console.print(f"repo {escape(repo)}{sha}{scope}")
+    console.print(
+        f"started {t['started_at'] or '-'}, last entry {t['last_at'] or '-'} "
+        f"({_duration(t['duration_s'])})"
+    )
+    _print_cost_header(console, t["cost"])
+    _print_failure_header(console, t["failure"])
+    _print_diff_header(console, t["diff"])
+    console.print("[bold]timeline[/] (time, seq, step, status, what; below: where to drill down)")
+    for row in t["rows"]:
+        console.print(_timeline_line(row), highlight=False)
+        refs = "  ".join(f"{name} {value}" for name, value in row["refs"].items())
+        console.print(f"{'':>15}[dim]{escape(refs)}[/]", highlight=False)
+    console.print(
+        "[bold magenta]*[/] evidence of the failure class; model calls show their cost "
+        "and the run's cost so far"
+    )
+
+
+def _timeline_line(row: dict[str, Any]) -> str:
+    status = row["status"] or ""
+    marker = "[bold magenta]*[/]" if row["evidence"] else " "
+    cost = ""
+    if row["kind"] == "model-call":
+        spent = "unpriced" if row.get("unpriced") else money(row.get("cost_usd"))
+        cost = f"  [cyan]{spent}, {money(row['cost_so_far_usd'])} so far[/]"
+    return (
+        f"{_clock(row['occurred_at'])} {row['seq']:>5} {marker} {row['kind']:<13} "
+        f"{_styled(status)}{' ' * max(1, 16 - len(status))}{escape(row['summary'])}{cost}"
+    )
+
+
+def _clock(iso: str) -> str:
+    return datetime.fromisoformat(iso).strftime("%H:%M:%S")
+
+
+def _print_cost_header(console: Console, cost: dict[str, Any] | None) -> None:
+    if cost is None:
+        console.print("cost: [dim]no cost-metrics for this run[/]")
+        return
+    budget = f" of {money(cost['task_budget_usd'], 2)} budget" if cost["task_budget_usd"] else ""
+    over = " [red]OVER BUDGET[/]" if cost["over_budget"] else ""
+    reported = (
+        f"; provider reported {money(cost['provider_reported_cost_usd'])}, "
+        f"{cost['cost_disagreements']} disagreements"
+        if cost["provider_reported_cost_usd"] is not None
+        else ""
+    )
+    console.print(
+        f"cost {money(cost['cost_usd'])}{budget}{over}: {cost['calls']} calls "
+        f"({cost['unpriced_calls']} unpriced, {cost['duplicate_reports']} duplicate reports "
+        f"ignored){reported}; prices {cost['price_version']}"
+    )
+
+
+def _print_failure_header(console: Console, failure: dict[str, Any] | None) -> None:
+    if failure is None:
+        console.print("failure class: [dim]not classified yet[/]")
+        return
+    final = "final" if failure["final"] else "provisional"
+    loop = ""
+    if failure["repair_loop"]:
+        signature = failure["repair_signature"]
+        loop = f"; [red]repair loop[/] {escape(signature)} x{failure['repair_count']}"
+    console.print(
+        f"failure class [bold]{_styled(failure['failure_class'])}[/] ({final}, rule "
+        f"{escape(failure['rule'])}, {escape(failure['taxonomy_version'])}): "
+        f"{escape(failure['explanation'])}"
+        f"{loop}"
+    )
+
+
+def _print_diff_header(console: Console, diff: dict[str, Any]) -> None:
+    s = diff["summary"]
+    console.print(
+        f"diff: {s['snapshots']} snapshots, {s['files_touched']} files touched, "
+        f"{s['files_changed']} with a net change, +{s['lines_added']} -{s['lines_deleted']}"
+    )
+    for f in diff["flags"]:
+        console.print(
+            f"  [yellow]{f['kind']}[/] {escape(f['path'])}: {escape(f['reason'])} "
+            f"(seq {f['raised_at_seq']})"
+        )
+
+
+# -- costs ---------------------------------------------------------------------------------
+
+
+def print_costs(console: Console, report: CostReport) -> None:
+    """One row per key and a total; columns that are empty for every row are left out."""
+    t = report.total
+    columns: list[tuple[str, Callable[[CostRow], str]]] = [
+        ("calls", lambda r: f"{r.calls:,}"),
+        ("failed", lambda r: f"{r.failed_calls:,}"),
+        ("in", lambda r: tokens(r.input_tokens)),
+        ("cached", lambda r: tokens(r.cached_input_tokens)),
+        ("out", lambda r: tokens(r.output_tokens)),
+        ("reasoning", lambda r: tokens(r.reasoning_tokens)),
+        ("latency", _latency),
+        ("cost", lambda r: money(r.cost_usd)),
+        ("reported", lambda r: money(r.provider_reported_cost_usd) if r.reported_calls else "-"),
+        ("disagree", lambda r: f"{r.cost_disagreements:,}"),
+    ]
+    empty = {
+        "failed": not t.failed_calls,
+        "reasoning": not t.reasoning_tokens,
+        "reported": not t.reported_calls,
+        "disagree": not t.reported_calls,
+    }
+    columns = [c for c in columns if not empty.get(c[0], False)]
+    if report.by == "run":
+        columns += [("budget", lambda r: money(r.task_budget_usd, 2)), ("over", _over)]
+    table = Table(report.by)
+    # Whole keys (run ids are what a reader copies); the numbers' columns give way first.
+    table.columns[0].min_width = min(40, max(len(r.key) for r in [*report.rows, t]))
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    for row in report.rows:
+        table.add_row(escape(row.key), *(cell(row) for _, cell in columns))
+    table.add_section()
+    table.add_row("total", *(cell(t) for name, cell in columns if name not in ("over",)))
+    table.rows[-1].style = "bold"
+    console.print(table)
+    if t.unpriced_calls:
+        console.print(
+            f"[yellow]{t.unpriced_calls} calls of models the price table lacks: not in cost[/]"
+        )
+
+
+def _latency(row: CostRow) -> str:
+    return f"{row.avg_latency_ms / 1000:.1f}s" if row.avg_latency_ms is not None else "-"
+
+
+def _over(row: CostRow) -> str:
+    return "" if row.over_budget is None else ("[red]yes[/]" if row.over_budget else "no")
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+def print_failures(console: Console, report: FailureReport) -> None:
+    """Classes down, fleets across; then how many are final, provisional or stalled."""
+    fleets = sorted({r.fleet_id for r in report.rows})
+    classes: dict[str, list[FailureCount]] = {}
+    for r in report.rows:
+        classes.setdefault(r.failure_class, []).append(r)
+    table = Table("class", *fleets, "final", "provisional", "stalled", "repair loops", "runs")
+    for name, rows in sorted(classes.items()):
+        per_fleet = {r.fleet_id: r.runs for r in rows}
+        table.add_row(
+            _styled(name),
+            *(str(per_fleet.get(f, 0)) for f in fleets),
+            *_count_cells([sum(getattr(r, k) for r in rows) for k in _COUNTS]),
+        )
+    t = report.total
+    table.add_section()
+    fleet_totals = [str(sum(r.runs for r in report.rows if r.fleet_id == f)) for f in fleets]
+    cells = _count_cells([getattr(t, k) for k in _COUNTS])
+    table.add_row("total", *fleet_totals, *cells, style="bold")
+    console.print(table)
+    console.print(
+        f"final: finished runs; provisional: unfinished; stalled: unfinished and not written "
+        f"for {report.stalled_after_minutes:g} minutes"
+    )
+
+
+_COUNTS = ("final", "provisional", "stalled", "repair_loops", "runs")
+
+
+def _count_cells(values: list[int]) -> list[str]:
+    final, provisional, stalled, loops, runs = values
+    return [
+        str(final),
+        str(provisional),
+        f"[red]{stalled}[/]" if stalled else "0",
+        str(loops),
+        str(runs),
+    ]
+
+
+def print_run_failure(console: Console, found: RunFailure) -> None:
+    console.print(escape(explain(found.diagnosis)), highlight=False)
+    if found.stalled:
+        console.print(
+            f"[red]stalled[/]: unfinished, nothing applied since {found.updated_at.isoformat()}"
+        )

@@ -1,0 +1,509 @@
+"""Rebuild by replay: new builds beside the live one, swap, drop, list, verify.
+
+A build is a projection's rows under their own name (``al_run_state``, ``al_history``, its own
+``al_offsets`` rows and Redis namespace). ``al_live`` names the build every reader follows.
+
+- ``create_build`` records a build and where it starts reading (every partition at the beginning,
+  at given offsets, or at the first offset at or after a time).
+- ``run_build`` replays the topics into it with a direct consumer (no group), in large batches.
+- ``swap`` catches the build up with the live one and moves the pointer in one transaction that
+  locks the live build's offset rows: the live worker (which locks them per batch and checks the
+  pointer after locking) either committed before and is covered, or sees the new pointer and
+  writes the new build from then on. Nothing lands in the old build after the swap.
+- ``verify`` replays into a scratch build up to the live build's offsets and compares canonical
+  digests of every run's state and history, listing what differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import redis
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer
+from psycopg.types.json import Jsonb
+
+from infra.settings import Settings
+from projectors.base import Projection
+from projectors.stores.redis import RedisViewStore
+from schemas.codec import LedgerCodec
+from schemas.errors import AgentLedgerError
+from streams.dlq import KafkaDeadLetterSink
+from streams.engine import BatchStats, Engine, Target
+from streams.source import Progress, drain, topic_partitions
+from streams.topics import ledger_topic
+
+logger = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+class RebuildError(AgentLedgerError):
+    """A rebuild command cannot do what was asked (unknown build, live build, bad spec...)."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a build starts reading: ``beginning``, ``offsets`` (a spec) or ``time`` (ISO)."""
+
+    mode: str = "beginning"
+    spec: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.mode != "beginning"
+
+    def describe(self) -> str:
+        return self.mode if self.spec is None else f"{self.mode} {self.spec}"
+
+
+@dataclass
+class BuildInfo:
+    projection: str
+    build: str
+    version: int
+    created_at: datetime
+    origin: str
+    start: str | None
+    live: bool
+    runs: int
+    offsets: dict[TP, int] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def behind(self, other: Mapping[TP, int]) -> int:
+        """How many records this build still lacks to reach ``other``'s positions."""
+        return sum(max(0, o - self.offsets.get(tp, -1)) for tp, o in other.items())
+
+
+def projection_inputs(projection: Projection[Any]) -> dict[str, Any]:
+    """The data versions a projection's results depend on besides its code version."""
+    found: dict[str, Any] = {"version": projection.version}
+    prices = getattr(projection, "prices", None)
+    if prices is not None:
+        found["price_table"] = prices.version
+    taxonomy = getattr(projection, "taxonomy", None)
+    if taxonomy is not None:
+        found["taxonomy"] = taxonomy.version
+    budget = getattr(projection, "budget", None)
+    if budget is not None:
+        found["context_budget"] = budget.model_dump()
+    return found
+
+
+def topics_of(settings: Settings) -> list[str]:
+    return [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
+
+
+# -- creating --------------------------------------------------------------------------------
+
+
+async def create_build(
+    settings: Settings, projection: Projection[Any], start: Start, origin: str = "rebuild"
+) -> str:
+    """Record a new build of ``projection`` and its starting offsets; returns its name."""
+    offsets = await _start_offsets(settings, start)
+    with psycopg.connect(settings.pg_address) as conn:
+        build = _next_name(conn, projection, origin)
+        conn.execute(
+            "INSERT INTO al_builds (projection, build, version, origin, start_spec, "
+            "whole_runs_only, inputs) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (
+                projection.name,
+                build,
+                projection.version,
+                origin,
+                start.describe(),
+                start.partial,
+                Jsonb(projection_inputs(projection)),
+            ),
+        )
+        with conn.cursor() as cur:
+            cur.executemany(
+                'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
+                "VALUES (%s, %s, %s, %s, %s)",
+                [(projection.name, build, t, p, o) for (t, p), o in sorted(offsets.items())],
+            )
+    return build
+
+
+def _next_name(conn: psycopg.Connection[Any], projection: Projection[Any], origin: str) -> str:
+    if origin != "rebuild":
+        return f"{origin}-{uuid.uuid4().hex[:8]}"
+    prefix = f"v{projection.version}-"
+    names = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT build FROM al_builds WHERE projection = %s AND build LIKE %s",
+            (projection.name, prefix + "%"),
+        ).fetchall()
+    ]
+    numbers = [int(n[len(prefix) :]) for n in names if n[len(prefix) :].isdigit()]
+    return f"{prefix}{max(numbers, default=1) + 1}"
+
+
+async def _start_offsets(settings: Settings, start: Start) -> dict[TP, int]:
+    """The stored "last applied" offset each partition starts after (-1: the beginning)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_address, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = await topic_partitions(consumer, topics_of(settings))
+        if not partitions:
+            raise RebuildError(f"no ledger topics for fleets {settings.fleets!r}")
+        if start.mode == "beginning":
+            return {(tp.topic, tp.partition): -1 for tp in partitions}
+        if start.mode == "offsets":
+            return _parse_offsets(start.spec or "", [(tp.topic, tp.partition) for tp in partitions])
+        if start.mode == "time":
+            at = _parse_time(start.spec or "")
+            found = await consumer.offsets_for_times(
+                {tp: int(at.timestamp() * 1000) for tp in partitions}
+            )
+            ends = await consumer.end_offsets(partitions)
+            return {
+                (tp.topic, tp.partition): (hit.offset if hit is not None else ends[tp]) - 1
+                for tp, hit in found.items()
+            }
+        raise RebuildError(f"unknown start {start.mode!r}")
+    finally:
+        await consumer.stop()
+
+
+_OFFSET_ITEM = re.compile(r"^(?:(?P<topic>[^:=\s]+):)?(?P<partition>\d+)=(?P<offset>\d+)$")
+
+
+def _parse_offsets(spec: str, partitions: Sequence[TP]) -> dict[TP, int]:
+    """``N`` (every partition from offset N) or ``[topic:]partition=offset,...`` (others: 0)."""
+    spec = spec.strip()
+    if spec.isdigit():
+        return {tp: int(spec) - 1 for tp in partitions}
+    chosen: dict[TP, int] = {tp: -1 for tp in partitions}
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        m = _OFFSET_ITEM.match(item)
+        if m is None:
+            raise RebuildError(
+                f"bad offset spec item {item!r}: use N, or [topic:]partition=offset,..."
+            )
+        matching = [
+            tp
+            for tp in partitions
+            if tp[1] == int(m["partition"]) and (m["topic"] is None or tp[0] == m["topic"])
+        ]
+        if not matching:
+            raise RebuildError(f"offset spec {item!r} names no partition of the ledger topics")
+        for tp in matching:
+            chosen[tp] = int(m["offset"]) - 1
+    return chosen
+
+
+def _parse_time(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise RebuildError(f"bad time {text!r}: use ISO 8601, e.g. 2026-11-30T08:00:00Z") from None
+    if at.tzinfo is None:
+        raise RebuildError(f"time {text!r} needs a zone, e.g. 2026-11-30T08:00:00Z")
+    return at
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+async def run_build(
+    settings: Settings,
+    projection: Projection[Any],
+    build: str,
+    until: Mapping[TP, int] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    codec: LedgerCodec | None = None,
+    batch_size: int = 5000,
+) -> BatchStats:
+    """Replay the topics into ``build`` from its stored offsets (to the end, or ``until``)."""
+    info = build_info(settings, projection.name, build)
+    target = Target(projection, build, whole_runs_only=info.start not in (None, "beginning"))
+    sink = KafkaDeadLetterSink(settings)
+    redis_url = settings.redis_address if projection.hot else None
+    engine = Engine(
+        [target],
+        settings.pg_address,
+        redis_url,
+        sink,
+        codec=codec,
+        redis_prefix=settings.redis_prefix,
+    )
+    await engine.start()
+    try:
+        return await drain(
+            engine,
+            settings.kafka_address,
+            topics_of(settings),
+            batch_size=batch_size,
+            until=until,
+            progress=progress,
+        )
+    finally:
+        await engine.close()
+        await sink.close()
+
+
+# -- swapping, dropping, listing ------------------------------------------------------------
+
+
+async def swap(
+    settings: Settings,
+    projection: Projection[Any],
+    build: str,
+    progress: Callable[[Progress], None] | None = None,
+    codec: LedgerCodec | None = None,
+    max_rounds: int = 50,
+) -> str | None:
+    """Catch ``build`` up with the live build, then make it live; returns the previous build."""
+    info = build_info(settings, projection.name, build)
+    if info.live:
+        raise RebuildError(f"{projection.name} build {build} is already live")
+    for _ in range(max_rounds):
+        await run_build(settings, projection, build, progress=progress, codec=codec)
+        swapped, previous = _swap_if_caught_up(settings, projection.name, build)
+        if swapped:
+            await _mirror_live(settings, projection.name, build)
+            logger.info("%s: live build %s -> %s", projection.name, previous, build)
+            return previous
+    raise RebuildError(
+        f"{projection.name} build {build} could not catch up with the live build in "
+        f"{max_rounds} rounds; is a worker applying faster than the rebuild reads?"
+    )
+
+
+def _swap_if_caught_up(settings: Settings, projection: str, build: str) -> tuple[bool, str | None]:
+    """In one transaction: lock the pointer and the live build's offsets; swap if caught up.
+
+    Returns the previous live build (None if there was none), or False when not caught up.
+    """
+    with psycopg.connect(settings.pg_address) as conn:
+        row = conn.execute(
+            "SELECT build FROM al_live WHERE projection = %s FOR UPDATE", (projection,)
+        ).fetchone()
+        live = None if row is None else str(row[0])
+        if live is not None:
+            locked = _offsets(conn, projection, live, lock=True)
+            mine = _offsets(conn, projection, build)
+            if any(mine.get(tp, -1) < o for tp, o in locked.items()):
+                conn.rollback()
+                return False, live
+        conn.execute(
+            "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT (projection) "
+            "DO UPDATE SET build = EXCLUDED.build, swapped_at = now()",
+            (projection, build),
+        )
+    return True, live
+
+
+async def _mirror_live(settings: Settings, projection: str, build: str) -> None:
+    client = aioredis.Redis.from_url(settings.redis_address)
+    try:
+        await RedisViewStore(client, settings.redis_prefix).set_live(projection, build)
+    finally:
+        await client.aclose()
+
+
+def drop(settings: Settings, projection: str, build: str) -> None:
+    """Delete a build that is not live: rows, offsets, held entries, history, Redis views."""
+    info = build_info(settings, projection, build)
+    if info.live:
+        raise RebuildError(f"{projection} build {build} is live; swap another build in first")
+    with psycopg.connect(settings.pg_address) as conn:
+        for table in ("al_run_state", "al_history", "al_held", "al_offsets", "al_builds"):
+            conn.execute(
+                f"DELETE FROM {table} WHERE projection = %s AND build = %s",
+                (projection, build),
+            )
+
+    client = redis.Redis.from_url(settings.redis_address)
+    try:
+        pattern = f"{settings.redis_prefix}:{projection}:{build}:*"
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+    finally:
+        client.close()
+
+
+def list_builds(settings: Settings, projection: str | None = None) -> list[BuildInfo]:
+    with psycopg.connect(settings.pg_address) as conn:
+        rows = conn.execute(
+            "SELECT b.projection, b.build, b.version, b.created_at, b.origin, b.start_spec, "
+            "l.build IS NOT NULL, b.inputs, "
+            "(SELECT count(*) FROM al_run_state s WHERE s.projection = b.projection "
+            " AND s.build = b.build) "
+            "FROM al_builds b LEFT JOIN al_live l USING (projection, build) "
+            "WHERE %s::text IS NULL OR b.projection = %s "
+            "ORDER BY b.projection, b.created_at",
+            (projection, projection),
+        ).fetchall()
+        return [
+            BuildInfo(
+                projection=p,
+                build=b,
+                version=v,
+                created_at=c,
+                origin=o,
+                start=st,
+                live=bool(live),
+                runs=int(n),
+                offsets=_offsets(conn, p, b),
+                inputs=dict(inp or {}),
+            )
+            for p, b, v, c, o, st, live, inp, n in rows
+        ]
+
+
+def build_info(settings: Settings, projection: str, build: str) -> BuildInfo:
+    for info in list_builds(settings, projection):
+        if info.build == build:
+            return info
+    raise RebuildError(f"no {projection} build named {build!r} (see `agentledger rebuild list`)")
+
+
+def find_build(settings: Settings, name: str) -> BuildInfo:
+    """A build by ``PROJECTION/BUILD``, or by ``BUILD`` alone when only one projection has it."""
+    projection, _, build = name.rpartition("/")
+    found = [i for i in list_builds(settings, projection or None) if i.build == build]
+    if len(found) != 1:
+        where = ", ".join(f"{i.projection}/{i.build}" for i in found) or "none"
+        raise RebuildError(f"{name!r} names {len(found)} builds ({where}); give PROJECTION/BUILD")
+    return found[0]
+
+
+def live_offsets(settings: Settings, projection: str) -> tuple[str, dict[TP, int]]:
+    with psycopg.connect(settings.pg_address) as conn:
+        row = conn.execute(
+            "SELECT build FROM al_live WHERE projection = %s", (projection,)
+        ).fetchone()
+        if row is None:
+            raise RebuildError(f"{projection} has no live build yet (start a worker first)")
+        return str(row[0]), _offsets(conn, projection, str(row[0]))
+
+
+def _offsets(
+    conn: psycopg.Connection[Any], projection: str, build: str, lock: bool = False
+) -> dict[TP, int]:
+    rows = conn.execute(
+        'SELECT topic, partition, "offset" FROM al_offsets WHERE projection = %s AND build = %s '
+        "ORDER BY topic, partition" + (" FOR UPDATE" if lock else ""),
+        (projection, build),
+    ).fetchall()
+    return {(str(t), int(p)): int(o) for t, p, o in rows}
+
+
+# -- verifying -------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    projection: str
+    live_build: str
+    scratch_build: str
+    runs: int
+    live_digest: str
+    scratch_digest: str
+    differences: list[str]
+
+    @property
+    def equal(self) -> bool:
+        return not self.differences and self.live_digest == self.scratch_digest
+
+
+# Canonical digests: jsonb prints keys in one order, so equal documents give equal text.
+_DIGEST = (
+    "SELECT count(*), coalesce(md5(string_agg(run_id || ':' || applied_seq || ':' || "
+    "md5(state::text), ',' ORDER BY run_id)), '') FROM al_run_state "
+    "WHERE projection = %s AND build = %s"
+)
+_STATE_DIFF = (
+    "SELECT coalesce(a.run_id, b.run_id), a.run_id IS NULL, b.run_id IS NULL FROM "
+    "(SELECT run_id, applied_seq, md5(state::text) h FROM al_run_state "
+    " WHERE projection = %s AND build = %s) a FULL JOIN "
+    "(SELECT run_id, applied_seq, md5(state::text) h FROM al_run_state "
+    " WHERE projection = %s AND build = %s) b USING (run_id) "
+    "WHERE a.h IS DISTINCT FROM b.h OR a.applied_seq IS DISTINCT FROM b.applied_seq "
+    "ORDER BY 1 LIMIT %s"
+)
+_HISTORY_DIFF = (
+    "SELECT coalesce(a.run_id, b.run_id), coalesce(a.kind, b.kind), coalesce(a.key, b.key) FROM "
+    "(SELECT run_id, kind, key, md5(doc::text) h FROM al_history "
+    " WHERE projection = %s AND build = %s) a FULL JOIN "
+    "(SELECT run_id, kind, key, md5(doc::text) h FROM al_history "
+    " WHERE projection = %s AND build = %s) b USING (run_id, kind, key) "
+    "WHERE a.h IS DISTINCT FROM b.h ORDER BY 1, 2, 3 LIMIT %s"
+)
+
+
+async def verify(
+    settings: Settings,
+    projection: Projection[Any],
+    progress: Callable[[Progress], None] | None = None,
+    max_rounds: int = 50,
+    limit: int = 50,
+) -> Verdict:
+    """Replay into a scratch build up to the live build's offsets and compare digests."""
+    scratch = await create_build(settings, projection, Start(), origin="verify")
+    try:
+        for _ in range(max_rounds):
+            live, target = live_offsets(settings, projection.name)
+            await run_build(settings, projection, scratch, until=target, progress=progress)
+            verdict = _compare_if_level(settings, projection.name, live, scratch, limit)
+            if verdict is not None:
+                return verdict
+        raise RebuildError(
+            f"verify of {projection.name} never caught the live build standing still "
+            f"in {max_rounds} rounds"
+        )
+    finally:
+        drop(settings, projection.name, scratch)
+
+
+def _compare_if_level(
+    settings: Settings, projection: str, live: str, scratch: str, limit: int
+) -> Verdict | None:
+    """Compare while holding the live build's offset rows (the worker waits a moment)."""
+    with psycopg.connect(settings.pg_address) as conn:
+        now = _offsets(conn, projection, live, lock=True)
+        mine = _offsets(conn, projection, scratch)
+        if any(mine.get(tp, -1) != o for tp, o in now.items()):
+            return None
+        runs, live_digest = conn.execute(_DIGEST, (projection, live)).fetchone() or (0, "")
+        _, scratch_digest = conn.execute(_DIGEST, (projection, scratch)).fetchone() or (0, "")
+        differences = [
+            f"run {run}: "
+            + (
+                "missing in live"
+                if no_live
+                else "missing in replay"
+                if no_replay
+                else "state differs"
+            )
+            for run, no_live, no_replay in conn.execute(
+                _STATE_DIFF, (projection, live, projection, scratch, limit)
+            ).fetchall()
+        ]
+        differences += [
+            f"run {run}: history {kind} {key} differs"
+            for run, kind, key in conn.execute(
+                _HISTORY_DIFF, (projection, live, projection, scratch, limit)
+            ).fetchall()
+        ]
+        return Verdict(
+            projection,
+            live,
+            scratch,
+            int(runs),
+            str(live_digest),
+            str(scratch_digest),
+            differences,
+        )

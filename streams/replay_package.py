@@ -1,0 +1,194 @@
+"""Replay packages (seed 003 §11): everything needed to replay one run offline.
+
+A package is a folder:
+
+- ``entries.jsonl``: the run's entries in the JSON form (``schemas/JSON_FORM.md``), in sequence
+  order, each exactly as decoded from the topic;
+- ``package.json``: the run, fleet and topic; every entry's partition, offset, sequence number,
+  entry id and writer schema (version and fingerprint); the projection versions and the data
+  versions they used (price table, taxonomy, context budget); every artifact ref;
+- ``schemas/ledger_entry.v<N>.avsc``: the writer schemas the entries were written with.
+
+``load`` folds the entries back into every projection in memory: the same pure folds the
+engine runs, so the views equal the live ones for the same code and data versions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
+
+from infra.settings import Settings
+from projectors.base import Projection, fold_all
+from schemas.codec import LedgerCodec
+from schemas.errors import AgentLedgerError
+from schemas.json_form import from_json_text, to_json_text
+from schemas.models import ArtifactRef, ArtifactRefPart, LedgerEntry, Part
+from streams.rebuild import projection_inputs
+from streams.source import topic_partitions
+from streams.topics import ledger_topic
+
+FORMAT = "agentledger-replay-package/1"
+
+
+class ReplayPackageError(AgentLedgerError):
+    """The run is not found, or a folder is not a readable replay package."""
+
+
+@dataclass
+class Located:
+    entry: LedgerEntry
+    partition: int
+    offset: int
+    schema_version: int
+    fingerprint: str
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2 of the key), as producers place keyed records."""
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def run_fleet(settings: Settings, run_id: str) -> str:
+    """The fleet of a run, from any live build that has seen it."""
+    with psycopg.connect(settings.pg_address) as conn:
+        row = conn.execute(
+            "SELECT s.fleet_id FROM al_run_state s JOIN al_live l USING (projection, build) "
+            "WHERE s.run_id = %s LIMIT 1",
+            (run_id,),
+        ).fetchone()
+    if row is None:
+        raise ReplayPackageError(f"run {run_id} is in no live projection")
+    return str(row[0])
+
+
+async def locate(
+    settings: Settings, run_id: str, codec: LedgerCodec | None = None
+) -> list[Located]:
+    """The run's entries from its fleet's topic: only the partition its key maps to is read."""
+    codec = codec or LedgerCodec()
+    topic = ledger_topic(settings.topic_prefix, run_fleet(settings, run_id))
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_address, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = await topic_partitions(consumer, [topic])
+        if not partitions:
+            raise ReplayPackageError(f"topic {topic} does not exist")
+        tp = TopicPartition(topic, partition_for(run_id.encode(), len(partitions)))
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        found: dict[int, Located] = {}
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=5000, max_records=5000)
+            for record in batch.get(tp, []):
+                if record.key != run_id.encode() or record.value is None:
+                    continue
+                entry = codec.decode(record.value)
+                writer = codec.writer_of(record.value)
+                found.setdefault(  # a redelivered duplicate keeps the first, as projections do
+                    entry.sequence_no,
+                    Located(
+                        entry, tp.partition, record.offset, writer.version, writer.fingerprint_hex
+                    ),
+                )
+        return [found[seq] for seq in sorted(found)]
+    finally:
+        await consumer.stop()
+
+
+def write_package(
+    out: Path,
+    located: list[Located],
+    projections: list[Projection[Any]],
+    topic: str,
+    codec: LedgerCodec | None = None,
+) -> Path:
+    codec = codec or LedgerCodec()
+    if not located:
+        raise ReplayPackageError("no entries to package")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "schemas").mkdir(exist_ok=True)
+    first = located[0].entry
+    with (out / "entries.jsonl").open("w", encoding="utf-8") as f:
+        for item in located:
+            f.write(to_json_text(item.entry) + "\n")
+    for version in sorted({i.schema_version for i in located}):
+        schema = codec.catalog.by_version(version)
+        (out / "schemas" / f"ledger_entry.v{version}.avsc").write_text(schema.schema_json)
+    manifest = {
+        "format": FORMAT,
+        "created_at": datetime.now(UTC).isoformat(),
+        "run_id": first.run_id,
+        "fleet_id": first.fleet_id,
+        "topic": topic,
+        "entries": [
+            {
+                "sequence_no": i.entry.sequence_no,
+                "entry_id": i.entry.entry_id,
+                "kind": i.entry.kind.value,
+                "partition": i.partition,
+                "offset": i.offset,
+                "schema_version": i.schema_version,
+                "schema_fingerprint": i.fingerprint,
+            }
+            for i in located
+        ],
+        "schemas": {str(i.schema_version): i.fingerprint for i in located},
+        "projections": {p.name: projection_inputs(p) for p in projections},
+        "artifacts": _artifacts([i.entry for i in located]),
+    }
+    (out / "package.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return out
+
+
+def _artifacts(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        for ref in _refs(e.parts):
+            seen.setdefault(ref.artifact_id, ref.model_dump(mode="json") | {"entry_id": e.entry_id})
+    return list(seen.values())
+
+
+def _refs(parts: tuple[Part, ...]) -> list[ArtifactRef]:
+    refs: list[ArtifactRef] = []
+    for part in parts:
+        if isinstance(part, ArtifactRefPart):
+            refs.append(part.to_ref())
+        for name in ("diagnostics_ref", "diff_artifact"):
+            value = getattr(part, name, None)
+            if isinstance(value, ArtifactRef):
+                refs.append(value)
+        refs.extend(getattr(part, "artifact_refs", ()))
+    return refs
+
+
+def read_package(folder: Path) -> tuple[dict[str, Any], list[LedgerEntry]]:
+    try:
+        manifest = json.loads((folder / "package.json").read_text())
+        lines = (folder / "entries.jsonl").read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise ReplayPackageError(f"{folder} is not a replay package: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise ReplayPackageError(f"{folder}: unknown package format {manifest.get('format')!r}")
+    entries = [from_json_text(line) for line in lines if line.strip()]
+    return manifest, entries
+
+
+def load_package(
+    folder: Path, projections: list[Projection[Any]]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any] | None]]:
+    """Fold a package's entries into every projection offline; returns the manifest and docs."""
+    manifest, entries = read_package(folder)
+    docs: dict[str, dict[str, Any] | None] = {}
+    for p in projections:
+        state = fold_all(p, entries)
+        docs[p.name] = None if state is None else json.loads(p.to_json(state))
+    return manifest, docs
