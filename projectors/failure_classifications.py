@@ -713,12 +713,12 @@ def _classify(
 
 
 def _most_repeated(signatures: dict[str, Tally]) -> tuple[str | None, Tally | None]:
-    best: tuple[str | None, Tally | None] = (None, None)
-    for signature, tally in signatures.items():
-        top = best[1]
-        if top is None or tally.count > top.count:
-            best = (signature, tally)
-    return best
+    """The most repeated signature; a tie goes to the one seen first. Never dict order: the
+    stored document's key order is PostgreSQL's (jsonb sorts keys), not arrival order."""
+    if not signatures:
+        return None, None
+    signature = min(signatures, key=lambda s: (-signatures[s].count, signatures[s].first.seq, s))
+    return signature, signatures[signature]
 
 
 def _evidence(refs: list[Ref]) -> tuple[Ref, ...]:
