@@ -8,21 +8,32 @@ import math
 import pytest
 
 from infra.settings import Settings
-from streams.bench import run_bench
+from streams.bench import QUICK, run_bench
 
 pytestmark = pytest.mark.integration
+
+BESIDE_A_BASELINE = (
+    "hot path p50 (publish -> Redis views)",
+    "hot path p99 (publish -> Redis views)",
+    "ingest: publish -> all projections committed",
+    "ingest vs the naive baseline",
+    "rebuild: every projection from offset 0",
+    "worker RSS, last third of the run",
+)
 
 
 async def test_quick_bench_measures_every_figure_beside_its_baseline(services: Settings) -> None:
     report = await run_bench(services, quick=True)
     figures = {f.name: f for f in report.figures}
-    for name in (
-        "hot path p50 (publish -> Redis views)",
-        "hot path p99 (publish -> Redis views)",
-        "replay into all projections",
-    ):
+    for name in BESIDE_A_BASELINE:
         figure = figures[name]
-        assert math.isfinite(figure.value) and figure.value > 0
-        assert figure.baseline is not None and figure.baseline > 0
+        assert math.isfinite(figure.value) and figure.value > 0, name
+        assert figure.baseline is not None and figure.baseline > 0, name
     assert figures["hot path entries measured"].value >= 1000
-    assert json.loads(report.as_json())["machine"]["cpus"] >= 1
+    assert figures["ingest: entries"].value >= QUICK.ingest_entries
+    assert figures["rebuild: entries replayed"].value >= QUICK.rebuild_entries
+    assert figures["worker RSS peak"].value > 0
+    assert figures["PostgreSQL bytes per million entries"].value > 0
+    document = json.loads(report.as_json())
+    assert document["machine"]["cpus"] >= 1
+    assert document["settings"]["rebuild_entries"] == QUICK.rebuild_entries
