@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from infra.settings import Settings
-from streams.topics import check_fleet_id, ensure_topics, fleet_topic_specs
+from streams.topics import (
+    check_fleet_id,
+    dead_letter_topic,
+    ensure_topics,
+    fleet_topic_specs,
+    ledger_topic,
+)
 
 
 async def create_fleet_topics(settings: Settings, fleets: list[str]) -> list[str]:
@@ -21,6 +27,29 @@ async def create_fleet_topics(settings: Settings, fleets: list[str]) -> list[str
         )
     ]
     return await ensure_topics(settings.kafka_address, specs)
+
+
+async def delete_fleet_topics(settings: Settings, fleets: list[str]) -> None:
+    """Delete each fleet's ledger and dead-letter topics (private deployments' clean-up)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    names = [
+        name
+        for fleet in fleets
+        for name in (
+            ledger_topic(settings.topic_prefix, fleet),
+            dead_letter_topic(settings.topic_prefix, fleet),
+        )
+    ]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_address)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        gone = [n for n in names if n in existing]
+        if gone:
+            await admin.delete_topics(gone)
+    finally:
+        await admin.close()
 
 
 def create_fleet_topics_sync(settings: Settings, fleets: list[str]) -> list[str]:

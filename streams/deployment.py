@@ -3,19 +3,22 @@ and worker processes, so benchmarks and tests never touch anyone's live projecti
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
+import redis
 
 from infra.migrate import migrate
 from infra.settings import Settings
-from streams.admin import create_fleet_topics
+from streams.admin import create_fleet_topics, delete_fleet_topics
 
 
 class PrivateDeployment:
@@ -51,10 +54,21 @@ class PrivateDeployment:
         await create_fleet_topics(self.settings, self.fleets)
 
     def drop(self) -> None:
+        """Stop its processes, drop its database and delete its topics and Redis keys."""
         for worker in self.workers:
             self.stop_worker(worker)
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+        # drop() is also called from inside running event loops (the bench): a thread of its own.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, delete_fleet_topics(self.settings, self.fleets)).result()
+        client = redis.Redis.from_url(self.settings.redis_address)
+        try:
+            keys = list(client.scan_iter(match=f"{self.settings.redis_prefix}:*", count=1000))
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+        finally:
+            client.close()
 
     def env(self) -> dict[str, str]:
         s = self.settings
