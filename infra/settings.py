@@ -70,7 +70,10 @@ class Settings(BaseSettings):
     )
     context_budget: str | None = Field(
         default=None,
-        description='JSON overriding ContextBudget fields, e.g. {"total_tokens": 64000}',
+        description=(
+            'JSON overriding ContextBudget fields, e.g. {"total_tokens": 64000}; "sections" '
+            "merges into the default section budgets (null removes one)"
+        ),
     )
 
     @property

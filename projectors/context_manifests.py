@@ -8,6 +8,9 @@ One state per run, a pure fold. It holds two things:
   A repeated ``MODEL_CALL`` with the provider response id already bound is a duplicate report and
   adds nothing; a different response for the same context records a second manifest.
 * **The next-turn manifest**, rebuilt after every entry from the run's model-visible items.
+* **The run's working memory**, folded alongside by the working-memory projection's own rules
+  (evidence-bound facts, problems, decisions): the next turn's last item is its compact text
+  (see :func:`memory_text`), so a rejected claim never reaches a model context.
 
 Data boundary: an item shows it stands inside a data boundary by its ``section``. The data
 sections are ``repository_data``, ``repository_instructions``, ``network_data`` and any section
@@ -23,13 +26,16 @@ Bounds: the pool keeps one compact item per model-visible entry, inline text cap
 ``ContextBudget.max_inline_chars`` (tokens and sha256 still cover the whole text); a compaction
 drops the history it replaces. Recorded manifests store at most ``max_recorded_items`` items each
 (totals and violations always cover every item; ``items_omitted`` counts the rest); findings keep
-the first ``max_findings`` with a total count. The run's entry ids are kept to check sources.
+the first ``max_findings`` with a total count. The working memory's index of the run's entry
+ids is what recorded manifests' sources are checked against. The memory's text is capped at
+``working_memory_tokens``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import html
+import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -39,6 +45,7 @@ from typing import Literal, TypedDict, assert_never
 from pydantic import BaseModel, ConfigDict, Field
 
 from projectors.base import HistoryRow, ModelProjection
+from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.models import (
     ArtifactRef,
     ArtifactRefPart,
@@ -203,10 +210,26 @@ class ContextBudget(_Frozen):
     tool_output_window: int = Field(default=3, ge=0)  # newest tool results kept verbatim
     protected_turns: int = Field(default=3, ge=0)  # newest history groups never truncated
     max_item_tokens: int = Field(default=8_000, ge=1)  # bigger tool output is externalized
-    working_memory_tokens: int = Field(default=1_500, ge=0)  # reserved for the snapshot
+    working_memory_tokens: int = Field(default=1_500, ge=0)  # cap of the memory's text
     max_inline_chars: int = Field(default=8_000, ge=0)
     max_recorded_items: int = Field(default=256, ge=0)
     max_findings: int = Field(default=64, ge=0)
+
+    @classmethod
+    def from_overrides(cls, text: str) -> ContextBudget:
+        """A budget from JSON overriding some fields (``AGENTLEDGER_CONTEXT_BUDGET``).
+
+        ``sections`` is merged into the default sections: a listed section takes the new limit,
+        ``null`` removes a section's limit, the others keep their defaults.
+        """
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError(f"a context budget override must be a JSON object, not {text!r}")
+        sections = doc.get("sections")
+        if isinstance(sections, dict):
+            merged: dict[str, object] = {**_default_sections(), **sections}
+            doc["sections"] = {k: v for k, v in merged.items() if v is not None}
+        return cls.model_validate(doc)
 
 
 class ManifestItem(_Frozen):
@@ -288,7 +311,9 @@ class ContextState(_Frozen):
     run_id: str
     fleet_id: str
     last_sequence_no: int = 0
-    entry_ids: tuple[str, ...] = ()
+    # The run's working memory (the working-memory projection's fold); its index of entry ids
+    # is also what recorded manifests' sources are checked against.
+    memory: WorkingMemory | None = None
     hidden_entry_ids: tuple[str, ...] = ()  # entries that are not MODEL_VISIBLE
     pool: tuple[ManifestItem, ...] = ()
     findings: tuple[InjectionFinding, ...] = ()
@@ -303,7 +328,7 @@ class ContextState(_Frozen):
 
 class ContextManifestsProjection(ModelProjection[ContextState]):
     name = "context-manifests"
-    version = 1
+    version = 2  # 2: the working memory's content in the next turn, not a placeholder
     hot = True
     state_type = ContextState
 
@@ -333,7 +358,7 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             state = _record(state, entry, self.budget)
         elif entry.kind is EntryKind.MODEL_CALL:
             state = _bind_model_call(state, entry)
-            turn = next_turn(state.pool, self.budget, state.last_sequence_no)
+            turn = next_turn(state.pool, self.budget, state.last_sequence_no, memory=state.memory)
             state = state.model_copy(update={"prefix_basis": prefix_keys(turn.items)})
         elif entry.visibility is Visibility.MODEL_VISIBLE:
             state = _admit(state, entry, self.budget)
@@ -341,7 +366,9 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
 
     def finish(self, state: ContextState) -> ContextState:
         """The next turn, once per batch: a pure function of the folded state."""
-        turn = next_turn(state.pool, self.budget, state.last_sequence_no, state.prefix_basis)
+        turn = next_turn(
+            state.pool, self.budget, state.last_sequence_no, state.prefix_basis, state.memory
+        )
         return state.model_copy(update={"next_turn": turn})
 
 
@@ -373,14 +400,18 @@ def scan_instruction_like(text: str) -> tuple[tuple[str, str], ...]:
 # --- the fold's steps ---------------------------------------------------------------------------
 
 
+_MEMORY = WorkingMemoryProjection()
+
+
 def _seen(state: ContextState, entry: LedgerEntry) -> ContextState:
     hidden = state.hidden_entry_ids
     if entry.visibility is not Visibility.MODEL_VISIBLE:
         hidden = (*hidden, entry.entry_id)
+    memory = _MEMORY.fold(state.memory or _MEMORY.initial(entry), entry)
     return state.model_copy(
         update={
             "last_sequence_no": entry.sequence_no,
-            "entry_ids": (*state.entry_ids, entry.entry_id),
+            "memory": memory,
             "hidden_entry_ids": hidden,
         }
     )
@@ -414,7 +445,8 @@ def _recorded_item(item: ContextItem, flagged: set[str]) -> ManifestItem:
 
 
 def _violations(items: Sequence[ManifestItem], state: ContextState) -> Iterable[Violation]:
-    known, hidden = set(state.entry_ids), set(state.hidden_entry_ids)
+    known = state.memory.index.entries if state.memory is not None else {}
+    hidden = set(state.hidden_entry_ids)
     for index, item in enumerate(items):
         source = item.source_entry_id
         if item.visibility is not Visibility.MODEL_VISIBLE:
@@ -721,11 +753,13 @@ def next_turn(
     budget: ContextBudget,
     as_of: int,
     basis: Sequence[PrefixKey] = (),
+    memory: WorkingMemory | None = None,
 ) -> ContextManifest:
     """The manifest the ledger allows for the run's next model call.
 
     Its stable prefix is measured against ``basis``, the next turn as it stood at the run's last
-    model call: the tokens a provider's prefix cache can reuse from that call.
+    model call: the tokens a provider's prefix cache can reuse from that call. ``memory`` is the
+    run's working memory, rendered compactly as the last (volatile, protected) item.
     """
     instructions = sorted(
         (i for i in pool if i.section in INSTRUCTION_SECTIONS),
@@ -736,7 +770,7 @@ def next_turn(
         for order, i in enumerate(instructions)
     ]
     history, orphans = _history(pool, budget)
-    tail = [_single(_working_memory(as_of, budget), len(pool) + 1, protected=True)]
+    tail = [_single(_working_memory(memory, as_of, budget), len(pool) + 1, protected=True)]
     groups, dropped, over = _truncate([*head, *history, *tail], budget)
     items = tuple(item for group in groups for item in group.items)
     return ContextManifest(
@@ -761,18 +795,119 @@ def _group(items: tuple[ManifestItem, ...], order: int, protected: bool) -> _Gro
     return _Group(items=marked, priority=priority, order=order, protected=protected)
 
 
-def _working_memory(as_of: int, budget: ContextBudget) -> ManifestItem:
-    text = f"[working memory snapshot as of sequence {as_of}; served by the working-memory view]"
+def _working_memory(
+    memory: WorkingMemory | None, as_of: int, budget: ContextBudget
+) -> ManifestItem:
+    text = memory_text(memory, as_of, budget.working_memory_tokens)
     return ManifestItem(
         item_kind=K.WORKING_MEMORY,
         source_entry_id=f"working-memory@{as_of}",
         trust_level=T.PLATFORM_TRUSTED,
         visibility=Visibility.MODEL_VISIBLE,
         sha256=sha256_hex(text),
-        tokens=budget.working_memory_tokens,
+        tokens=estimate_tokens(text),
         section=WORKING_MEMORY,
         text=text,
     )
+
+
+# Parts of the working memory in the next turn, the most important first. When the text is over
+# ``working_memory_tokens``, lines go from the last part first (oldest line first within a part);
+# the task goal stays (clipped to half the limit: the task contract has it in full). Unsupported
+# claims, superseded facts, closed problems and flags never enter a model context.
+_MEMORY_PARTS = (
+    "Task goal",
+    "Open problems",
+    "Blocked by",
+    "Known facts",
+    "Decisions",
+    "Current plan",
+    "Changed files",
+)
+
+
+_OMITTED = {
+    "Open problems": "open problems",
+    "Blocked by": "blockers",
+    "Known facts": "known facts",
+    "Decisions": "decisions",
+    "Current plan": "plan steps",
+    "Changed files": "changed files",
+}
+
+
+def memory_text(memory: WorkingMemory | None, as_of: int, limit: int) -> str:
+    """The compact text of a run's working memory, at most ``limit`` estimated tokens."""
+    head = f"Working memory as of sequence {as_of}"
+    if memory is None:
+        return _fitted(f"{head}: nothing recorded yet.", limit)
+    head += f" (snapshot {memory.snapshot_version}); every fact is backed by the evidence cited."
+    parts = _memory_parts(memory, goal_bytes=2 * limit)
+    lines = [(name, line) for name in _MEMORY_PARTS for line in parts.get(name, ())]
+    text = _memory_joined(head, lines, {}, limit)
+    if estimate_tokens(text) > limit:
+        omitted: dict[str, int] = {}
+        for victim in _drop_order(lines):
+            lines.remove(victim)
+            omitted[victim[0]] = omitted.get(victim[0], 0) + 1
+            text = _memory_joined(head, lines, omitted, limit)
+            if estimate_tokens(text) <= limit:
+                break
+    return _fitted(text, limit)
+
+
+def _memory_joined(
+    head: str, lines: Sequence[tuple[str, str]], omitted: dict[str, int], limit: int
+) -> str:
+    body, last = [head], None
+    for name, line in lines:
+        if name != last:
+            body.append(f"{name}:")
+            last = name
+        body.append(line)
+    if omitted:
+        counts = ", ".join(f"{n} {_OMITTED[name]}" for name, n in omitted.items())
+        body.append(f"[omitted to fit {limit} tokens: {counts}]")
+    return "\n".join(body)
+
+
+def _memory_parts(memory: WorkingMemory, goal_bytes: int) -> dict[str, list[str]]:
+    def cited(text: str, refs: Iterable[str]) -> str:
+        stop = "" if text.endswith((".", "!", "?")) else "."
+        return f"- {text}{stop} Evidence: {', '.join(refs)}."
+
+    goal = memory.task_goal or ""
+    if len(goal.encode()) > goal_bytes:
+        goal = goal.encode()[:goal_bytes].decode(errors="ignore") + " [...]"
+    return {
+        "Task goal": [f"- {goal}"] if goal else [],
+        "Open problems": [cited(p.problem, p.evidence) for p in memory.open_problems],
+        "Blocked by": [cited(b.blocker, (b.evidence,)) for b in memory.blocked_by],
+        "Known facts": [cited(f.fact, f.evidence) for f in memory.active_facts()],
+        "Decisions": [
+            cited(f"{d.decision} (reason: {d.reason})", d.evidence) for d in memory.decisions
+        ],
+        "Current plan": [f"{n}. {step}" for n, step in enumerate(memory.current_plan, 1)],
+        "Changed files": [f"- {path}" for path in memory.changed_files],
+    }
+
+
+def _drop_order(lines: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Lowest-priority part first; within a part, its oldest (first) line first; not the goal."""
+    rank = {name: n for n, name in enumerate(_MEMORY_PARTS)}
+    order = sorted(range(len(lines)), key=lambda i: (-rank[lines[i][0]], i))
+    return [lines[i] for i in order if lines[i][0] != _MEMORY_PARTS[0]]
+
+
+def _fitted(text: str, limit: int) -> str:
+    """``text`` cut (at a UTF-8 boundary) so that its estimate is at most ``limit`` tokens."""
+    if estimate_tokens(text) <= limit:
+        return text
+    marker = f"\n[cut to fit {limit} tokens]"
+    room = max(0, 4 * limit - len(marker.encode()))
+    if room == 0:
+        return ""
+    return text.encode()[:room].decode(errors="ignore") + marker
 
 
 def _history(
@@ -952,8 +1087,12 @@ def _render_run(items: Sequence[ManifestItem]) -> list[str]:
     if _is_data(items[0]):
         tag = section if is_data_section(section) else "untrusted_data"
         return [_render_data(item, tag) for item in items]
-    trusted = section in INSTRUCTION_SECTIONS or section == WORKING_MEMORY
-    body = "\n\n".join(_content(i) if trusted else _render_event(i) for i in items)
+    if section == WORKING_MEMORY:  # trusted framing, but facts are the agent's words: escaped
+        body = "\n\n".join(html.escape(_content(i), quote=False) for i in items)
+    elif section in INSTRUCTION_SECTIONS:
+        body = "\n\n".join(_content(i) for i in items)
+    else:
+        body = "\n\n".join(_render_event(i) for i in items)
     return [f"<{section}>\n{body}\n</{section}>"]
 
 

@@ -29,7 +29,7 @@ def all_projections(settings: Settings | None = None) -> list[Projection[Any]]:
     budget = prices = taxonomy = None
     if settings is not None:
         if settings.context_budget:
-            budget = ContextBudget.model_validate_json(settings.context_budget)
+            budget = ContextBudget.from_overrides(settings.context_budget)
         if settings.price_table is not None:
             prices = PriceTable.load(settings.price_table)
         if settings.failure_taxonomy is not None:

@@ -13,11 +13,20 @@ Facts must also be *supported*:
 
 - a fact citing only the agent's own words (assistant responses, thought summaries, memory
   proposals) is unsupported;
-- a fact claiming success (pass, succeeded, works, fixed, ...) is unsupported when some ref
-  contradicts it (a failed, timed-out, denied or unanswered tool call, its result entry or
-  artifacts, a failed verifier, an error event) and no ref confirms it; a claim of failure is
-  judged the same way the other way round. Negation flips the claim ("does not pass" is a
-  failure); a claim with both or neither kind of word is judged on resolution alone.
+- a fact whose refs include a failed, timed-out, denied or unanswered tool call (or its result
+  entry or artifacts, a failed verifier, an error event) and no succeeded one is accepted only
+  when it clearly claims a failure: a failed call supports "the build fails", never "all tests
+  pass with no failures", "fixed the failing test" or "the project compiles";
+- a fact claiming success (pass, succeeded, works, fixed, ...) must cite at least one success: a
+  succeeded tool call, its result entry or output, or a passing verifier (neutral refs such as a
+  file observation support no success);
+- a fact claiming failure is unsupported when its refs show only success or pending calls.
+  Negation flips the claim ("does not pass" is a failure); a claim with both or neither kind of
+  word has no clear polarity.
+
+An artifact resolves to the most telling outcome among the entries that carry it so far: failed
+over pending over succeeded over neutral over the agent's own words (an ``ARTIFACT_STORED`` entry
+followed by a failed result carrying the same artifact resolves to failed).
 
 Rejected claims land in ``unsupported_claims`` with the reason. Facts are never deleted: a newer
 fact about the same subject (same normalized key, with polarity and filler words removed)
@@ -132,7 +141,8 @@ class RunIndex(_Frozen):
 
     entries: dict[str, Outcome] = Field(default_factory=dict)
     tool_calls: dict[str, ToolCallStatus] = Field(default_factory=dict)
-    artifacts: dict[str, str] = Field(default_factory=dict)  # artifact id -> carrying entry id
+    # artifact id -> the carrying entry with the most telling outcome (see _TELLING)
+    artifacts: dict[str, str] = Field(default_factory=dict)
     created_files: tuple[str, ...] = ()  # ADDED in this run, so a later DELETE drops them
 
 
@@ -176,7 +186,7 @@ _CONTENT_FIELDS = (
 
 class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     name = "working-memory"
-    version = 1
+    version = 2  # 2: failed/neutral evidence supports no unclear or success claim
     hot = True
     state_type = WorkingMemory
 
@@ -213,7 +223,7 @@ def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
 
 def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
     seen = before.source_seq_range
-    changed = _content(before) != _content(after)
+    changed = after is not before and _content(before) != _content(after)
     return after.model_copy(
         update={
             "index": _indexed(after.index, entry),
@@ -247,10 +257,16 @@ def _indexed(index: RunIndex, entry: LedgerEntry) -> RunIndex:
             if known.request_entry_id is not None:
                 entries[known.request_entry_id] = _status_outcome(part.status)
         for artifact_id in _artifact_ids(part):
-            artifacts.setdefault(artifact_id, entry.entry_id)
+            carrier = artifacts.get(artifact_id)
+            if carrier is None or _more_telling(entries, entry.entry_id, carrier):
+                artifacts[artifact_id] = entry.entry_id
     return index.model_copy(
         update={"entries": entries, "tool_calls": calls, "artifacts": artifacts}
     )
+
+
+def _more_telling(entries: dict[str, Outcome], candidate: str, carrier: str) -> bool:
+    return _TELLING[entries[candidate]] > _TELLING[entries.get(carrier, "agent")]
 
 
 def _artifact_ids(part: object) -> list[str]:
@@ -298,6 +314,10 @@ def _status_outcome(status: ToolResultStatus | None) -> Outcome:
     return "succeeded" if status is ToolResultStatus.SUCCEEDED else "failed"
 
 
+# How much an outcome tells about an artifact that several entries carry; the highest wins.
+_TELLING: dict[Outcome, int] = {"failed": 4, "pending": 3, "succeeded": 2, "neutral": 1, "agent": 0}
+
+
 def _resolve(index: RunIndex, ref: str) -> Outcome | None:
     scheme, _, ident = ref.partition(":")
     if scheme == "entry":
@@ -328,17 +348,33 @@ def _unsupported_fact(index: RunIndex, text: str, refs: tuple[str, ...], seq: in
     if unresolved is not None:
         return unresolved
     outcomes = {ref: _resolve(index, ref) for ref in refs}
-    if set(outcomes.values()) == {"agent"}:
+    seen = set(outcomes.values())
+    if seen == {"agent"}:
         return "cites only the agent's own statements"
     polarity = _polarity(text)
-    if polarity is None:
+    if polarity == "failure":
+        against = [f"{ref} ({out})" for ref, out in outcomes.items() if out in _NOT_FAILED]
+        if against and "failed" not in seen:
+            return f"claims failure but its evidence shows otherwise: {', '.join(against)}"
         return None
-    confirming: Outcome = "succeeded" if polarity == "success" else "failed"
-    contradicting = {"failed", "pending"} if polarity == "success" else {"succeeded", "pending"}
-    against = [f"{ref} ({out})" for ref, out in outcomes.items() if out in contradicting]
-    if against and confirming not in outcomes.values():
-        return f"claims {polarity} but its evidence shows otherwise: {', '.join(against)}"
+    adverse = [f"{ref} ({out})" for ref, out in outcomes.items() if out in _NOT_SUCCEEDED]
+    if adverse and "succeeded" not in seen:
+        if polarity == "success":
+            return f"claims success but its evidence shows otherwise: {', '.join(adverse)}"
+        return (
+            "does not clearly claim a failure, yet its evidence failed or did not finish: "
+            + ", ".join(adverse)
+        )
+    if polarity == "success" and "succeeded" not in seen:
+        return (
+            "claims success but cites no success (a succeeded tool call, its output or a passing "
+            "verifier)"
+        )
     return None
+
+
+_NOT_SUCCEEDED = frozenset({"failed", "pending"})
+_NOT_FAILED = frozenset({"succeeded", "pending"})
 
 
 _TOKEN = re.compile(r"[a-z0-9_]+")

@@ -122,7 +122,7 @@ def _rejected(state: WorkingMemory) -> dict[str, str]:
 
 def test_projection_contract() -> None:
     projection = WorkingMemoryProjection()
-    assert (projection.name, projection.version, projection.hot) == ("working-memory", 1, True)
+    assert (projection.name, projection.version, projection.hot) == ("working-memory", 2, True)
     assert projection.state_type is WorkingMemory
     first = _run().entries[0]
     assert projection.accepts(first)
@@ -229,6 +229,98 @@ def test_timed_out_or_unanswered_call_supports_no_success() -> None:
     state = _fold(b.entries)
     assert state.known_facts == ()
     assert "(pending)" in _rejected(state)["The build succeeded."]
+
+
+@pytest.mark.parametrize(
+    ("claim", "refs", "reason"),
+    [
+        # both kinds of word: no clear polarity, and the only evidence failed
+        ("All tests pass with no failures", ("tool-call:call-t",), "does not clearly claim"),
+        ("Fixed the failing test", ("tool-call:call-t",), "does not clearly claim"),
+        # no listed word at all: a failed call supports nothing but a failure
+        ("The project compiles", ("tool-call:call-t",), "does not clearly claim"),
+        ("The project compiles", ("artifact:art-call-t-stdout", "entry:run-1-e5"), "(failed)"),
+        # a success claim needs a success: a file observation alone is neutral
+        ("All tests pass", ("entry:run-1-e5",), "claims success but cites no success"),
+        ("The build works", ("entry:run-1-e1", "entry:run-1-e5"), "cites no success"),
+    ],
+)
+def test_failed_or_neutral_evidence_supports_no_unclear_or_success_claim(
+    claim: str, refs: tuple[str, ...], reason: str
+) -> None:
+    b = _run()
+    _tool(b, "call-t", ToolResultStatus.FAILED)  # e3, e4
+    b.add(EntryKind.FILE_OBSERVATION)  # e5, neutral
+    _propose(b, facts=(_fact(claim, *refs),))
+    state = _fold(b.entries)
+    assert state.known_facts == ()
+    assert reason in _rejected(state)[claim]
+
+
+@pytest.mark.parametrize(
+    ("claim", "refs"),
+    [
+        ("The build fails", ("tool-call:call-t",)),
+        ("The test does not pass", ("artifact:art-call-t-stdout",)),
+        ("The project compiles", ("tool-call:call-ok",)),
+        ("The project compiles", ("entry:run-1-e5",)),  # neutral claim, neutral evidence
+        ("Fixed the failing test", ("tool-call:call-t", "tool-call:call-ok")),
+        ("All tests pass", ("tool-call:call-ok", "entry:run-1-e5")),
+        ("All tests pass", ("entry:run-1-e8",)),  # a passing verifier
+    ],
+)
+def test_claims_with_fitting_evidence_are_accepted(claim: str, refs: tuple[str, ...]) -> None:
+    b = _run()
+    _tool(b, "call-t", ToolResultStatus.FAILED)  # e3, e4
+    b.add(EntryKind.FILE_OBSERVATION)  # e5
+    _tool(b, "call-ok")  # e6, e7
+    _verifier(b, VerificationStatus.PASSED)  # e8
+    _propose(b, facts=(_fact(claim, *refs),))
+    state = _fold(b.entries)
+    assert claim in _facts(state), _rejected(state)
+
+
+@pytest.mark.parametrize("stored_first", [True, False])
+def test_an_artifact_resolves_to_the_worst_outcome_of_the_entries_carrying_it(
+    stored_first: bool,
+) -> None:
+    stored = (artifact_part("x"),)  # art-x
+    b = _run()
+    if stored_first:
+        b.add(EntryKind.ARTIFACT_STORED, stored)  # e3: neutral
+    request = b.add(
+        EntryKind.TOOL_CALL_REQUEST,
+        (tool_call("call-x", b.time(len(b.entries) + 1)),),
+        causation=Causation(tool_call_id="call-x"),
+    )
+    failed = ToolResultPart(
+        tool_call_id="call-x",
+        status=ToolResultStatus.FAILED,
+        exit_code=1,
+        timed_out=False,
+        summary="2 tests failed",
+        artifact_refs=(artifact_part("x").to_ref(),),
+    )
+    b.add(
+        EntryKind.TOOL_CALL_RESULT,
+        (failed,),
+        causation=Causation(parent_entry_id=request.entry_id, tool_call_id="call-x"),
+    )
+    if not stored_first:
+        b.add(EntryKind.ARTIFACT_STORED, stored)
+    _propose(b, facts=(_fact("All tests pass", "artifact:art-x"),))
+    _propose(b, facts=(_fact("Two tests fail", "artifact:art-x"),))
+    state = _fold(b.entries)
+    assert _facts(state) == ["Two tests fail"]
+    assert "artifact:art-x (failed)" in _rejected(state)["All tests pass"]
+
+
+def test_an_artifact_stored_then_carried_by_a_success_supports_success() -> None:
+    b = _run()
+    b.add(EntryKind.ARTIFACT_STORED, (artifact_part("call-ok-stdout"),))
+    _tool(b, "call-ok")  # its result carries art-call-ok-stdout too
+    _propose(b, facts=(_fact("All tests pass", "artifact:art-call-ok-stdout"),))
+    assert _facts(_fold(b.entries)) == ["All tests pass"]
 
 
 def test_failure_claims_and_mixed_evidence_are_judged_by_polarity() -> None:
