@@ -10,6 +10,7 @@ import psycopg
 
 from projectors.base import Projection
 from projectors.registry import all_projections
+from schemas.errors import AgentLedgerError
 from streams.engine import Target
 
 
@@ -32,8 +33,22 @@ def live_targets(pg_dsn: str, projections: Sequence[Projection[Any]] | None = No
                 (projection.name, initial_build(projection)),
             )
             row = conn.execute(
-                "SELECT build FROM al_live WHERE projection = %s", (projection.name,)
+                "SELECT l.build, b.version FROM al_live l "
+                "JOIN al_builds b USING (projection, build) WHERE projection = %s",
+                (projection.name,),
             ).fetchone()
             assert row is not None
-            targets.append(Target(projection, str(row[0])))
+            build, version = str(row[0]), int(row[1])
+            if version != projection.version:
+                raise BuildVersionError(
+                    f"{projection.name}: the live build {build} was made by version {version} of "
+                    f"its code, this worker runs version {projection.version}; writing on would "
+                    f"mix the two. Rebuild it with this code first: "
+                    f"agentledger rebuild {projection.name} --swap"
+                )
+            targets.append(Target(projection, build))
     return targets
+
+
+class BuildVersionError(AgentLedgerError):
+    """The live build of a projection was made by another version of its code."""

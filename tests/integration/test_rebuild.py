@@ -32,6 +32,7 @@ from projectors.stores.redis import RedisViewStore
 from schemas.catalog import CATALOG
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from streams.builds import BuildVersionError, live_targets
 from streams.deployment import PrivateDeployment
 from streams.publisher import AsyncPublisher
 from streams.rebuild import Start, create_build, list_builds, run_build, swap, verify
@@ -374,6 +375,9 @@ def test_drill_1_schema_change_rebuild_shows_v2_behaviour_for_v1_entries(
         "unassigned"
     )
     assert build.startswith("v2-")
+    # A worker still running v1 of run-stats refuses to write the v2 build.
+    with pytest.raises(BuildVersionError, match="rebuild run-stats --swap"):
+        live_targets(d.settings.pg_address)
 
 
 # -- the commands, as ops run them ----------------------------------------------------------
