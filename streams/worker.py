@@ -10,11 +10,13 @@ stored offsets decide where the next start begins.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import faust
@@ -73,6 +75,10 @@ def _record(event: Any) -> SourceRecord:
     return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, headers)
 
 
+def _event_lag(app: faust.App, events: list[Any]) -> int:
+    return _lag(app, [_record(e) for e in events])
+
+
 def _lag(app: faust.App, records: list[SourceRecord]) -> int:
     """Entries behind the high-water marks of the partitions this batch came from."""
     last: dict[TP, int] = {}
@@ -84,6 +90,47 @@ def _lag(app: faust.App, records: list[SourceRecord]) -> int:
         if highwater is not None:
             lag += max(0, int(highwater) - offset - 1)
     return lag
+
+
+BACKLOG = 1000  # entries behind the partitions' high-water marks that make the worker "behind"
+
+
+async def _batches(
+    stream: Any, size: int, within_s: float, lag: Callable[[list[Any]], int]
+) -> AsyncIterator[list[Any]]:
+    """faust's ``take_events``, merged into full batches while the worker is behind.
+
+    ``take_events`` yields what its per-event feeding collected in one ``within_s`` window:
+    under a backlog that is a few dozen events, so every batch touched each run for an entry or
+    two and paid the per-run document round trip each time. While the consumer lag is at least
+    ``BACKLOG``, windows are merged up to ``size``; otherwise (the steady state of the hot path)
+    each window is sent as it comes.
+    """
+    windows = stream.take_events(size, within=within_s).__aiter__()
+    carried: asyncio.Future[list[Any]] | None = None  # a window asked for, not yet come
+    try:
+        while True:
+            try:
+                events = await (carried or windows.__anext__())
+            except StopAsyncIteration:
+                break
+            carried = None
+            merged = list(events)
+            while len(merged) < size and lag(events) >= BACKLOG:
+                carried = asyncio.ensure_future(windows.__anext__())
+                done, _ = await asyncio.wait({carried}, timeout=within_s * 2)
+                if not done:
+                    break  # the backlog ran dry: send what is merged, keep waiting after
+                try:
+                    events = carried.result()
+                except StopAsyncIteration:
+                    break
+                carried = None
+                merged.extend(events)
+            yield merged
+    finally:
+        if carried is not None:
+            carried.cancel()
 
 
 def _slug(spec: str) -> str:
@@ -141,7 +188,8 @@ def create_app(settings: Settings) -> faust.App:
         # faust's consumer runs in its own thread; with the default 5 ms GIL switch interval a
         # batch being folded holds fetched records back for up to 5 ms at a time.
         sys.setswitchinterval(0.001)
-        async for events in stream.take_events(batch_size, within=within_s):
+        behind = partial(_event_lag, app)
+        async for events in _batches(stream, batch_size, within_s, behind):
             try:
                 records = [_record(e) for e in events]
                 await engine.process(records)
