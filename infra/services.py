@@ -153,6 +153,11 @@ class LocalService(ABC):
         return f"{self.name}: {how} (pid {pid})"
 
 
+def kafka_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID, URL-safe base64 without padding (22 characters)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
+
+
 class KafkaService(LocalService):
     """Apache Kafka, one node in KRaft combined mode."""
 
@@ -189,15 +194,14 @@ class KafkaService(LocalService):
         self._write_config()
         data = self.home / "data"
         if not (data / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
+            cluster_id = kafka_cluster_id()
             with self.console.status("formatting Kafka storage (KRaft)"):
                 run_checked(
                     [
                         *self._java(libs),
                         "kafka.tools.StorageTool",
                         "format",
-                        "-t",
-                        cluster_id,
+                        f"--cluster-id={cluster_id}",  # "=": an id may begin with "-"
                         "-c",
                         str(self._props),
                     ],
