@@ -59,12 +59,15 @@ def _table(builds: list[BuildInfo], settings: Settings) -> Table:
     table = Table(
         "projection", "build", "live", "version", "inputs", "start", "runs", "behind live"
     )
+    live: dict[str, dict[tuple[str, int], int] | None] = {}
     for b in builds:
-        try:
-            _, live = live_offsets(settings, b.projection)
-            behind = f"{b.behind(live):,}"
-        except RebuildError:
-            behind = "-"
+        if b.projection not in live:
+            try:
+                live[b.projection] = live_offsets(settings, b.projection)[1]
+            except RebuildError:
+                live[b.projection] = None
+        positions = live[b.projection]
+        behind = "-" if positions is None else f"{b.behind(positions):,}"
         inputs = ", ".join(f"{k}={v}" for k, v in b.inputs.items() if k != "context_budget")
         table.add_row(
             b.projection,

@@ -403,7 +403,7 @@ async def naive(d: PrivateDeployment, entries: int) -> list[Figure]:
 
     await _publish_raw(d, entries)
     total = sum(len(r) for r in _take_runs(entries, seed=99))
-    naive_app.applied(d.settings.pg_address)
+    naive_app.create_schema(d.settings.pg_address)
     process = d.start_process("naive", ["-m", "streams.naive"])
     try:
         started = None

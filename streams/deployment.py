@@ -18,6 +18,7 @@ import redis
 
 from infra.migrate import migrate
 from infra.settings import Settings
+from projectors.stores.redis import delete_matching
 from streams.admin import create_fleet_topics, delete_fleet_topics
 
 
@@ -64,9 +65,7 @@ class PrivateDeployment:
             pool.submit(asyncio.run, delete_fleet_topics(self.settings, self.fleets)).result()
         client = redis.Redis.from_url(self.settings.redis_address)
         try:
-            keys = list(client.scan_iter(match=f"{self.settings.redis_prefix}:*", count=1000))
-            for start in range(0, len(keys), 1000):
-                client.delete(*keys[start : start + 1000])
+            delete_matching(client, f"{self.settings.redis_prefix}:*")
         finally:
             client.close()
 

@@ -305,8 +305,10 @@ class Engine:
         stats = BatchStats()
         conn = await self._pg(lane)
         views: dict[Target, list[RunView]] = {}
-        partitions = sorted({r.tp for r in records})
-        last = {tp: max(r.offset for r in records if r.tp == tp) for tp in partitions}
+        last: dict[TopicPartition, int] = {}
+        for r in records:
+            last[r.tp] = max(last.get(r.tp, -1), r.offset)
+        partitions = sorted(last)
         keys = [(t.name, t.build) for t in targets]
         async with conn.transaction():
             stored = await pg.lock_offsets(conn, keys, partitions, self._offset_rows)
@@ -318,11 +320,14 @@ class Engine:
                 if moved:
                     raise _LiveMoved(moved)
             fresh_by_target: dict[Target, list[SourceRecord]] = {}
-            for target in targets:
+            by_position: dict[tuple[tuple[TopicPartition, int], ...], list[SourceRecord]] = {}
+            for target in targets:  # targets standing at the same offsets share one list
                 mine = stored[(target.name, target.build)]
-                fresh = [r for r in records if r.offset > mine[r.tp]]
+                at = tuple(sorted(mine.items()))
+                if at not in by_position:
+                    by_position[at] = [r for r in records if r.offset > mine[r.tp]]
+                fresh = fresh_by_target[target] = by_position[at]
                 stats.redelivered = max(stats.redelivered, len(records) - len(fresh))
-                fresh_by_target[target] = fresh
             self._decode(fresh_by_target, decoded)
             poison = [
                 p for p in self._poison(fresh_by_target, decoded) if p.record.key_tp not in sent
@@ -382,13 +387,11 @@ class Engine:
         stats: BatchStats,
     ) -> dict[Target, _TargetResult]:
         arriving_by_target: dict[Target, dict[str, list[tuple[int, Item]]]] = {}
+        by_fresh: dict[int, dict[str, list[tuple[int, Item]]]] = {}  # keyed by the shared list
         for target, fresh in fresh_by_target.items():
-            arriving: dict[str, list[tuple[int, Item]]] = defaultdict(list)
-            for r in fresh:
-                entry = decoded[(r.tp, r.offset)]
-                if isinstance(entry, LedgerEntry):
-                    arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"", r)))
-            arriving_by_target[target] = arriving
+            if id(fresh) not in by_fresh:
+                by_fresh[id(fresh)] = _by_run(fresh, decoded)
+            arriving_by_target[target] = by_fresh[id(fresh)]
         rows = await pg.load_runs(
             conn, {(t.name, t.build): sorted(a) for t, a in arriving_by_target.items()}
         )
@@ -546,6 +549,19 @@ class Engine:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
+
+
+def _by_run(
+    fresh: list[SourceRecord],
+    decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+) -> dict[str, list[tuple[int, Item]]]:
+    """The decoded entries of ``fresh``, by run, with their sequence numbers (poison left out)."""
+    arriving: dict[str, list[tuple[int, Item]]] = defaultdict(list)
+    for r in fresh:
+        entry = decoded[(r.tp, r.offset)]
+        if isinstance(entry, LedgerEntry):
+            arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"", r)))
+    return arriving
 
 
 def _begun_before(items: list[tuple[int, Item]]) -> bool:

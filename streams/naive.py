@@ -27,9 +27,13 @@ SCHEMA = (
 )
 
 
-def applied(dsn: str) -> int:
+def create_schema(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         conn.execute(SCHEMA)
+
+
+def applied(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT applied FROM al_naive_progress WHERE id = 1").fetchone()
     return 0 if row is None else int(row[0])
 
@@ -53,7 +57,7 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.agent(app.topic(*topics, value_type=bytes))
     async def apply(stream: Any) -> None:
-        applied(settings.pg_address)
+        create_schema(settings.pg_address)
         conn = await psycopg.AsyncConnection.connect(settings.pg_address)
         async for value in stream:
             entry = codec.decode(value)

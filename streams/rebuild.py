@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from infra.settings import Settings
 from projectors.base import Projection
-from projectors.stores.redis import RedisViewStore
+from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from streams.dlq import KafkaDeadLetterSink
@@ -326,10 +326,7 @@ def drop(settings: Settings, projection: str, build: str) -> None:
 
     client = redis.Redis.from_url(settings.redis_address)
     try:
-        pattern = f"{settings.redis_prefix}:{projection}:{build}:*"
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
+        delete_matching(client, f"{settings.redis_prefix}:{projection}:{build}:*")
     finally:
         client.close()
 

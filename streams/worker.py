@@ -15,7 +15,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -76,14 +76,16 @@ def _record(event: Any) -> SourceRecord:
 
 
 def _event_lag(app: faust.App, events: list[Any]) -> int:
-    return _lag(app, [_record(e) for e in events])
+    return _lag(app, ((e.message.topic, e.message.partition, e.message.offset) for e in events))
 
 
-def _lag(app: faust.App, records: list[SourceRecord]) -> int:
-    """Entries behind the high-water marks of the partitions this batch came from."""
+def _lag(app: faust.App, positions: Iterable[tuple[str, int, int]]) -> int:
+    """Entries behind the high-water marks of the partitions these (topic, partition, offset)
+    positions came from."""
     last: dict[TP, int] = {}
-    for r in records:
-        last[TP(r.topic, r.partition)] = max(last.get(TP(r.topic, r.partition), -1), r.offset)
+    for topic, partition, offset in positions:
+        tp = TP(topic, partition)
+        last[tp] = max(last.get(tp, -1), offset)
     lag = 0
     for tp, offset in last.items():
         highwater = app.consumer.highwater(tp)
@@ -194,7 +196,9 @@ def create_app(settings: Settings) -> faust.App:
                 records = [_record(e) for e in events]
                 await engine.process(records)
                 if engine.telemetry.enabled:
-                    engine.telemetry.record_lag(_lag(app, records))
+                    engine.telemetry.record_lag(
+                        _lag(app, ((r.topic, r.partition, r.offset) for r in records))
+                    )
             except Exception:
                 logger.critical("non-retriable failure applying a batch; stopping", exc_info=True)
                 logging.shutdown()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 CAS_SCRIPT = """
@@ -49,6 +50,14 @@ def _view_doc(view: RunView) -> bytes:
     """``{"applied_seq", "gaps", "state"}`` as JSON, the state spliced in without re-encoding."""
     head = orjson.dumps({"applied_seq": view.applied_seq, "gaps": view.gaps})
     return head[:-1] + b',"state":' + (view.state or b"null") + b"}"
+
+
+def delete_matching(client: SyncRedis, pattern: str, chunk: int = 1000) -> int:
+    """Delete every key matching ``pattern`` (SCAN, then DEL in chunks); how many there were."""
+    keys = list(client.scan_iter(match=pattern, count=chunk))
+    for start in range(0, len(keys), chunk):
+        client.delete(*keys[start : start + chunk])
+    return len(keys)
 
 
 def view_key(prefix: str, projection: str, build: str, run_id: str) -> str:

@@ -102,6 +102,16 @@ async def _publish(settings: Settings, runs: Runs, pause_s: float = 0.0) -> None
             await asyncio.sleep(pause_s)
 
 
+def _applied_by_a_worker(d: Deployment, runs: Runs) -> None:
+    """Publish the runs, let a worker apply them to the live builds, stop it."""
+    asyncio.run(_publish(d.settings, runs))
+    worker = d.start_worker("w")
+    try:
+        d.wait_applied(runs)
+    finally:
+        d.stop_worker(worker)
+
+
 def _serving(d: Deployment, name: str, run_id: str) -> int:
     """What a reader gets from PostgreSQL for the run right now (its applied sequence)."""
     return int(live_state(d.settings, name, run_id)["applied_seq"])
@@ -224,12 +234,7 @@ def test_drill_2_price_change_rebuild_keeps_as_billed_and_as_repriced(
 ) -> None:
     d = deployment
     runs = _runs(8, seed=43)
-    asyncio.run(_publish(d.settings, runs))
-    worker = d.start_worker("w")
-    try:
-        d.wait_applied(runs)
-    finally:
-        d.stop_worker(worker)
+    _applied_by_a_worker(d, runs)
     shipped = json.loads(
         (Path(__file__).parents[2] / "projectors" / "data" / "prices.v1.json").read_text()
     )
@@ -277,12 +282,7 @@ def test_drill_3_taxonomy_change_reclassifies_history(
 ) -> None:
     d = deployment
     runs = _runs(14, seed=44)  # one run per outcome
-    asyncio.run(_publish(d.settings, runs))
-    worker = d.start_worker("w")
-    try:
-        d.wait_applied(runs)
-    finally:
-        d.stop_worker(worker)
+    _applied_by_a_worker(d, runs)
     shipped = json.loads(
         (Path(__file__).parents[2] / "projectors" / "data" / "failure_taxonomy.v1.json").read_text()
     )
@@ -399,12 +399,7 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
 ) -> None:
     d = deployment
     runs = _runs(6, seed=46)
-    asyncio.run(_publish(d.settings, runs))
-    worker = d.start_worker("w")
-    try:
-        d.wait_applied(runs)
-    finally:
-        d.stop_worker(worker)
+    _applied_by_a_worker(d, runs)
     old = d.live("diff-timelines")
     built = _cli(d, "rebuild", "diff-timelines", "--from-beginning")
     assert built.returncode == 0, built.stderr
