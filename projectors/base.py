@@ -6,8 +6,9 @@ calls :meth:`Projection.fold` for each entry in sequence order and stores the re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import orjson
 from pydantic import BaseModel
@@ -87,6 +88,38 @@ class ModelProjection(Generic[S]):
 
     def from_doc(self, doc: dict[str, Any]) -> S:
         return self.state_type.model_validate(doc)
+
+
+class QuickCopy:
+    """Mixin for frozen fold states: ``model_copy(update=...)`` without pydantic's general path.
+
+    Folds copy their state a few times per entry; pydantic's ``model_copy`` goes through
+    ``copy.copy`` of three attributes and costs ~5 us, this ~1 us. Same result for models with
+    no private attributes and ``extra`` not ``"allow"`` (what fold states are).
+    """
+
+    __slots__ = ()
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        if deep:
+            return super().model_copy(update=update, deep=deep)  # type: ignore[misc, no-any-return]
+        source: Any = self
+        new: Any = object.__new__(type(self))
+        values = source.__dict__.copy()
+        fields_set = source.__pydantic_fields_set__
+        if update:
+            values.update(update)
+            fields_set = fields_set | update.keys()
+        else:
+            fields_set = set(fields_set)
+        _setattr(new, "__dict__", values)
+        _setattr(new, "__pydantic_fields_set__", fields_set)
+        _setattr(new, "__pydantic_extra__", None)
+        _setattr(new, "__pydantic_private__", None)
+        return new  # type: ignore[no-any-return]
+
+
+_setattr = object.__setattr__
 
 
 def fold_all(projection: Projection[S], entries: list[LedgerEntry]) -> S | None:

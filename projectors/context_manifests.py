@@ -44,7 +44,7 @@ from typing import Literal, TypedDict, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projectors.base import HistoryRow, ModelProjection
+from projectors.base import HistoryRow, ModelProjection, QuickCopy
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.models import (
     ArtifactRef,
@@ -185,7 +185,7 @@ _PRIORITY: dict[ContextItemKind, int] = {
 }
 
 
-class _Frozen(BaseModel):
+class _Frozen(QuickCopy, BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
-from projectors.base import HistoryRow, ModelProjection
+from projectors.base import HistoryRow, ModelProjection, QuickCopy
 from projectors.pricing import (
     ENTRY_FIELDS,
     NORMALIZER_VERSION,
@@ -58,7 +58,7 @@ IdSet = Annotated[frozenset[str], PlainSerializer(_sorted_ids, return_type=list,
 Dimension = Literal["run", "fleet", "model", "purpose", "day"]
 
 
-class _Frozen(BaseModel):
+class _Frozen(QuickCopy, BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

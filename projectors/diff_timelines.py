@@ -51,7 +51,7 @@ from typing import Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict
 
-from projectors.base import HistoryRow, ModelProjection
+from projectors.base import HistoryRow, ModelProjection, QuickCopy
 from schemas.models import (
     ArtifactRef,
     ArtifactRefPart,
@@ -105,7 +105,7 @@ _VERIFICATION_ORDER = (
 )
 
 
-class _Frozen(BaseModel):
+class _Frozen(QuickCopy, BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

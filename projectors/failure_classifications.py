@@ -71,7 +71,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from projectors.base import HistoryRow, ModelProjection
+from projectors.base import HistoryRow, ModelProjection, QuickCopy
 from schemas.errors import AgentLedgerError
 from schemas.models import (
     DiffPart,
@@ -104,7 +104,7 @@ class TaxonomyError(AgentLedgerError):
     """A taxonomy file is not valid JSON or breaks the rule format; fix the file and reload."""
 
 
-class _Frozen(BaseModel):
+class _Frozen(QuickCopy, BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

@@ -6,11 +6,11 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from projectors.base import ModelProjection
+from projectors.base import ModelProjection, QuickCopy
 from schemas.models import EntryKind, LedgerEntry
 
 
-class RunStats(BaseModel):
+class RunStats(QuickCopy, BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     run_id: str

@@ -52,7 +52,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projectors.base import HistoryRow, ModelProjection, fold_all
+from projectors.base import HistoryRow, ModelProjection, QuickCopy, fold_all
 from schemas.models import (
     ArtifactRefPart,
     DiffFile,
@@ -77,7 +77,7 @@ Outcome = Literal["succeeded", "failed", "neutral", "pending", "agent"]
 Polarity = Literal["success", "failure"]
 
 
-class _Frozen(BaseModel):
+class _Frozen(QuickCopy, BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

@@ -13,11 +13,12 @@ Redis prefix, with its own background worker, so it never touches live projectio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target
-from streams.publisher import AsyncPublisher
+from streams.publisher import AsyncPublisher, Prepared
 from streams.simulate import simulate_runs
 from streams.source import drain, topic_partitions
 from streams.topics import ledger_topic
@@ -322,37 +323,32 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Fi
     sampler = _ProcessSampler(worker.pid)
     bytes_before = _db_bytes(d.settings.pg_address)
     published = 0
-    max_lag = 0
 
-    async def publish(share: list[list[LedgerEntry]]) -> None:
+    async def publish(publisher: AsyncPublisher, staged: list[Prepared]) -> None:
         nonlocal published
-        async with AsyncPublisher(d.settings) as publisher:
-            batch: list[LedgerEntry] = []
-            for run in share:
-                batch.extend(run)
-                if len(batch) >= 500:
-                    await publisher.publish_batch(batch)
-                    published += len(batch)
-                    batch = []
-            if batch:
-                await publisher.publish_batch(batch)
-                published += len(batch)
+        for start in range(0, len(staged), 500):
+            batch = staged[start : start + 500]
+            await publisher.send(batch)
+            published += len(batch)
 
-    started = time.perf_counter()
-    tasks = [asyncio.create_task(publish(share)) for share in shares]
-    published_at = None
-    while True:
-        await asyncio.sleep(0.5)
-        done = await asyncio.to_thread(_applied_everywhere, d.settings.pg_address)
-        sampler.sample()
-        max_lag = max(max_lag, published - done)
-        if published_at is None and all(t.done() for t in tasks):
-            published_at = time.perf_counter()
-            await asyncio.gather(*tasks)
-        if done >= total:
-            break
-        if time.perf_counter() - started > 3600:
-            raise RuntimeError(f"ingest did not finish: {done}/{total} applied")
+    async with contextlib.AsyncExitStack() as stack:
+        pubs = [
+            await stack.enter_async_context(AsyncPublisher(d.settings)) for _ in range(publishers)
+        ]
+        # Each fleet's agents validate, redact and encode on their own machines: staged before
+        # the clock starts, so the publishers' CPU here is what sending costs, not what
+        # simulating and encoding a fleet's work costs.
+        staged = [
+            [pub.stage(entry) for run in share for entry in run]
+            for pub, share in zip(pubs, shares, strict=True)
+        ]
+        started = time.perf_counter()
+        tasks = [
+            asyncio.create_task(publish(pub, mine)) for pub, mine in zip(pubs, staged, strict=True)
+        ]
+        published_at, max_lag = await _await_applied(
+            d, tasks, total, sampler, started, lambda: published
+        )
     elapsed = time.perf_counter() - started
     cpu = sampler.cpu_s()
     db_growth = _db_bytes(d.settings.pg_address) - bytes_before
@@ -386,6 +382,31 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Fi
         Figure("worker CPU per 1k entries", cpu / total * 1000 * 1000, "ms"),
         Figure("PostgreSQL bytes per million entries", db_growth / total * 1e6 / 2**20, "MiB"),
     ]
+
+
+async def _await_applied(
+    d: PrivateDeployment,
+    tasks: list[asyncio.Task[None]],
+    total: int,
+    sampler: _ProcessSampler,
+    started: float,
+    published: Callable[[], int],
+) -> tuple[float | None, int]:
+    """Poll until every projection committed ``total`` entries: when publishing ended, max lag."""
+    published_at = None
+    max_lag = 0
+    while True:
+        await asyncio.sleep(0.5)
+        done = await asyncio.to_thread(_applied_everywhere, d.settings.pg_address)
+        sampler.sample()
+        max_lag = max(max_lag, published() - done)
+        if published_at is None and all(t.done() for t in tasks):
+            published_at = time.perf_counter()
+            await asyncio.gather(*tasks)
+        if done >= total:
+            return published_at, max_lag
+        if time.perf_counter() - started > 3600:
+            raise RuntimeError(f"ingest did not finish: {done}/{total} applied")
 
 
 def _take_runs(entries: int, seed: int) -> Iterator[list[LedgerEntry]]:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -127,6 +127,8 @@ class _TargetResult:
     writes: list[pg.RunWrite] = field(default_factory=list)
     views: list[RunView] = field(default_factory=list)
     poison: list[Poison] = field(default_factory=list)
+    # (run_id, applied_seq, state, ended) of each written run: the state cache once committed
+    states: list[tuple[str, int, Any, bool]] = field(default_factory=list)
 
 
 # The entry (None until decoded), its original bytes, and its record (None when it was held).
@@ -148,6 +150,7 @@ class Engine:
         max_backoff_s: float = 5.0,
         defer_analytics: bool = False,
         follow_live: bool = False,
+        state_cache_runs: int = 256,
     ) -> None:
         self.targets = list(targets)
         self.pg_dsn = pg_dsn
@@ -164,6 +167,12 @@ class Engine:
         # swapped in: it notices inside the batch transaction, after locking the offset rows
         # the swap also locks, so no batch lands in the old build after the swap.
         self.follow_live = follow_live
+        # The folded states of recently written runs, per build, as committed (LRU, runs that
+        # ended leave it): a run seen again skips fetching and parsing its document whenever
+        # PostgreSQL still holds that same position. Folds are pure and states immutable, so
+        # an object kept is as good as one parsed again.
+        self.state_cache_runs = state_cache_runs
+        self._states: dict[pg.BuildKey, OrderedDict[str, tuple[int, Any]]] = {}
         self._conns: dict[str, AsyncConnection[Any]] = {}
         self._deferred: asyncio.Task[None] | None = None
         self._offset_rows: set[pg.OffsetKey] = set()
@@ -289,6 +298,9 @@ class Engine:
             Target(t.projection, moved[t.name], t.whole_runs_only) if t.name in moved else t
             for t in self.targets
         ]
+        current = {(t.name, t.build) for t in self.targets}
+        for key in [k for k in self._states if k not in current]:
+            del self._states[key]
 
     def _current(self, target: Target) -> Target:
         return next(t for t in self.targets if t.name == target.name)
@@ -350,6 +362,8 @@ class Engine:
                 if target.projection.hot and result.views:
                     views[target] = result.views
         self._offset_rows.update((n, b, t, p) for n, b in keys for t, p in partitions)
+        for target, result in results.items():
+            self._remember((target.name, target.build), result.states)
         totals.add(stats)  # only once committed: a retried attempt is not counted twice
         return views
 
@@ -392,8 +406,10 @@ class Engine:
             if id(fresh) not in by_fresh:
                 by_fresh[id(fresh)] = _by_run(fresh, decoded)
             arriving_by_target[target] = by_fresh[id(fresh)]
+        wanted = {(t.name, t.build): sorted(a) for t, a in arriving_by_target.items()}
+        kept = self._kept(wanted)  # taken now: what the positions sent to PostgreSQL name
         rows = await pg.load_runs(
-            conn, {(t.name, t.build): sorted(a) for t, a in arriving_by_target.items()}
+            conn, wanted, {key: {r: seq for r, (seq, _s) in ks.items()} for key, ks in kept.items()}
         )
         if lane != "hot":  # folding blocks the loop: never in the middle of a hot phase
             await self._hot_idle.wait()
@@ -401,14 +417,15 @@ class Engine:
         with self.telemetry.span("fold", targets=len(arriving_by_target)):
             for target, arriving in arriving_by_target.items():
                 mine = rows[(target.name, target.build)]
+                states = kept.get((target.name, target.build), {})
                 result = results[target] = _TargetResult()
                 for run_id, items in arriving.items():
                     if target.whole_runs_only and run_id not in mine and _begun_before(items):
                         stats.skipped += len(items)
                         continue
-                    write, view = self._fold_run(
-                        target, run_id, mine.get(run_id), items, stats, result
-                    )
+                    row = mine.get(run_id)
+                    state = states[run_id][1] if row and row.cached else None
+                    write, view = self._fold_run(target, run_id, row, state, items, stats, result)
                     result.writes.append(write)
                     if view is not None:
                         result.views.append(view)
@@ -419,20 +436,28 @@ class Engine:
         target: Target,
         run_id: str,
         row: pg.RunRow | None,
+        kept: Any,
         items: list[tuple[int, Item]],
         stats: BatchStats,
         result: _TargetResult,
     ) -> tuple[pg.RunWrite, RunView | None]:
+        """Fold a run's arrivals onto its stored row (or ``kept``, the cached state the row
+        says is current)."""
         projection = target.projection
         held: dict[int, Item] = {
             seq: (None, payload, None)
             for seq, payload in (row.held_payloads if row else {}).items()
         }
         plan = plan_run(row.applied_seq if row else 0, held, items)
-        state = projection.from_doc(row.state) if row and row.state else None
+        if kept is not None:
+            state = kept
+        else:
+            state = projection.from_doc(row.state) if row and row.state else None
         history: list[HistoryRow] = []
+        ended = False
         for entry, payload, record in plan.apply:
             entry = entry or self.codec.decode(payload)
+            ended = entry.run_status is not None
             before = state
             try:
                 if state is None:
@@ -454,6 +479,7 @@ class Engine:
             except Exception:  # derived parts only: keep the folded state, say so loudly
                 logger.exception("%s: finish failed for run %s", projection.name, run_id)
         doc = projection.to_json(state) if state is not None else None
+        result.states.append((run_id, plan.applied_seq, state, ended))
         write = pg.RunWrite(
             run_id=run_id,
             fleet_id=fleet_id,
@@ -468,6 +494,29 @@ class Engine:
         changed = bool(plan.apply or plan.hold)
         view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], doc)
         return write, view if changed else None
+
+    def _kept(self, wanted: dict[pg.BuildKey, list[str]]) -> dict[pg.BuildKey, dict[str, Any]]:
+        """The cached (applied_seq, state) of the wanted runs, per build."""
+        out: dict[pg.BuildKey, dict[str, Any]] = {}
+        for key, run_ids in wanted.items():
+            cache = self._states.get(key)
+            if cache:
+                out[key] = {r: cache[r] for r in run_ids if r in cache}
+        return out
+
+    def _remember(self, key: pg.BuildKey, states: list[tuple[str, int, Any, bool]]) -> None:
+        """Keep the committed states of a batch's runs; forget ended runs, then the oldest."""
+        if self.state_cache_runs <= 0:
+            return
+        cache = self._states.setdefault(key, OrderedDict())
+        for run_id, applied_seq, state, ended in states:
+            if ended or state is None:
+                cache.pop(run_id, None)
+            else:
+                cache[run_id] = (applied_seq, state)
+                cache.move_to_end(run_id)
+        while len(cache) > self.state_cache_runs:
+            cache.popitem(last=False)
 
     # -- Redis -----------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ projection rows and its offsets commit together or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,9 @@ class RunRow:
     held: tuple[int, ...]
     state: dict[str, Any] | None
     held_payloads: dict[int, bytes] = field(default_factory=dict)
+    # The caller's cached state is current (stored applied_seq equals the cached one): the
+    # document was not fetched and ``state`` is None.
+    cached: bool = False
 
 
 BuildKey = tuple[str, str]  # (projection, build)
@@ -114,31 +117,43 @@ async def save_offsets(
 
 
 async def load_runs(
-    conn: AsyncConnection[Any], wanted: dict[BuildKey, Sequence[str]]
+    conn: AsyncConnection[Any],
+    wanted: Mapping[BuildKey, Sequence[str]],
+    cached: Mapping[BuildKey, Mapping[str, int]] | None = None,
 ) -> dict[BuildKey, dict[str, RunRow]]:
-    """Stored rows of these builds' runs, with the payloads of their held entries."""
-    keys = [(proj, build, run_id) for (proj, build), ids in wanted.items() for run_id in ids]
+    """Stored rows of these builds' runs, with the payloads of their held entries.
+
+    ``cached`` gives, per build, the applied_seq of run states the caller holds in memory; a
+    run stored at that same position comes back with ``cached=True`` and no document.
+    """
+    cached = cached or {}
+    keys = [
+        (proj, build, run_id, cached.get((proj, build), {}).get(run_id, -1))
+        for (proj, build), ids in wanted.items()
+        for run_id in ids
+    ]
     out: dict[BuildKey, dict[str, RunRow]] = {b: {} for b in wanted}
     if not keys:
         return out
-    columns = _columns(keys, 3)
+    columns = _columns(keys, 4)
     async with conn.cursor() as cur:
         await cur.execute(
-            "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, s.state "
-            "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[]) "
-            "AS k(projection, build, run_id) USING (projection, build, run_id)",
+            "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, "
+            "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq "
+            "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
+            "AS k(projection, build, run_id, seq) USING (projection, build, run_id)",
             columns,
         )
         waiting = False
-        for proj, build, run_id, fleet_id, seq, held, state in await cur.fetchall():
-            out[(proj, build)][run_id] = RunRow(run_id, fleet_id, seq, tuple(held), state)
+        for proj, build, run_id, fleet_id, seq, held, state, hit in await cur.fetchall():
+            out[(proj, build)][run_id] = RunRow(run_id, fleet_id, seq, tuple(held), state, {}, hit)
             waiting = waiting or bool(held)
         if waiting:
             await cur.execute(
                 "SELECT h.projection, h.build, h.run_id, h.sequence_no, h.payload "
                 "FROM al_held h JOIN unnest(%s::text[], %s::text[], %s::text[]) "
                 "AS k(projection, build, run_id) USING (projection, build, run_id)",
-                columns,
+                columns[:3],
             )
             for proj, build, run_id, seq, payload in await cur.fetchall():
                 out[(proj, build)][run_id].held_payloads[seq] = bytes(payload)

@@ -7,6 +7,7 @@ import asyncio
 import copy
 import json
 from collections import defaultdict
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,11 +22,12 @@ from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry, to_avro
 from streams.dlq import KafkaDeadLetterSink, read_dead_letters, redrive
-from streams.engine import Engine, Target
+from streams.engine import Engine, SourceRecord, Target
 from streams.simulate import simulate
 from streams.source import drain, read_all
 from tests.integration.engine_support import (
     CODEC,
+    Env,
     make_env,
     produce_raw,
     redis_views,
@@ -240,3 +242,50 @@ async def test_a_fold_that_raises_dead_letters_the_entry_and_moves_on(services: 
         and "cannot handle compactions" in d.message
         for d in letters
     )
+
+
+def _records(env: Env, entries: list[LedgerEntry], first_offset: int) -> list[SourceRecord]:
+    topic = env.topics[0]
+    return [
+        SourceRecord(topic, 0, first_offset + i, e.run_id.encode(), CODEC.encode(e))
+        for i, e in enumerate(entries)
+    ]
+
+
+class _CountingRunStats(RunStatsProjection):
+    def __init__(self) -> None:
+        self.parsed = 0
+
+    def from_doc(self, doc: dict[str, Any]) -> RunStats:
+        self.parsed += 1
+        return super().from_doc(doc)
+
+
+async def test_kept_states_skip_reparsing_and_another_writer_invalidates_them(
+    services: Settings,
+) -> None:
+    """The engine keeps each run's committed state in memory instead of re-reading its document;
+    when another writer moved the run on in between, it reads the document again."""
+    env = await make_env(services)
+    b = EntryBuilder("run-kept")
+    run = [b.add(EntryKind.USER_TASK) for _ in range(9)]
+    mine, theirs = _CountingRunStats(), _CountingRunStats()
+    sink = KafkaDeadLetterSink(env.settings)
+    a = Engine([Target(mine, env.build)], env.settings.pg_address, None, sink)
+    other = Engine([Target(theirs, env.build)], env.settings.pg_address, None, sink)
+    try:
+        await a.start()
+        await other.start()
+        await a.process(_records(env, run[0:3], 0))
+        await a.process(_records(env, run[3:5], 3))
+        assert mine.parsed == 0, "the second batch folds onto the kept state"
+        await other.process(_records(env, run[5:7], 5))  # moves the run on behind a's back
+        assert theirs.parsed == 1
+        await a.process(_records(env, run[7:9], 7))
+        assert mine.parsed == 1, "a's kept state is stale: the stored document is read"
+        row = run_rows(env)["run-kept"]
+        assert row["applied_seq"] == 9 and row["state"]["entries"] == 9
+    finally:
+        await a.close()
+        await other.close()
+        await sink.close()
