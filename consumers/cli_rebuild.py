@@ -103,6 +103,15 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--swap", help="make it live once caught up with the live build")
         ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="for list")] = False,
+        processes: Annotated[
+            int | None,
+            typer.Option(
+                "--processes",
+                min=1,
+                help="split the partitions between N processes (default: "
+                "AGENTLEDGER_REBUILD_PROCESSES, 1)",
+            ),
+        ] = None,
     ) -> None:
         """Rebuild a projection into a new build beside the live one; list, swap, drop builds.
 
@@ -111,6 +120,7 @@ def register(app: typer.Typer) -> None:
         swap. Runs that began before a --from-offset/--from-time start are skipped.
         """
         settings = load_settings()
+        n = processes or settings.rebuild_processes
         try:
             if what == "list":
                 builds = list_builds(settings)
@@ -135,7 +145,7 @@ def register(app: typer.Typer) -> None:
             start = _start(from_beginning, from_offset, from_time)
             new = asyncio.run(create_build(settings, p, start))
             err.print(f"{p.name}: building {new} from {start.describe()}")
-            stats = asyncio.run(run_build(settings, p, new, progress=_progress(new)))
+            stats = asyncio.run(run_build(settings, p, new, progress=_progress(new), processes=n))
             console.print(
                 f"{p.name}: build {new} applied {stats.records:,} entries "
                 f"({stats.skipped:,} of runs begun before the start skipped, "

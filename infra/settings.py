@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     worker_batch_size: int = 2000
     worker_batch_wait_s: float = 0.005
     worker_session_timeout_s: float = 10.0
+    # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
+    rebuild_processes: int = Field(default=1, ge=1)
     redis_prefix: str = "al"
 
     max_entry_bytes: int = 512 * 1024

@@ -32,11 +32,10 @@ from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
-from streams.dlq import KafkaDeadLetterSink
-from streams.engine import Engine, Target
+from streams.parallel import Share, drain_parallel
 from streams.publisher import AsyncPublisher, Prepared
 from streams.simulate import simulate_runs
-from streams.source import drain, topic_partitions
+from streams.source import topic_partitions
 from streams.topics import ledger_topic
 
 FLEETS = ["fleet-01", "fleet-02"]
@@ -445,33 +444,34 @@ async def naive(d: PrivateDeployment, entries: int) -> list[Figure]:
     return [Figure("naive faust agent (1 entry per transaction)", rate, "entries/s")]
 
 
-async def rebuild(d: PrivateDeployment, entries: int) -> list[Figure]:
-    """Every projection rebuilt at once from offset 0, reading the topics directly."""
+async def rebuild(d: PrivateDeployment, entries: int, processes: int) -> list[Figure]:
+    """Every projection rebuilt at once from offset 0, the partitions split between
+    ``processes`` processes, reading the topics directly."""
     have = await _topic_entries(d)
     if have < entries:
         await _publish_raw(d, entries - have, seed=11)
-    n, secs = await _consume_decode(d)
-    targets = [Target(p, "bench-rebuild") for p in all_projections()]
-    sink = KafkaDeadLetterSink(d.settings)
-    engine = Engine(targets, d.settings.pg_address, None, sink)
-    await engine.start()
-    try:
-        topics = [ledger_topic(d.settings.topic_prefix, f) for f in FLEETS]
+    topics = tuple(ledger_topic(d.settings.topic_prefix, f) for f in FLEETS)
+
+    async def replay(builds: tuple[tuple[str, str], ...]) -> tuple[float, int]:
+        shares = [
+            Share(d.settings, builds, False, topics, i, processes, 5000, None, redis=False)
+            for i in range(processes)
+        ]
         started = time.perf_counter()
-        stats = await drain(engine, d.settings.kafka_address, topics, batch_size=5000)
-        elapsed = time.perf_counter() - started
-    finally:
-        await engine.close()
-        await sink.close()
+        stats = await drain_parallel(shares)
+        return stats.records / (time.perf_counter() - started), stats.records
+
+    ceiling, _ = await replay(())  # the same processes, consuming and decoding only
+    rate, replayed = await replay(tuple((p.name, "bench-rebuild") for p in all_projections()))
     return [
         Figure(
-            "rebuild: every projection from offset 0",
-            stats.records / elapsed,
+            f"rebuild: every projection from offset 0, {processes} processes",
+            rate,
             "entries/s",
-            "ceiling: consume + decode only",
-            n / secs,
+            f"ceiling: consume + decode only, {processes} processes",
+            ceiling,
         ),
-        Figure("rebuild: entries replayed", float(stats.records), "entries"),
+        Figure("rebuild: entries replayed", float(replayed), "entries"),
     ]
 
 
@@ -495,10 +495,12 @@ class Sizes:
     publishers: int
     naive_entries: int
     rebuild_entries: int
+    rebuild_processes: int
 
 
-QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000)
-FULL = Sizes(1000.0, 30.0, 200_000, 4, 3_000, 1_000_000)
+CORES = os.cpu_count() or 1
+QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES))
+FULL = Sizes(1000.0, 30.0, 200_000, 4, 3_000, 1_000_000, CORES)
 
 
 async def run_bench(settings: Settings, quick: bool) -> BenchReport:
@@ -550,7 +552,7 @@ async def run_bench(settings: Settings, quick: bool) -> BenchReport:
             )
         )
         report.figures += ingest_figures[1:]
-        report.figures += await rebuild(d, sizes.rebuild_entries)
+        report.figures += await rebuild(d, sizes.rebuild_entries, sizes.rebuild_processes)
     finally:
         d.drop()
     return report

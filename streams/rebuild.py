@@ -37,6 +37,7 @@ from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target
+from streams.parallel import Share, drain_parallel, parallel_ok
 from streams.source import Progress, drain, topic_partitions
 from streams.topics import ledger_topic
 
@@ -223,10 +224,31 @@ async def run_build(
     progress: Callable[[Progress], None] | None = None,
     codec: LedgerCodec | None = None,
     batch_size: int = 5000,
+    processes: int = 1,
 ) -> BatchStats:
-    """Replay the topics into ``build`` from its stored offsets (to the end, or ``until``)."""
+    """Replay the topics into ``build`` from its stored offsets (to the end, or ``until``).
+
+    With ``processes`` > 1 the partitions are split between that many processes (shipped
+    projections and the default codec only; otherwise one process replays them all).
+    """
     info = build_info(settings, projection.name, build)
     target = Target(projection, build, whole_runs_only=info.start not in (None, "beginning"))
+    if processes > 1 and codec is None and parallel_ok([target], settings):
+        shares = [
+            Share(
+                settings,
+                ((projection.name, build),),
+                target.whole_runs_only,
+                tuple(topics_of(settings)),
+                index,
+                processes,
+                batch_size,
+                dict(until) if until is not None else None,
+                redis=projection.hot,
+            )
+            for index in range(processes)
+        ]
+        return await drain_parallel(shares, progress)
     sink = KafkaDeadLetterSink(settings)
     redis_url = settings.redis_address if projection.hot else None
     engine = Engine(

@@ -103,9 +103,14 @@ async def drain(
     until: Mapping[tuple[str, int], int] | None = None,
     progress: Callable[[Progress], None] | None = None,
     every_s: float = 2.0,
+    share: tuple[int, int] = (0, 1),
 ) -> BatchStats:
     """Apply everything up to the current end of ``topics`` (or up to ``until``, inclusive),
-    starting at the stored positions; calls ``progress`` every ``every_s`` and at the end."""
+    starting at the stored positions; calls ``progress`` every ``every_s`` and at the end.
+
+    ``share=(i, n)`` takes only every n-th partition from the i-th (in topic, partition order):
+    n processes with shares 0..n-1 split a replay between them.
+    """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -116,7 +121,8 @@ async def drain(
     total = BatchStats()
     await consumer.start()
     try:
-        partitions = await topic_partitions(consumer, topics)
+        index, count = share
+        partitions = sorted(await topic_partitions(consumer, topics))[index::count]
         if not partitions:
             return total
         consumer.assign(partitions)

@@ -131,12 +131,15 @@ def test_drill_4_rebuild_under_live_traffic_then_swap_and_verify(deployment: Dep
         old = {n: d.live(n) for n in ("working-memory", "cost-metrics")}
 
         async def rebuild_while_publishing() -> dict[str, str]:
-            traffic = asyncio.create_task(_publish(d.settings, second, pause_s=0.15))
+            # (long enough to outlast starting the two replay processes as well)
+            traffic = asyncio.create_task(_publish(d.settings, second, pause_s=0.5))
             new = {}
             for name in old:
                 p = projection(name)
                 build = await create_build(d.settings, p, Start())
-                await run_build(d.settings, p, build)
+                # cost-metrics replays in two processes, each with half the partitions
+                processes = 2 if name == "cost-metrics" else 1
+                await run_build(d.settings, p, build, processes=processes)
                 # Until the swap, readers are served by the old build, complete for every run.
                 assert d.live(name) == old[name]
                 assert _serving(d, name, first[0][0].run_id) == len(first[0])
@@ -401,7 +404,7 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     runs = _runs(6, seed=46)
     _applied_by_a_worker(d, runs)
     old = d.live("diff-timelines")
-    built = _cli(d, "rebuild", "diff-timelines", "--from-beginning")
+    built = _cli(d, "rebuild", "diff-timelines", "--from-beginning", "--processes", "2")
     assert built.returncode == 0, built.stderr
     new = next(b.build for b in list_builds(d.settings, "diff-timelines") if b.build != old)
     assert f"rebuild swap diff-timelines/{new}" in built.stdout
