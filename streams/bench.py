@@ -465,13 +465,13 @@ async def rebuild(d: PrivateDeployment, entries: int, processes: int) -> list[Fi
     rate, replayed = await replay(tuple((p.name, "bench-rebuild") for p in all_projections()))
     return [
         Figure(
-            f"rebuild: every projection from offset 0, {processes} processes",
+            "rebuild: every projection from offset 0",
             rate,
             "entries/s",
             f"ceiling: consume + decode only, {processes} processes",
             ceiling,
         ),
-        Figure("rebuild: entries replayed", float(replayed), "entries"),
+        Figure("rebuild: entries replayed", float(replayed), "entries", f"{processes} processes"),
     ]
 
 
