@@ -35,7 +35,7 @@ from streams.deployment import PrivateDeployment
 from streams.parallel import Share, drain_parallel
 from streams.publisher import AsyncPublisher, Prepared
 from streams.simulate import simulate_runs
-from streams.source import topic_partitions
+from streams.source import Progress, topic_partitions
 from streams.topics import ledger_topic
 
 FLEETS = ["fleet-01", "fleet-02"]
@@ -228,58 +228,38 @@ async def _publish_raw(d: PrivateDeployment, entries_wanted: int, seed: int = 99
     return sent
 
 
-async def _consume_decode(d: PrivateDeployment) -> tuple[int, float]:
-    codec = LedgerCodec()
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=d.settings.kafka_address,
-        enable_auto_commit=False,
-        max_poll_records=5000,
-        fetch_max_bytes=64 * 1024 * 1024,
-    )
-    await consumer.start()
-    try:
-        parts = await topic_partitions(
-            consumer, [ledger_topic(d.settings.topic_prefix, f) for f in FLEETS]
-        )
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        end = await consumer.end_offsets(parts)
-        total = sum(end.values())
-        seen = 0
-        started = time.perf_counter()
-        while seen < total:
-            batch = await consumer.getmany(timeout_ms=2000, max_records=5000)
-            values = [r.value for rs in batch.values() for r in rs if r.value is not None]
-            codec.decode_many(values)
-            seen += sum(len(rs) for rs in batch.values())
-        return seen, time.perf_counter() - started
-    finally:
-        await consumer.stop()
-
-
 class _ProcessSampler:
-    """RSS and CPU time of one process, from /proc, sampled while a figure is measured."""
+    """RSS (the largest process's) and CPU time (summed) of processes, from /proc, sampled while
+    a figure is measured."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
         self.rss_mb: list[float] = []
-        self.cpu_start = self._cpu_s()
+        self.cpu_start = sum(self._cpu_s(pid) for pid in pids)
 
     def sample(self) -> None:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        self.rss_mb.append(int(line.split()[1]) / 1024)
-        except OSError:
-            pass
+        sizes = [size for pid in self.pids if (size := self._rss_mb(pid)) is not None]
+        if sizes:
+            self.rss_mb.append(max(sizes))
 
     def cpu_s(self) -> float:
-        return self._cpu_s() - self.cpu_start
+        return sum(self._cpu_s(pid) for pid in self.pids) - self.cpu_start
 
-    def _cpu_s(self) -> float:
+    @staticmethod
+    def _rss_mb(pid: int) -> float | None:
         try:
-            with open(f"/proc/{self.pid}/stat") as f:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return None
+
+    @staticmethod
+    def _cpu_s(pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except OSError:
@@ -308,18 +288,21 @@ def _db_bytes(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Figure]:
-    """N publishers (simulated fleets' agents) at full speed; the worker applies all projections.
+async def ingest(d: PrivateDeployment, entries: int, publishers: int, workers: int) -> list[Figure]:
+    """N publishers (simulated fleets' agents) at full speed; ``workers`` worker processes (one
+    consumer group) apply all projections.
 
     The rate is entries over the time from the first publish until every projection committed
-    the last entry; beside it the same entries consumed and decoded only (the ceiling).
+    the last entry; beside it the same entries consumed and decoded only by as many processes
+    (the ceiling).
     """
     runs = list(_take_runs(entries, seed=7))
     total = sum(len(r) for r in runs)
     shares = [runs[i::publishers] for i in range(publishers)]
-    worker = d.start_worker("ingest")
-    await asyncio.to_thread(d.wait_partitions, "ingest")
-    sampler = _ProcessSampler(worker.pid)
+    procs = [d.start_worker(f"ingest-{i}") for i in range(workers)]
+    for i in range(workers):
+        await asyncio.to_thread(d.wait_partitions, f"ingest-{i}")
+    sampler = _ProcessSampler([p.pid for p in procs])
     bytes_before = _db_bytes(d.settings.pg_address)
     published = 0
 
@@ -351,8 +334,9 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Fi
     elapsed = time.perf_counter() - started
     cpu = sampler.cpu_s()
     db_growth = _db_bytes(d.settings.pg_address) - bytes_before
-    d.stop_worker(worker)
-    n, secs = await _consume_decode(d)
+    for p in procs:
+        d.stop_worker(p)
+    ceiling = await _decode_only(d, workers)
     rss = sampler.rss_mb or [float("nan")]
     third = max(1, len(rss) // 3)
     return [
@@ -360,17 +344,22 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Fi
             "ingest: publish -> all projections committed",
             total / elapsed,
             "entries/s",
-            "ceiling: consume + decode only",
-            n / secs,
+            f"ceiling: consume + decode only, {workers} processes",
+            ceiling,
         ),
         Figure(
             "ingest: publishers alone",
             total / ((published_at or time.perf_counter()) - started),
             "entries/s",
         ),
-        Figure("ingest: entries", float(total), "entries", f"{publishers} publishers"),
+        Figure(
+            "ingest: entries",
+            float(total),
+            "entries",
+            f"{publishers} publishers, {workers} workers",
+        ),
         Figure("ingest: max lag (published - applied)", float(max_lag), "entries"),
-        Figure("worker RSS peak", max(rss), "MB"),
+        Figure("worker RSS peak (largest worker)", max(rss), "MB"),
         Figure(
             "worker RSS, last third of the run",
             sum(rss[-third:]) / third,
@@ -378,7 +367,7 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int) -> list[Fi
             "first third",
             sum(rss[:third]) / third,
         ),
-        Figure("worker CPU per 1k entries", cpu / total * 1000 * 1000, "ms"),
+        Figure("worker CPU per 1k entries (all workers)", cpu / total * 1000 * 1000, "ms"),
         Figure("PostgreSQL bytes per million entries", db_growth / total * 1e6 / 2**20, "MiB"),
     ]
 
@@ -450,19 +439,10 @@ async def rebuild(d: PrivateDeployment, entries: int, processes: int) -> list[Fi
     have = await _topic_entries(d)
     if have < entries:
         await _publish_raw(d, entries - have, seed=11)
-    topics = tuple(ledger_topic(d.settings.topic_prefix, f) for f in FLEETS)
-
-    async def replay(builds: tuple[tuple[str, str], ...]) -> tuple[float, int]:
-        shares = [
-            Share(d.settings, builds, False, topics, i, processes, 5000, None, redis=False)
-            for i in range(processes)
-        ]
-        started = time.perf_counter()
-        stats = await drain_parallel(shares)
-        return stats.records / (time.perf_counter() - started), stats.records
-
-    ceiling, _ = await replay(())  # the same processes, consuming and decoding only
-    rate, replayed = await replay(tuple((p.name, "bench-rebuild") for p in all_projections()))
+    ceiling = await _decode_only(d, processes)
+    rate, replayed = await _replay(
+        d, tuple((p.name, "bench-rebuild") for p in all_projections()), processes
+    )
     return [
         Figure(
             "rebuild: every projection from offset 0",
@@ -473,6 +453,27 @@ async def rebuild(d: PrivateDeployment, entries: int, processes: int) -> list[Fi
         ),
         Figure("rebuild: entries replayed", float(replayed), "entries", f"{processes} processes"),
     ]
+
+
+async def _replay(
+    d: PrivateDeployment, builds: tuple[tuple[str, str], ...], processes: int
+) -> tuple[float, int]:
+    """Replay the bench topics from their start into ``builds`` (none: decode only) in
+    ``processes`` processes: entries/s (from the processes' own clocks, so starting them is
+    not counted) and entries replayed."""
+    topics = tuple(ledger_topic(d.settings.topic_prefix, f) for f in FLEETS)
+    shares = [
+        Share(d.settings, builds, False, topics, i, processes, 5000, None, redis=False)
+        for i in range(processes)
+    ]
+    last: list[Progress] = []
+    stats = await drain_parallel(shares, last.append)
+    return (last[-1].rate if last else float("nan")), stats.records
+
+
+async def _decode_only(d: PrivateDeployment, processes: int) -> float:
+    """The ceiling: the bench topics consumed and decoded only, by ``processes`` processes."""
+    return (await _replay(d, (), processes))[0]
 
 
 async def _topic_entries(d: PrivateDeployment) -> int:
@@ -496,11 +497,12 @@ class Sizes:
     naive_entries: int
     rebuild_entries: int
     rebuild_processes: int
+    ingest_workers: int
 
 
 CORES = os.cpu_count() or 1
-QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES))
-FULL = Sizes(1000.0, 30.0, 200_000, 4, 3_000, 1_000_000, CORES)
+QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES), min(2, CORES))
+FULL = Sizes(1000.0, 30.0, 200_000, 4, 3_000, 1_000_000, CORES, CORES)
 
 
 async def run_bench(settings: Settings, quick: bool) -> BenchReport:
@@ -539,7 +541,9 @@ async def run_bench(settings: Settings, quick: bool) -> BenchReport:
         d.drop()
     d = await deployment("benchingest")
     try:
-        ingest_figures = await ingest(d, sizes.ingest_entries, sizes.publishers)
+        ingest_figures = await ingest(
+            d, sizes.ingest_entries, sizes.publishers, sizes.ingest_workers
+        )
         first = ingest_figures[0]
         report.figures += ingest_figures[:1]
         report.figures.append(

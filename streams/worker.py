@@ -159,6 +159,11 @@ def create_app(settings: Settings) -> faust.App:
         web_enabled=False,
         broker_commit_every=10_000,
         stream_buffer_maxsize=batch_size * 2,
+        # Without a cap, each poll turns everything aiokafka prefetched (up to 1 MiB per
+        # partition) into ConsumerRecords at once, and they wait in memory behind the full
+        # stream buffer: under a backlog ~4k records per partition (16 partitions: ~67k records,
+        # ~80 MB of RSS). Capped, a poll decodes one batch's worth; the rest stays raw bytes.
+        broker_max_poll_records=batch_size,
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=settings.worker_session_timeout_s,
         broker_heartbeat_interval=3.0,
