@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     )
     worker_batch_size: int = 2000
     worker_batch_wait_s: float = 0.005
+    # Analytics projections commit at most this often in steady state (the batches in between
+    # go together), so small hot batches do not each pay an analytics transaction
+    worker_analytics_interval_s: float = Field(default=0.1, ge=0)
     worker_session_timeout_s: float = 10.0
     # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
     rebuild_processes: int = Field(default=1, ge=1)

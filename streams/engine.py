@@ -151,6 +151,8 @@ class Engine:
         defer_analytics: bool = False,
         follow_live: bool = False,
         state_cache_runs: int = 256,
+        analytics_interval_s: float = 0.0,
+        analytics_max_pending: int = 4000,
     ) -> None:
         self.targets = list(targets)
         self.pg_dsn = pg_dsn
@@ -161,8 +163,17 @@ class Engine:
         self.redis_prefix = redis_prefix
         self.max_backoff_s = max_backoff_s
         # With defer_analytics, a batch's analytics (not hot) targets commit in the background
-        # on their own connection while the next batch's hot targets are applied.
+        # on their own connection while the next batches' hot targets are applied. Batches that
+        # arrive while an analytics commit runs (or within analytics_interval_s of the last
+        # one) go together in the next, so small hot batches do not each pay an analytics
+        # transaction; at analytics_max_pending records waiting, process() waits for them.
         self.defer_analytics = defer_analytics
+        self.analytics_interval_s = analytics_interval_s
+        self.analytics_max_pending = analytics_max_pending
+        self._pending: list[SourceRecord] = []
+        self._pending_decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError]
+        self._pending_decoded = {}
+        self._pending_sent: set[tuple[TopicPartition, int]] = set()
         # The live worker writes whatever build al_live points to, switching when a rebuild is
         # swapped in: it notices inside the batch transaction, after locking the offset rows
         # the swap also locks, so no batch lands in the old build after the swap.
@@ -194,10 +205,48 @@ class Engine:
             await self._retrying(self.publish_live_pointers, "publishing live builds to Redis")
 
     async def flush(self) -> None:
-        """Wait for deferred analytics work; raises what it raised."""
-        task, self._deferred = self._deferred, None
-        if task is not None:
-            await task
+        """Wait until deferred analytics work is committed; raises what it raised."""
+        while self._deferred is not None or self._pending:
+            if self._deferred is None:
+                self._deferred = asyncio.create_task(self._analytics_lane(interval=False))
+            task = self._deferred
+            try:
+                await task
+            finally:
+                if self._deferred is task:
+                    self._deferred = None
+
+    async def _analytics_lane(self, interval: bool = True) -> None:
+        """Commit the analytics targets over everything pending, until nothing is."""
+        while self._pending:
+            records, self._pending = self._pending, []
+            decoded, self._pending_decoded = self._pending_decoded, {}
+            sent, self._pending_sent = self._pending_sent, set()
+            cold = [t for t in self.targets if not t.projection.hot]
+            stats = BatchStats(records=len(records))
+            await self._phase("analytics", cold, records, decoded, sent, stats)
+            if interval and self.analytics_interval_s > 0:
+                await asyncio.sleep(self.analytics_interval_s)
+
+    def _defer(
+        self,
+        records: Sequence[SourceRecord],
+        decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
+        sent: set[tuple[TopicPartition, int]],
+    ) -> None:
+        self._pending.extend(records)
+        self._pending_decoded.update(decoded)
+        self._pending_sent |= sent
+        if self._deferred is None:
+            self._deferred = asyncio.create_task(self._analytics_lane())
+            self._deferred.add_done_callback(self._lane_done)
+
+    def _lane_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            if self._deferred is task:
+                self._deferred = None  # the next batch starts another
+        else:
+            _log_failure(task)  # kept: the next process() or flush() raises it
 
     async def close(self) -> None:
         try:
@@ -256,11 +305,11 @@ class Engine:
                 finally:
                     self._hot_idle.set()
             if cold and self.defer_analytics:
-                await self.flush()  # at most one batch of analytics in flight, in batch order
-                self._deferred = asyncio.create_task(
-                    self._phase("analytics", cold, records, decoded, sent, stats)
-                )
-                self._deferred.add_done_callback(_log_failure)
+                if self._deferred is not None and self._deferred.done():
+                    await self.flush()  # raises what the lane raised
+                self._defer(records, decoded, sent)
+                if len(self._pending) >= self.analytics_max_pending:
+                    await self.flush()
             elif cold:
                 await self._phase("analytics", cold, records, decoded, sent, stats)
             span.set_attribute("agentledger.records", len(records))

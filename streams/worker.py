@@ -179,7 +179,9 @@ def create_app(settings: Settings) -> faust.App:
         sink,
         telemetry=telemetry_from_setting(settings.otel),
         redis_prefix=settings.redis_prefix,
-        defer_analytics=True,  # analytics commit while the next batch's hot views are applied
+        defer_analytics=True,  # analytics commit while the next batches' hot views are applied
+        analytics_interval_s=settings.worker_analytics_interval_s,
+        analytics_max_pending=2 * batch_size,
         follow_live=True,  # a rebuild swapped in becomes the build this worker writes
     )
     PositionedConsumer.engine = engine

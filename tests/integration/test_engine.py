@@ -16,6 +16,7 @@ from rich.console import Console
 
 from infra.services import PostgresService
 from infra.settings import Settings
+from projectors.cost_metrics import CostMetricsProjection
 from projectors.run_stats import RunStats, RunStatsProjection
 from schemas.catalog import AVSC_DIR, CATALOG
 from schemas.codec import LedgerCodec
@@ -289,3 +290,51 @@ async def test_kept_states_skip_reparsing_and_another_writer_invalidates_them(
         await a.close()
         await other.close()
         await sink.close()
+
+
+async def test_deferred_analytics_coalesce_small_batches_and_apply_everything_once(
+    services: Settings,
+) -> None:
+    """With defer_analytics, each batch's hot targets commit at once; the batches that arrive
+    while an analytics commit runs (or within the interval after it) go together in the next."""
+    env = await make_env(services)
+    entries = simulate(1, 4, seed=23)
+    records = _records(env, entries, 0)
+    cold = CostMetricsProjection()
+    sink = KafkaDeadLetterSink(env.settings)
+    engine = Engine(
+        [Target(RunStatsProjection(), env.build), Target(cold, env.build)],
+        env.settings.pg_address,
+        None,
+        sink,
+        defer_analytics=True,
+        analytics_interval_s=0.3,
+    )
+    lanes: list[tuple[str, int]] = []
+    phase = engine._phase
+
+    async def counted(lane: str, targets: Any, batch: Any, *args: Any) -> None:
+        lanes.append((lane, len(batch)))
+        await phase(lane, targets, batch, *args)
+
+    engine._phase = counted  # type: ignore[method-assign, assignment]
+    try:
+        await engine.start()
+        size = len(records) // 5 + 1
+        for start in range(0, len(records), size):
+            await engine.process(records[start : start + size])
+        await engine.flush()
+    finally:
+        await engine.close()
+        await sink.close()
+    hot = [n for lane, n in lanes if lane == "hot"]
+    analytics = [n for lane, n in lanes if lane == "analytics"]
+    assert len(hot) == 5 and sum(hot) == len(records)
+    assert len(analytics) == 2, analytics  # the first batch, then the four that waited
+    assert sum(analytics) == len(records)
+    with psycopg.connect(env.settings.pg_address) as conn:
+        rows = conn.execute(
+            "SELECT run_id, applied_seq FROM al_run_state WHERE projection = %s AND build = %s",
+            (cold.name, env.build),
+        ).fetchall()
+    assert dict(rows) == {run_id: len(run) for run_id, run in _by_run(entries).items()}
