@@ -62,6 +62,17 @@ class SequenceBook:
 
 
 @dataclass(frozen=True)
+class Encoded:
+    """What goes on the wire for one entry: its fleet, topic, key, bytes and headers."""
+
+    fleet_id: str
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
 class Prepared:
     """An entry ready to send: its topic, key, bytes and headers."""
 
@@ -70,6 +81,14 @@ class Prepared:
     key: bytes
     value: bytes
     headers: list[tuple[str, bytes]]
+
+    @property
+    def fleet_id(self) -> str:
+        return self.entry.fleet_id
+
+    def encoded(self) -> Encoded:
+        """The wire form alone (without the entry object), e.g. to hold many in memory."""
+        return Encoded(self.entry.fleet_id, self.topic, self.key, self.value, self.headers)
 
 
 def traceparent(trace_id: str, span_id: str) -> bytes:
@@ -185,9 +204,9 @@ class AsyncPublisher:
         self.book.commit(p.entry.run_id, p.entry.sequence_no)
         return p
 
-    async def send(self, staged: Sequence[Prepared]) -> None:
+    async def send(self, staged: Sequence[Prepared | Encoded]) -> None:
         """Produce staged records and wait until the broker acknowledged every one."""
-        await self._ensure_fleets({p.entry.fleet_id for p in staged})
+        await self._ensure_fleets({p.fleet_id for p in staged})
         producer = self._require_producer()
         futures = [
             await producer.send(p.topic, p.value, key=p.key, headers=p.headers) for p in staged
