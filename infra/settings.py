@@ -52,7 +52,7 @@ class Settings(BaseSettings):
         description="what a worker applies: all, agent (hot views), analytics, or a name list",
     )
     worker_batch_size: int = 2000
-    worker_batch_wait_s: float = 0.005
+    worker_batch_wait_s: float = 0.002
     # Analytics projections commit at most this often in steady state (the batches in between
     # go together), so small hot batches do not each pay an analytics transaction
     worker_analytics_interval_s: float = Field(default=0.1, ge=0)
