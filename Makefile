@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentledger demo
 
+bench: $(STAMP)
+	$(BIN)/agentledger bench
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
