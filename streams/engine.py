@@ -153,6 +153,7 @@ class Engine:
         state_cache_runs: int = 256,
         analytics_interval_s: float = 0.0,
         analytics_max_pending: int = 4000,
+        on_lane_failure: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         self.targets = list(targets)
         self.pg_dsn = pg_dsn
@@ -174,6 +175,8 @@ class Engine:
         self._pending_decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError]
         self._pending_decoded = {}
         self._pending_sent: set[tuple[TopicPartition, int]] = set()
+        self._hurry = asyncio.Event()  # set while flush() waits: no interval
+        self.on_lane_failure = on_lane_failure
         # The live worker writes whatever build al_live points to, switching when a rebuild is
         # swapped in: it notices inside the batch transaction, after locking the offset rows
         # the swap also locks, so no batch lands in the old build after the swap.
@@ -205,18 +208,23 @@ class Engine:
             await self._retrying(self.publish_live_pointers, "publishing live builds to Redis")
 
     async def flush(self) -> None:
-        """Wait until deferred analytics work is committed; raises what it raised."""
-        while self._deferred is not None or self._pending:
-            if self._deferred is None:
-                self._deferred = asyncio.create_task(self._analytics_lane(interval=False))
-            task = self._deferred
-            try:
-                await task
-            finally:
-                if self._deferred is task:
-                    self._deferred = None
+        """Wait until deferred analytics work is committed; raises what it raised (the work
+        it failed on stays pending, ahead of anything newer)."""
+        self._hurry.set()  # the lane stops waiting out its interval
+        try:
+            while self._deferred is not None or self._pending:
+                if self._deferred is None:
+                    self._deferred = asyncio.create_task(self._analytics_lane())
+                task = self._deferred
+                try:
+                    await task
+                finally:
+                    if self._deferred is task:
+                        self._deferred = None
+        finally:
+            self._hurry.clear()
 
-    async def _analytics_lane(self, interval: bool = True) -> None:
+    async def _analytics_lane(self) -> None:
         """Commit the analytics targets over everything pending, until nothing is."""
         while self._pending:
             records, self._pending = self._pending, []
@@ -224,9 +232,18 @@ class Engine:
             sent, self._pending_sent = self._pending_sent, set()
             cold = [t for t in self.targets if not t.projection.hot]
             stats = BatchStats(records=len(records))
-            await self._phase("analytics", cold, records, decoded, sent, stats)
-            if interval and self.analytics_interval_s > 0:
-                await asyncio.sleep(self.analytics_interval_s)
+            try:
+                await self._phase("analytics", cold, records, decoded, sent, stats)
+            except BaseException:
+                # Not committed: back in front of what arrived meanwhile, so no later commit
+                # moves this lane's offsets past records it never applied.
+                self._pending[:0] = records
+                self._pending_decoded.update(decoded)
+                self._pending_sent |= sent
+                raise
+            if self.analytics_interval_s > 0 and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), self.analytics_interval_s)
 
     def _defer(
         self,
@@ -245,8 +262,10 @@ class Engine:
         if task.cancelled() or task.exception() is None:
             if self._deferred is task:
                 self._deferred = None  # the next batch starts another
-        else:
-            _log_failure(task)  # kept: the next process() or flush() raises it
+            return
+        _log_failure(task)  # kept: the next process() or flush() raises it
+        if self.on_lane_failure is not None:  # the worker stops now, not at the next batch
+            self.on_lane_failure(task.exception())
 
     async def close(self) -> None:
         try:

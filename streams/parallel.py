@@ -76,23 +76,24 @@ def _run_processes(
             try:
                 kind, index, payload = messages.get(timeout=1.0)
             except queue.Empty:
-                dead = [i for i, p in enumerate(processes) if not p.is_alive() and i not in results]
-                if dead:
-                    time.sleep(0.5)  # its last message may still be in the pipe
-                    if messages.empty():
-                        raise ParallelReplayError(
-                            f"replay share {dead[0]} exited ({processes[dead[0]].exitcode}) "
-                            "without finishing"
-                        ) from None
-                continue
+                kind = None
             if kind == "progress":
                 seen[index] = Progress(*payload)
                 if progress is not None:
                     progress(_sum_progress(seen.values()))
             elif kind == "done":
                 results[index] = BatchStats(**payload)
-            else:
+            elif kind == "error":
                 raise ParallelReplayError(f"replay share {index} failed:\n{payload}")
+            if kind is None or kind == "progress":  # a process that died says nothing more
+                dead = [i for i, p in enumerate(processes) if not p.is_alive() and i not in results]
+                if dead and messages.empty():
+                    time.sleep(0.5)  # its last message may still be in the pipe
+                    if messages.empty():
+                        raise ParallelReplayError(
+                            f"replay share {dead[0]} exited ({processes[dead[0]].exitcode}) "
+                            "without finishing"
+                        )
     finally:
         for p in processes:
             if p.is_alive() and len(results) < len(shares):

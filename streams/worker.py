@@ -135,6 +135,13 @@ async def _batches(
             carried.cancel()
 
 
+def _fatal(exc: BaseException | None) -> None:
+    """A non-retriable failure: stop the process; the stored offsets decide the restart."""
+    logger.critical("non-retriable failure applying analytics; stopping", exc_info=exc)
+    logging.shutdown()
+    os._exit(EXIT_FATAL)
+
+
 def _slug(spec: str) -> str:
     return "-".join(w.strip() for w in spec.split(",") if w.strip())
 
@@ -182,6 +189,7 @@ def create_app(settings: Settings) -> faust.App:
         defer_analytics=True,  # analytics commit while the next batches' hot views are applied
         analytics_interval_s=settings.worker_analytics_interval_s,
         analytics_max_pending=2 * batch_size,
+        on_lane_failure=_fatal,
         follow_live=True,  # a rebuild swapped in becomes the build this worker writes
     )
     PositionedConsumer.engine = engine

@@ -107,7 +107,9 @@ async def save_offsets(
     ]
     if rows:
         await conn.execute(
-            'UPDATE al_offsets AS o SET "offset" = v.o, updated_at = now() '
+            # never backwards: a writer that lost the partition (its deferred analytics
+            # committing late) must not move a newer owner's position back
+            'UPDATE al_offsets AS o SET "offset" = GREATEST(o."offset", v.o), updated_at = now() '
             "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) "
             "AS v(projection, build, topic, partition, o) "
             "WHERE o.projection = v.projection AND o.build = v.build "

@@ -338,3 +338,56 @@ async def test_deferred_analytics_coalesce_small_batches_and_apply_everything_on
             (cold.name, env.build),
         ).fetchall()
     assert dict(rows) == {run_id: len(run) for run_id, run in _by_run(entries).items()}
+
+
+async def test_a_failed_analytics_commit_keeps_its_records_ahead_of_newer_ones(
+    services: Settings,
+) -> None:
+    """The analytics lane fails on its first commit: the records it held stay pending ahead of
+    the batches that came meanwhile, so the next flush applies everything, in order, once."""
+    env = await make_env(services)
+    entries = simulate(1, 3, seed=29)
+    records = _records(env, entries, 0)
+    cold = CostMetricsProjection()
+    sink = KafkaDeadLetterSink(env.settings)
+    failures: list[BaseException | None] = []
+    engine = Engine(
+        [Target(RunStatsProjection(), env.build), Target(cold, env.build)],
+        env.settings.pg_address,
+        None,
+        sink,
+        defer_analytics=True,
+        analytics_interval_s=0.2,
+        on_lane_failure=failures.append,
+    )
+    phase = engine._phase
+    broken = [True]
+
+    async def failing_once(lane: str, targets: Any, batch: Any, *args: Any) -> None:
+        if lane == "analytics" and broken[0]:
+            await asyncio.sleep(0.05)  # the next batch arrives while this commit runs
+            broken[0] = False
+            raise RuntimeError("analytics commit failed")
+        await phase(lane, targets, batch, *args)
+
+    engine._phase = failing_once  # type: ignore[method-assign, assignment]
+    half = len(records) // 2
+    try:
+        await engine.start()
+        await engine.process(records[:half])
+        await engine.process(records[half:])
+        with pytest.raises(RuntimeError, match="analytics commit failed"):
+            await engine.flush()
+        assert len(failures) == 1 and isinstance(failures[0], RuntimeError)
+        await engine.flush()  # the records of the failed commit first, then the newer ones
+    finally:
+        await engine.close()
+        await sink.close()
+    with psycopg.connect(env.settings.pg_address) as conn:
+        rows = conn.execute(
+            "SELECT run_id, applied_seq, held FROM al_run_state "
+            "WHERE projection = %s AND build = %s",
+            (cold.name, env.build),
+        ).fetchall()
+    runs = _by_run(entries)
+    assert {r: (s, list(h)) for r, s, h in rows} == {r: (len(e), []) for r, e in runs.items()}
