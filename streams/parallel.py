@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from infra.settings import Settings
-from projectors.registry import NAMES, selected
+from projectors.registry import all_projections, selected
 from schemas.errors import AgentLedgerError
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Poison, SourceRecord, Target, TopicPartition
@@ -50,7 +50,7 @@ class Share:
 
 def parallel_ok(targets: Sequence[Target], settings: Settings) -> bool:
     """Whether these targets can be rebuilt from their names (the shipped projections)."""
-    shipped = {p.name: type(p) for p in selected(",".join(NAMES), settings)}
+    shipped = {p.name: type(p) for p in all_projections(settings)}
     return all(shipped.get(t.name) is type(t.projection) for t in targets)
 
 

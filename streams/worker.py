@@ -137,7 +137,7 @@ async def _batches(
 
 def _fatal(exc: BaseException | None) -> None:
     """A non-retriable failure: stop the process; the stored offsets decide the restart."""
-    logger.critical("non-retriable failure applying analytics; stopping", exc_info=exc)
+    logger.critical("non-retriable failure applying a batch; stopping", exc_info=exc)
     logging.shutdown()
     os._exit(EXIT_FATAL)
 
@@ -218,10 +218,8 @@ def create_app(settings: Settings) -> faust.App:
                     engine.telemetry.record_lag(
                         _lag(app, ((r.topic, r.partition, r.offset) for r in records))
                     )
-            except Exception:
-                logger.critical("non-retriable failure applying a batch; stopping", exc_info=True)
-                logging.shutdown()
-                os._exit(EXIT_FATAL)
+            except Exception as exc:
+                _fatal(exc)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:

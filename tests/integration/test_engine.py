@@ -292,6 +292,23 @@ async def test_kept_states_skip_reparsing_and_another_writer_invalidates_them(
         await sink.close()
 
 
+def _two_lanes(env: Env, sink: KafkaDeadLetterSink, **options: Any) -> Engine:
+    """run-stats (hot) and cost-metrics (analytics, deferred) on the env's build."""
+    targets = [Target(RunStatsProjection(), env.build), Target(CostMetricsProjection(), env.build)]
+    return Engine(targets, env.settings.pg_address, None, sink, defer_analytics=True, **options)
+
+
+def _analytics_positions(env: Env) -> dict[str, tuple[int, list[int]]]:
+    """cost-metrics' (applied_seq, held) of every run of the env's build."""
+    with psycopg.connect(env.settings.pg_address) as conn:
+        rows = conn.execute(
+            "SELECT run_id, applied_seq, held FROM al_run_state "
+            "WHERE projection = 'cost-metrics' AND build = %s",
+            (env.build,),
+        ).fetchall()
+    return {run_id: (seq, list(held)) for run_id, seq, held in rows}
+
+
 async def test_deferred_analytics_coalesce_small_batches_and_apply_everything_once(
     services: Settings,
 ) -> None:
@@ -300,16 +317,8 @@ async def test_deferred_analytics_coalesce_small_batches_and_apply_everything_on
     env = await make_env(services)
     entries = simulate(1, 4, seed=23)
     records = _records(env, entries, 0)
-    cold = CostMetricsProjection()
     sink = KafkaDeadLetterSink(env.settings)
-    engine = Engine(
-        [Target(RunStatsProjection(), env.build), Target(cold, env.build)],
-        env.settings.pg_address,
-        None,
-        sink,
-        defer_analytics=True,
-        analytics_interval_s=0.3,
-    )
+    engine = _two_lanes(env, sink, analytics_interval_s=0.3)
     lanes: list[tuple[str, int]] = []
     phase = engine._phase
 
@@ -332,12 +341,7 @@ async def test_deferred_analytics_coalesce_small_batches_and_apply_everything_on
     assert len(hot) == 5 and sum(hot) == len(records)
     assert len(analytics) == 2, analytics  # the first batch, then the four that waited
     assert sum(analytics) == len(records)
-    with psycopg.connect(env.settings.pg_address) as conn:
-        rows = conn.execute(
-            "SELECT run_id, applied_seq FROM al_run_state WHERE projection = %s AND build = %s",
-            (cold.name, env.build),
-        ).fetchall()
-    assert dict(rows) == {run_id: len(run) for run_id, run in _by_run(entries).items()}
+    assert _analytics_positions(env) == {r: (len(run), []) for r, run in _by_run(entries).items()}
 
 
 async def test_a_failed_analytics_commit_keeps_its_records_ahead_of_newer_ones(
@@ -348,18 +352,9 @@ async def test_a_failed_analytics_commit_keeps_its_records_ahead_of_newer_ones(
     env = await make_env(services)
     entries = simulate(1, 3, seed=29)
     records = _records(env, entries, 0)
-    cold = CostMetricsProjection()
     sink = KafkaDeadLetterSink(env.settings)
     failures: list[BaseException | None] = []
-    engine = Engine(
-        [Target(RunStatsProjection(), env.build), Target(cold, env.build)],
-        env.settings.pg_address,
-        None,
-        sink,
-        defer_analytics=True,
-        analytics_interval_s=0.2,
-        on_lane_failure=failures.append,
-    )
+    engine = _two_lanes(env, sink, analytics_interval_s=0.2, on_lane_failure=failures.append)
     phase = engine._phase
     broken = [True]
 
@@ -383,11 +378,4 @@ async def test_a_failed_analytics_commit_keeps_its_records_ahead_of_newer_ones(
     finally:
         await engine.close()
         await sink.close()
-    with psycopg.connect(env.settings.pg_address) as conn:
-        rows = conn.execute(
-            "SELECT run_id, applied_seq, held FROM al_run_state "
-            "WHERE projection = %s AND build = %s",
-            (cold.name, env.build),
-        ).fetchall()
-    runs = _by_run(entries)
-    assert {r: (s, list(h)) for r, s, h in rows} == {r: (len(e), []) for r, e in runs.items()}
+    assert _analytics_positions(env) == {r: (len(run), []) for r, run in _by_run(entries).items()}
