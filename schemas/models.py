@@ -10,6 +10,7 @@ and the codec raise `LedgerValidationError` instead.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -35,19 +36,45 @@ _INT_MAX = 2**31 - 1
 _LONG_MAX = 2**63 - 1
 
 
+# Times an agent can have lived in. Fixed bounds, not the clock: a replay years from now must
+# accept and reject exactly what the live worker did.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2100, 1, 1, tzinfo=UTC)
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\]+|\\.)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
 def _to_utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    value = value.astimezone(UTC)
+    if not EARLIEST <= value < LATEST:
+        raise ValueError(f"must be from {EARLIEST.year} to {LATEST.year - 1}")
+    return value
 
 
 def _iso_utc(value: datetime) -> str:
     return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
+def json_depth(text: str) -> int:
+    """How deeply arrays and objects nest in JSON text (strings ignored), without recursing."""
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _json_text(value: str) -> str:
+    too_deep = ValueError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
     try:
-        json.loads(value)
+        json.loads(value)  # first: on valid JSON, json_depth's string pattern runs in linear time
+    except RecursionError:
+        raise too_deep from None
     except ValueError as exc:
         raise ValueError(f"not a JSON document: {exc}") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise too_deep
     return value
 
 
@@ -56,7 +83,24 @@ UtcDatetime = Annotated[
     AfterValidator(_to_utc),
     PlainSerializer(_iso_utc, return_type=str, when_used="json"),
 ]
-Id = Annotated[str, Field(min_length=1)]
+# Identifiers that join, deduplicate or name things (entry, run, tool call, response ids): a
+# charset with no spaces, quotes or control characters, so an id is never free text in disguise.
+ID_PATTERN = r"^[A-Za-z0-9_.:@/+=#~-]{1,256}$"
+Id = Annotated[str, Field(min_length=1, max_length=256, pattern=ID_PATTERN)]
+# Names that describe (tool names, paths, models, error signatures): printable text of any script,
+# no control characters (a NUL in a name would stop PostgreSQL; a newline would forge log lines).
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,4096}$"
+Name = Annotated[str, Field(min_length=1, max_length=4096, pattern=NAME_PATTERN)]
+# Fleet ids become topic names.
+FLEET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+FleetId = Annotated[str, Field(pattern=FLEET_ID_PATTERN)]
+# W3C trace context: 16 and 8 bytes as lower-case hex.
+TraceId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+SpanId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+METADATA_KEY_PATTERN = r"^[A-Za-z0-9_.:/-]{1,128}$"
+MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN)]
+# Free text a model or a person wrote, kept whole (NULs and all): never empty.
+Text = Annotated[str, Field(min_length=1)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Digest = Annotated[str, Field(pattern=r"^[a-z0-9-]+:[0-9a-f]+$")]
 JsonText = Annotated[str, AfterValidator(_json_text)]
@@ -246,7 +290,7 @@ class Actor(_Record):
     """The producer of an entry."""
 
     type: ActorType
-    id: Id
+    id: Name
 
 
 class Causation(_Record):
@@ -260,8 +304,8 @@ class Redaction(_Record):
     """One removal made by the publisher's redactor; never the value."""
 
     type: RedactionType
-    field: Id
-    rule: Id | None = None
+    field: Name
+    rule: Name | None = None
 
 
 class ArtifactRef(_Record):
@@ -270,7 +314,7 @@ class ArtifactRef(_Record):
     artifact_id: Id
     sha256: Sha256Hex
     size_bytes: Count
-    content_type: Id
+    content_type: Name
     redaction_level: RedactionLevel
 
 
@@ -286,7 +330,7 @@ class JsonPart(_Record):
 
     type: Literal["json"] = "json"
     json_text: JsonText
-    schema_ref: Id | None = None
+    schema_ref: Name | None = None
 
 
 class ArtifactRefPart(_Record):
@@ -296,7 +340,7 @@ class ArtifactRefPart(_Record):
     artifact_id: Id
     sha256: Sha256Hex
     size_bytes: Count
-    content_type: Id
+    content_type: Name
     redaction_level: RedactionLevel
 
     def to_ref(self) -> ArtifactRef:
@@ -308,7 +352,7 @@ class FileSnippetPart(_Record):
     """A slice of a repository file the agent observed."""
 
     type: Literal["file_snippet"] = "file_snippet"
-    path: Id
+    path: Name
     line_start: Line
     line_end: Line
     commit_sha: Id | None = None
@@ -324,12 +368,12 @@ class FileSnippetPart(_Record):
 class DiffFile(_Record):
     """One changed file in a diff."""
 
-    path: Id
+    path: Name
     status: FileChangeStatus
     lines_added: Count32
     lines_deleted: Count32
     classification: FileClassification
-    old_path: Id | None = Field(default=None, validate_default=True)
+    old_path: Name | None = Field(default=None, validate_default=True)
 
     @field_validator("old_path")
     @classmethod
@@ -354,7 +398,7 @@ class ToolCallPart(_Record):
 
     type: Literal["tool_call"] = "tool_call"
     tool_call_id: Id
-    tool_name: Id
+    tool_name: Name
     permission_class: PermissionClass
     arguments_hash: Digest
     started_at: UtcDatetime
@@ -383,36 +427,36 @@ class VerificationPart(_Record):
     """The result of a verifier or judge check."""
 
     type: Literal["verification"] = "verification"
-    verifier: Id
-    profile: Id
+    verifier: Name
+    profile: Name
     status: VerificationStatus
     diagnostics_ref: ArtifactRef | None = None
-    check_id: Id | None = None
+    check_id: Name | None = None
 
 
 class ErrorPart(_Record):
     """An error the agent, a tool or the platform met."""
 
     type: Literal["error"] = "error"
-    category: Id
+    category: Name
     message: str
-    signature: Id | None = None
+    signature: Name | None = None
 
 
 class ModelUsagePart(_Record):
     """One model provider call: normalized usage plus the provider's raw usage verbatim."""
 
     type: Literal["model_usage"] = "model_usage"
-    provider: Id
-    model: Id
-    purpose: Id
+    provider: Name
+    model: Name
+    purpose: Name
     provider_response_id: Id | None = None
     input_tokens: Count
     cached_input_tokens: Count
     output_tokens: Count
     reasoning_tokens: Count
     latency_ms: Count
-    finish_reason: Id | None = None
+    finish_reason: Name | None = None
     status: ModelCallStatus
     provider_reported_cost_usd: Usd | None = None
     raw_usage_json: JsonText
@@ -444,11 +488,11 @@ class ContextItem(_Record):
     visibility: Visibility
     sha256: Sha256Hex
     tokens: Count
-    path: Id | None = None
+    path: Name | None = None
     line_start: Line | None = None
     line_end: Line | None = None
     tool_call_id: Id | None = None
-    section: Id | None = None
+    section: Name | None = None
 
     @field_validator("line_end")
     @classmethod
@@ -466,22 +510,22 @@ class ContextItemsPart(_Record):
 class ProposedFact(_Record):
     """A fact with its evidence refs (entry:<id>, tool-call:<id>, artifact:<id>)."""
 
-    fact: Id
+    fact: Text
     evidence_refs: tuple[Id, ...]
 
 
 class ProposedProblem(_Record):
     """An open problem with its evidence refs."""
 
-    problem: Id
+    problem: Text
     evidence_refs: tuple[Id, ...]
 
 
 class ProposedDecision(_Record):
     """A decision with its reason and evidence refs."""
 
-    decision: Id
-    reason: Id
+    decision: Text
+    reason: Text
     evidence_refs: tuple[Id, ...]
 
 
@@ -531,7 +575,7 @@ class LedgerEntry(_Record):
     """One append-only fact recorded by an agent fleet (the envelope)."""
 
     entry_id: Id
-    fleet_id: Id
+    fleet_id: FleetId
     session_id: Id
     run_id: Id
     attempt_id: Id
@@ -543,11 +587,11 @@ class LedgerEntry(_Record):
     trust_level: TrustLevel
     visibility: Visibility
     causation: Causation = Field(default_factory=Causation)
-    trace_id: Id | None = None
-    span_id: Id | None = None
+    trace_id: TraceId | None = None
+    span_id: SpanId | None = None
     run_status: RunStatus | None = Field(default=None, validate_default=True)
     parts: tuple[Part, ...] = ()
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[MetadataKey, str] = Field(default_factory=dict)
     redactions: tuple[Redaction, ...] = ()
 
     @field_validator("run_status")
@@ -634,10 +678,52 @@ def parse_entry_json(text: str | bytes) -> LedgerEntry:
         raise validation_error(exc) from None
 
 
+def _field_names() -> frozenset[str]:
+    names = {"[key]"}
+    models: tuple[type[BaseModel], ...] = (
+        LedgerEntry,
+        Actor,
+        Causation,
+        Redaction,
+        ArtifactRef,
+        DiffFile,
+        ContextItem,
+        ProposedFact,
+        ProposedProblem,
+        ProposedDecision,
+        *PART_TYPES,
+    )
+    for model in models:
+        names.update(model.model_fields)
+    names.update(part_tag(cls) for cls in PART_TYPES)
+    return frozenset(names)
+
+
+_FIELD_NAMES = _field_names()
+# Errors whose pydantic message quotes the input; said in our words instead.
+_OWN_WORDS = {
+    "union_tag_invalid": "unknown part type",
+    "union_tag_not_found": "a part needs its 'type'",
+}
+
+
 def validation_error(exc: ValidationError) -> LedgerValidationError:
-    """The first pydantic error as a LedgerValidationError naming its field path."""
+    """The first pydantic error as a LedgerValidationError naming its field path.
+
+    Never the offending value: a key nobody declared (an unknown field, a metadata key) shows as
+    ``<key>``, and messages that would quote the input are replaced, since a rejected value may be
+    a secret and errors reach logs and terminals.
+    """
     errors = exc.errors(include_url=False)
     first = errors[0]
-    field = ".".join(str(item) for item in first["loc"]) or "entry"
+    field = ".".join(_loc_item(item) for item in first["loc"]) or "entry"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return LedgerValidationError(field, f"{first['msg']}{more}")
+    message = _OWN_WORDS.get(first["type"], first["msg"])
+    if first["type"] == "union_tag_invalid":
+        expected = first.get("ctx", {}).get("expected_tags", "")
+        message = f"{message} (expected one of {expected})"
+    return LedgerValidationError(field, f"{message}{more}")
+
+
+def _loc_item(item: int | str) -> str:
+    return str(item) if isinstance(item, int) or item in _FIELD_NAMES else "<key>"

@@ -10,9 +10,12 @@ a bounded wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
 
@@ -25,15 +28,34 @@ from schemas.errors import AgentLedgerError, LedgerValidationError
 from schemas.models import LedgerEntry
 from streams.admin import create_fleet_topics
 from streams.redaction import redact_entry
-from streams.topics import FLEET_ID_RE, ledger_topic
+from streams.topics import ledger_topic
 
 CONTENT_TYPE = b"application/vnd.agentledger.entry+avro"
 
 
+# How far ahead of this machine's clock an entry may say it happened (clock skew between hosts).
+MAX_CLOCK_AHEAD = timedelta(days=1)
+
+
 class BrokerUnavailableError(AgentLedgerError):
-    """Kafka did not answer within the publish timeout. Retry later; nothing was lost here."""
+    """Kafka did not answer within the publish timeout. Retry later; nothing was lost here.
+
+    ``acknowledged`` and ``unacknowledged`` list the (run id, sequence number) of the entries
+    the broker did and did not confirm. Resending the unacknowledged ones (or the whole batch)
+    is safe: an entry that did arrive is skipped downstream as a duplicate.
+    """
 
     retriable = True
+
+    def __init__(
+        self,
+        message: str,
+        acknowledged: Sequence[tuple[str, int]] = (),
+        unacknowledged: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.acknowledged = list(acknowledged)
+        self.unacknowledged = list(unacknowledged)
 
 
 @dataclass
@@ -96,17 +118,28 @@ def traceparent(trace_id: str, span_id: str) -> bytes:
 
 
 def prepare(
-    entry: LedgerEntry, book: SequenceBook, codec: LedgerCodec, settings: Settings
+    entry: LedgerEntry,
+    book: SequenceBook,
+    codec: LedgerCodec,
+    settings: Settings,
+    now: datetime | None = None,
 ) -> Prepared:
-    """Validate, number, redact and encode one entry. Pure apart from the sequence book peek."""
-    if not FLEET_ID_RE.match(entry.fleet_id):
-        raise LedgerValidationError("fleet_id", f"{entry.fleet_id!r} is not a valid fleet id")
-    sequence_no = book.peek(entry)
-    updates: dict[str, Any] = {"sequence_no": sequence_no}
+    """Validate, redact, number and encode one entry. Pure apart from the sequence book peek
+    (and the clock, read once when ``now`` is not given)."""
+    if entry.occurred_at > (now or datetime.now(UTC)) + MAX_CLOCK_AHEAD:
+        raise LedgerValidationError(
+            "occurred_at", f"more than {MAX_CLOCK_AHEAD.days} day ahead of this machine's clock"
+        )
     if entry.trace_id is None or entry.span_id is None:
-        updates["trace_id"] = entry.trace_id or secrets.token_hex(16)
-        updates["span_id"] = entry.span_id or secrets.token_hex(8)
-    entry = redact_entry(entry.model_copy(update=updates))
+        entry = entry.model_copy(
+            update={
+                "trace_id": entry.trace_id or secrets.token_hex(16),
+                "span_id": entry.span_id or secrets.token_hex(8),
+            }
+        )
+    # Redaction first: it refuses ids that hold a secret, before any message names the run.
+    entry = redact_entry(entry)
+    book.peek(entry)
     value = codec.encode(entry)
     if len(value) > settings.max_entry_bytes:
         raise LedgerValidationError(
@@ -146,7 +179,11 @@ class AsyncPublisher:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        try:
+            await self.close()
+        except BrokerUnavailableError:
+            if exc is None:
+                raise  # else the error that ended the block says more; this one adds nothing
 
     async def start(self) -> None:
         timeout_ms = int(self.settings.publish_timeout_s * 1000)
@@ -162,14 +199,23 @@ class AsyncPublisher:
         try:
             await self._bounded(producer.start(), "connecting to Kafka")
         except BaseException:
-            await producer.stop()
+            await _stop_within(producer, self.settings.publish_timeout_s)
             raise
         self._producer = producer
 
     async def close(self) -> None:
+        """Flush what is pending and disconnect, within the publish timeout. Past it (the broker
+        is gone), the producer is torn down and :class:`BrokerUnavailableError` says so: entries
+        whose acks never came were not confirmed and should be sent again."""
         if self._producer is not None:
             producer, self._producer = self._producer, None
-            await producer.stop()
+            started = time.monotonic()
+            if not await _stop_within(producer, self.settings.publish_timeout_s):
+                raise BrokerUnavailableError(
+                    f"closing the publisher: Kafka at {self.settings.kafka_address} did not "
+                    f"take the pending entries within {time.monotonic() - started:.1f}s; the "
+                    "connection was dropped, entries not acknowledged earlier were not sent"
+                )
 
     async def publish(self, entry: LedgerEntry) -> LedgerEntry:
         """Send one entry and wait for the broker's ack. Returns the entry as sent."""
@@ -205,13 +251,34 @@ class AsyncPublisher:
         return p
 
     async def send(self, staged: Sequence[Prepared | Encoded]) -> None:
-        """Produce staged records and wait until the broker acknowledged every one."""
+        """Produce staged records and wait until the broker acknowledged every one, within the
+        publish timeout; else :class:`BrokerUnavailableError` says which were acknowledged."""
+        started = time.monotonic()
         await self._ensure_fleets({p.fleet_id for p in staged})
         producer = self._require_producer()
-        futures = [
-            await producer.send(p.topic, p.value, key=p.key, headers=p.headers) for p in staged
-        ]
-        await self._bounded(asyncio.gather(*futures), "waiting for Kafka acks")
+        deadline = started + self.settings.publish_timeout_s
+        futures: list[asyncio.Future[Any]] = []
+        failure: BaseException | None = None
+        try:
+            for p in staged:  # send() itself waits while the producer's buffer is full
+                futures.append(
+                    await asyncio.wait_for(
+                        producer.send(p.topic, p.value, key=p.key, headers=p.headers),
+                        max(deadline - time.monotonic(), 0.001),
+                    )
+                )
+            if futures:
+                await asyncio.wait(futures, timeout=max(deadline - time.monotonic(), 0.001))
+        except (TimeoutError, KafkaError, OSError) as exc:
+            failure = exc
+        acked = [f.done() and not f.cancelled() and f.exception() is None for f in futures]
+        if failure is None and all(acked) and len(acked) == len(staged):
+            return
+        errors = [f.exception() for f in futures if f.done() and not f.cancelled()]
+        failure = failure or next((e for e in errors if e is not None), None)
+        raise _unacknowledged(
+            staged, acked, failure, time.monotonic() - started, self.settings.kafka_address
+        )
 
     async def flush(self) -> None:
         await self._bounded(self._require_producer().flush(), "flushing to Kafka")
@@ -230,13 +297,72 @@ class AsyncPublisher:
         return self._producer
 
     async def _bounded(self, awaitable: Any, what: str) -> Any:
+        started = time.monotonic()
         try:
             return await asyncio.wait_for(awaitable, self.settings.publish_timeout_s)
         except (TimeoutError, KafkaError, OSError) as exc:
             raise BrokerUnavailableError(
                 f"{what} at {self.settings.kafka_address} failed after "
-                f"{self.settings.publish_timeout_s:.0f}s: {exc!r}"
+                f"{time.monotonic() - started:.1f}s: {_why(exc, self.settings.publish_timeout_s)}"
             ) from exc
+
+
+def _why(exc: BaseException | None, timeout_s: float | None = None) -> str:
+    if exc is None or isinstance(exc, TimeoutError):
+        return "timed out" if timeout_s is None else f"timed out (limit {timeout_s:g}s)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _unacknowledged(
+    staged: Sequence[Prepared | Encoded],
+    acked: Sequence[bool],
+    failure: BaseException | None,
+    elapsed_s: float,
+    address: str,
+) -> BrokerUnavailableError:
+    """The error for a partly acknowledged send: how many, which runs from where, and why."""
+    ids = [_identity(p) for p in staged]
+    confirmed = [*acked, *[False] * (len(ids) - len(acked))]  # the rest never reached send()
+    yes = [i for i, ok in zip(ids, confirmed, strict=True) if ok]
+    no = [i for i, ok in zip(ids, confirmed, strict=True) if not ok]
+    first_missing: dict[str, int] = {}
+    for run_id, seq in no:
+        first_missing[run_id] = min(first_missing.get(run_id, seq), seq)
+    runs = ", ".join(f"{r} from seq {s}" for r, s in sorted(first_missing.items())[:5])
+    more = f" and {len(first_missing) - 5} more runs" if len(first_missing) > 5 else ""
+    return BrokerUnavailableError(
+        f"waiting for Kafka acks at {address}: {len(yes)} of {len(ids)} entries acknowledged, "
+        f"{len(no)} not ({runs}{more}) after {elapsed_s:.1f}s: {_why(failure)}; send the "
+        "unacknowledged entries again (any that did arrive are skipped as duplicates)",
+        acknowledged=yes,
+        unacknowledged=no,
+    )
+
+
+def _identity(p: Prepared | Encoded) -> tuple[str, int]:
+    if isinstance(p, Prepared):
+        return (p.entry.run_id, p.entry.sequence_no)
+    return (p.key.decode(errors="replace"), -1)
+
+
+async def _stop_within(producer: AIOKafkaProducer, timeout_s: float) -> bool:
+    """Stop a producer; past ``timeout_s`` (no broker to flush to), tear it down instead: its
+    sender task is cancelled and its connections closed. True if it stopped cleanly."""
+    try:
+        await asyncio.wait_for(producer.stop(), timeout_s)
+        return True
+    except (TimeoutError, KafkaError, OSError):
+        pass
+    # aiokafka's stop() waits for the accumulator to drain, which never happens with the broker
+    # gone; its sender and client are the two things holding the loop.
+    sender = producer._sender
+    if sender is not None and sender.sender_task is not None:
+        sender.sender_task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(sender.sender_task, 2.0)
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(producer.client.close(), 2.0)
+    return False
 
 
 class Publisher:
@@ -256,7 +382,11 @@ class Publisher:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        try:
+            self.close()
+        except BrokerUnavailableError:
+            if exc is None:
+                raise
 
     def publish(self, entry: LedgerEntry) -> LedgerEntry:
         return self._loop.run_until_complete(self._inner.publish(entry))
@@ -271,5 +401,17 @@ class Publisher:
 
     def close(self) -> None:
         if not self._loop.is_closed():
-            self._loop.run_until_complete(self._inner.close())
-            self._loop.close()
+            try:
+                self._loop.run_until_complete(self._inner.close())
+            finally:
+                _close_loop(self._loop)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what a torn-down producer left behind (its flush waits forever), then close."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()

@@ -1,179 +1,32 @@
 """Secret redaction before encoding: nothing secret reaches Kafka, PostgreSQL, Redis or logs.
 
-Pure functions. Each finding names the secret's *type* and the *field* it was found in, never the
-value. A redacted value becomes ``[REDACTED:<type>]``.
+Every string of an entry is scanned with the gitleaks rule set (:mod:`streams.secret_scan`):
+
+- free text and names (text, summaries, messages, tool names, paths, signatures, metadata
+  values, JSON documents) have each secret replaced by ``[REDACTED:<rule>]``;
+- identifiers (entry, run, tool-call, response ids, evidence refs) and metadata keys are never
+  rewritten, since a changed id would join or split the wrong things: one that holds a secret
+  is rejected with a :class:`LedgerValidationError` naming the field and the rule;
+- enum symbols, timestamps and hex hashes are left alone: the contract (``schemas.models``)
+  confines them to formats that cannot hold a secret.
+
+Each replacement is recorded in the entry's ``redactions`` (coarse type, field, rule), never the
+value, and no message here quotes one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
+from schemas.errors import LedgerValidationError
 from schemas.json_form import from_json, to_json
 from schemas.models import LedgerEntry
+from streams.secret_scan import GENERIC, SecretDetector, default_detector, marker
 
-_SECRET_KEY = (
-    r"(?:pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
-    r"private[_-]?key|credentials?|auth(?!or)(?:orization)?|session[_-]?key|signing[_-]?key|dsn)"
-)
-SECRET_KEY_RE = re.compile(rf"(?i){_SECRET_KEY}")
-# Under these keys any value is a secret; under the other secret-looking keys only a
-# high-entropy one is (``max_tokens: 4096`` and ``auth_method: oidc`` are not secrets).
-STRONG_KEY_RE = re.compile(r"(?i)pass(?:word|wd|phrase)?|pwd|secret|private[_-]?key|credential")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One redaction: what kind of secret, in which field. Never the value."""
-
-    type: str
-    field: str
-
-
-# (type, regex, group to replace: 0 = the whole match). Order matters: whole blocks and
-# structured tokens first, the generic KEY=VALUE rules last.
-_RULES: list[tuple[str, str, int]] = [
-    (
-        "private_key",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-        r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
-        0,
-    ),
-    ("aws_access_key_id", r"\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b", 0),
-    ("github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{60,})", 0),
-    ("gitlab_token", r"\bgl(?:pat|dt|ptt|rt|cbt|ft|imt|oas|soat)-[A-Za-z0-9_\-]{20,}", 0),
-    ("slack_token", r"\bxox[abposre]-[A-Za-z0-9\-]{10,}", 0),
-    ("slack_webhook", r"https://hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9_/\-]{20,}", 0),
-    ("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", 0),
-    ("llm_api_key", r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}", 0),
-    ("stripe_key", r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}", 0),
-    ("google_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", 0),
-    ("url_password", r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:([^\s@/]+)@", 1),
-    ("bearer_token", r"(?i)\b(?:bearer|token)\s+([A-Za-z0-9\-._~+/]{16,}=*)", 1),
-    (
-        "aws_secret_access_key",
-        r"(?i)aws_?secret_?access_?key[\"']?\s*[=:]\s*[\"']?([A-Za-z0-9/+]{40})",
-        1,
-    ),
-    (
-        "env_secret",
-        rf"(?im)^[ \t]*(?:export[ \t]+)?[A-Z0-9_]{{0,64}}{_SECRET_KEY}[A-Z0-9_]{{0,64}}[ \t]*="
-        r"[ \t]*[\"']?([^\s\"']{4,})",
-        1,
-    ),
-    (
-        "keyed_secret",
-        rf"(?i)(?<![A-Za-z0-9_\-])[A-Za-z0-9_\-]{{0,64}}{_SECRET_KEY}[A-Za-z0-9_\-]{{0,64}}"
-        r"[\"']?\s*[=:]\s*"
-        r"[\"']([^\"'\s]{8,})[\"']",
-        1,
-    ),
-]
-_PATTERNS = [(kind, re.compile(rx), group) for kind, rx, group in _RULES]
-
-
-def marker(kind: str) -> str:
-    return f"[REDACTED:{kind}]"
-
-
-def shannon_entropy(value: str) -> float:
-    if not value:
-        return 0.0
-    counts = Counter(value)
-    n = len(value)
-    return -sum(c / n * math.log2(c / n) for c in counts.values())
-
-
-def looks_high_entropy(value: str) -> bool:
-    """A credential-shaped value: long enough, no spaces, and far from natural language."""
-    return len(value) >= 16 and " " not in value and shannon_entropy(value) >= 3.5
-
-
-def redact_text(text: str, field: str) -> tuple[str, list[Finding]]:
-    """Replace every secret found in ``text``; return the new text and what was found."""
-    findings: list[Finding] = []
-    for kind, pattern, group in _PATTERNS:
-        text, n = _sub(pattern, group, kind, text)
-        findings.extend(Finding(kind, field) for _ in range(n))
-    return text, findings
-
-
-def _sub(pattern: re.Pattern[str], group: int, kind: str, text: str) -> tuple[str, int]:
-    count = 0
-
-    def replace(match: re.Match[str]) -> str:
-        nonlocal count
-        value = match.group(group)
-        if value.startswith("[REDACTED:"):
-            return match.group(0)
-        count += 1
-        whole = match.group(0)
-        if group == 0:
-            return marker(kind)
-        start, end = match.start(group) - match.start(0), match.end(group) - match.start(0)
-        return whole[:start] + marker(kind) + whole[end:]
-
-    return pattern.sub(replace, text), count
-
-
-def redact_value(value: Any, field: str) -> tuple[Any, list[Finding]]:
-    """Walk a JSON value; strings under secret-looking keys go when high-entropy."""
-    if isinstance(value, str):
-        return redact_text(value, field)
-    if isinstance(value, list):
-        out: list[Any] = []
-        findings: list[Finding] = []
-        for i, item in enumerate(value):
-            new, found = redact_value(item, f"{field}[{i}]")
-            out.append(new)
-            findings.extend(found)
-        return out, findings
-    if isinstance(value, dict):
-        return _redact_mapping(value, field)
-    return value, []
-
-
-def _redact_mapping(value: dict[str, Any], field: str) -> tuple[dict[str, Any], list[Finding]]:
-    out: dict[str, Any] = {}
-    findings: list[Finding] = []
-    for key, item in value.items():
-        path = f"{field}.{key}" if field else key
-        if isinstance(item, str) and _secret_under_key(key, item):
-            kind = "keyed_secret" if STRONG_KEY_RE.search(key) else "high_entropy"
-            out[key] = marker(kind)
-            findings.append(Finding(kind, path))
-            continue
-        out[key], found = redact_value(item, path)
-        findings.extend(found)
-    return out, findings
-
-
-def _secret_under_key(key: str, value: str) -> bool:
-    if value.startswith("[REDACTED:") or not SECRET_KEY_RE.search(key):
-        return False
-    if STRONG_KEY_RE.search(key):
-        return len(value) >= 4
-    return looks_high_entropy(value)
-
-
-def redact_json_string(text: str, field: str) -> tuple[str, list[Finding]]:
-    """Redact a field that holds JSON text: by key when it parses, as plain text otherwise."""
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return redact_text(text, field)
-    new, findings = redact_value(parsed, field)
-    if not findings:
-        return text, []
-    return json.dumps(new, separators=(",", ":"), ensure_ascii=False), findings
-
-
-# Envelope fields that are identifiers, hashes or enum symbols, never free text.
-_STRUCTURAL = frozenset(
+# Fields whose values are identifiers: checked, never rewritten.
+IDENTIFIERS = frozenset(
     {
         "entry_id",
         "fleet_id",
@@ -181,76 +34,187 @@ _STRUCTURAL = frozenset(
         "run_id",
         "attempt_id",
         "step_id",
+        "parent_entry_id",
+        "tool_call_id",
+        "approval_id",
+        "provider_response_id",
+        "artifact_id",
+        "source_entry_id",
+        "evidence_refs",
+        "commit_sha",
+        "base_sha",
+        "workspace_tree_hash",
+    }
+)
+# Fields the contract confines to enum symbols, timestamps, numbers or hex.
+_SAFE = frozenset(
+    {
         "trace_id",
         "span_id",
+        "sha256",
+        "content_hash",
+        "arguments_hash",
         "occurred_at",
+        "started_at",
+        "finished_at",
         "kind",
         "trust_level",
         "visibility",
         "run_status",
-        "sequence_no",
         "type",
-        "sha256",
-        "content_hash",
-        "arguments_hash",
-        "tool_call_id",
-        "parent_entry_id",
-        "redactions",
+        "status",
+        "permission_class",
+        "classification",
+        "redaction_level",
+        "item_kind",
     }
 )
-_JSON_TEXT_FIELDS = frozenset({"json_text", "raw_usage_json"})
-
-_COARSE: dict[str, str] = {
-    "url_password": "CREDENTIAL",
-    "env_secret": "CREDENTIAL",
-    "keyed_secret": "CREDENTIAL",
-    "aws_secret_access_key": "CREDENTIAL",
-    "high_entropy": "HIGH_ENTROPY",
-}
+_JSON_TEXT = frozenset({"json_text", "raw_usage_json"})
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_CREDENTIAL_RULES = GENERIC | {"url-credentials", "env-secret-assignment"}
 
 
-def redact_document(doc: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    """Redact the JSON form of an entry: free text by pattern, JSON text and metadata by key too."""
-    return _walk_doc(doc, "")
+class SecretInIdentifierError(LedgerValidationError):
+    """An identifier or metadata key looks like a secret; ids are never rewritten, so the entry
+    is refused. Use an opaque id (a UUID, a counter) and put nothing secret in it."""
 
 
-def _walk_doc(value: Any, path: str) -> tuple[Any, list[Finding]]:
-    if isinstance(value, dict):
+class _Walk:
+    """One entry's redaction pass: the new values and what was found where."""
+
+    def __init__(self, detector: SecretDetector) -> None:
+        self.detector = detector
+        self.found: list[tuple[str, str]] = []  # (field path, rule)
+
+    def value(self, value: Any, path: str, key: str, file_path: str | None = None) -> Any:
+        if isinstance(value, dict):
+            return self.mapping(value, path)
+        if isinstance(value, list):
+            if key in IDENTIFIERS:
+                for i, item in enumerate(value):
+                    self.identifier(item, f"{path}[{i}]")
+                return value
+            return [self.value(item, f"{path}[{i}]", key) for i, item in enumerate(value)]
+        if not isinstance(value, str) or key in _SAFE:
+            return value
+        if key in IDENTIFIERS:
+            self.identifier(value, path)
+            return value
+        if key in _JSON_TEXT:
+            return self.json_text(value, path)
+        return self.text(value, path, file_path)
+
+    def mapping(self, doc: dict[str, Any], path: str) -> dict[str, Any]:
+        file_path = doc.get("path") if isinstance(doc.get("path"), str) else None
         out: dict[str, Any] = {}
-        findings: list[Finding] = []
-        for key, item in value.items():
+        for key, item in doc.items():
             sub = f"{path}.{key}" if path else key
-            if key in _STRUCTURAL:
-                out[key] = item
-                continue
-            if key in _JSON_TEXT_FIELDS and isinstance(item, str):
-                out[key], found = redact_json_string(item, sub)
-            elif key == "metadata" and isinstance(item, dict):
-                out[key], found = _redact_mapping(item, sub)
+            if key == "metadata" and isinstance(item, dict):
+                out[key] = self.metadata(item, sub)
             else:
-                out[key], found = _walk_doc(item, sub)
-            findings.extend(found)
-        return out, findings
-    if isinstance(value, list):
-        items = [_walk_doc(item, f"{path}[{i}]") for i, item in enumerate(value)]
-        return [v for v, _ in items], [f for _, fs in items for f in fs]
-    if isinstance(value, str):
-        return redact_text(value, path)
-    return value, []
+                out[key] = self.value(item, sub, key, file_path)
+        return out
+
+    def identifier(self, value: Any, path: str) -> None:
+        if isinstance(value, str):
+            self._refuse_secret(value, path, "identifiers")
+
+    def _refuse_secret(self, value: str, path: str, what: str) -> None:
+        findings = self.detector.find(value)
+        if findings:
+            raise SecretInIdentifierError(
+                path,
+                f"looks like a secret (rule {findings[0].rule}); {what} are never rewritten, "
+                "so the entry is refused: use an opaque id",
+            )
+
+    def text(self, value: str, path: str, file_path: str | None = None) -> str:
+        new, rules = self.detector.redact(value, file_path)
+        self.found.extend((path, rule) for rule in rules)
+        return new
+
+    def metadata(self, doc: dict[str, str], path: str) -> dict[str, str]:
+        out = {}
+        for key, value in doc.items():
+            self._refuse_secret(key, f"{path}.<key>", "metadata keys")
+            out[key] = self.keyed(key, value, f"{path}.{key}")
+        return out
+
+    def keyed(self, key: str, value: str, path: str) -> str:
+        """A value scanned with its key in front (``DB_PASSWORD = "..."``), as it would appear
+        in a config file, so key-based rules see their context; only the value is rewritten."""
+        head = f'{key} = "'
+        line = f'{head}{value}"'
+        findings = [f for f in self.detector.find(line) if f.end > len(head)]
+        if not findings:
+            return value
+        pieces, at = [], 0
+        for f in findings:
+            start = max(f.start - len(head), 0)
+            end = min(f.end - len(head), len(value))
+            pieces += [value[at:start], marker(f.rule)]
+            at = end
+            self.found.append((path, f.rule))
+        return "".join([*pieces, value[at:]])
+
+    def json_text(self, text: str, path: str) -> str:
+        """JSON text scanned as the strings it holds (escapes such as ``\\n`` or ``\\u0067``
+        resolved, so they hide nothing; each value with its key in front); kept byte for byte
+        when nothing is found, else written again compactly."""
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            return self.text(text, path)  # the contract rejects it later, with its reason
+        before = len(self.found)
+        new = self._json_value(parsed, path, None)
+        if len(self.found) == before:
+            return text
+        return json.dumps(new, ensure_ascii=False, separators=(",", ":"))
+
+    def _json_value(self, value: Any, path: str, key: str | None) -> Any:
+        if isinstance(value, str):
+            return self.keyed(key, value, path) if key else self.text(value, path)
+        if isinstance(value, list):
+            return [self._json_value(v, path, key) for v in value]
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                new_key = self.text(k, path) if isinstance(k, str) else k
+                out[new_key] = self._json_value(v, f"{path}.{_json_key(new_key)}", str(k))
+            return out
+        return value
 
 
-def redaction_records(findings: list[Finding]) -> list[dict[str, str]]:
+def _json_key(key: str) -> str:
+    """A JSON key as a field path step: kept when it is a plain name, else ``<key>``."""
+    return key if _PLAIN_KEY.match(key) else "<key>"
+
+
+def redact_document(
+    doc: dict[str, Any], detector: SecretDetector | None = None
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Redact the JSON form of an entry; return it and the (field, rule) of each redaction.
+    Raises :class:`SecretInIdentifierError` when an identifier or metadata key holds a secret."""
+    walk = _Walk(detector or default_detector())
+    return walk.mapping(doc, ""), walk.found
+
+
+def redaction_records(found: list[tuple[str, str]]) -> list[dict[str, str]]:
     """The entry's ``redactions``: coarse type, field path and rule, never the value."""
     return [
-        {"type": _COARSE.get(f.type, "SECRET_PATTERN"), "field": f.field, "rule": f.type}
-        for f in findings
+        {
+            "type": "CREDENTIAL" if rule in _CREDENTIAL_RULES else "SECRET_PATTERN",
+            "field": field,
+            "rule": rule,
+        }
+        for field, rule in found
     ]
 
 
-def redact_entry(entry: LedgerEntry) -> LedgerEntry:
+def redact_entry(entry: LedgerEntry, detector: SecretDetector | None = None) -> LedgerEntry:
     """The entry with every secret replaced and each replacement recorded in ``redactions``."""
-    doc, findings = redact_document(to_json(entry))
-    if not findings:
+    doc, found = redact_document(to_json(entry), detector)
+    if not found:
         return entry
-    doc["redactions"] = [*doc.get("redactions", []), *redaction_records(findings)]
+    doc["redactions"] = [*doc.get("redactions", []), *redaction_records(found)]
     return from_json(doc)

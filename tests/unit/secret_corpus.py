@@ -113,7 +113,7 @@ def corpus() -> list[tuple[str, str, str]]:
         "access_token",
         "password",
         "signing_key",
-        "private_key_id",
+        "private_key",  # not private_key_id: that names a key (a GCP key's id), it is no secret
     ):
         val = _r(ALNUM, 24)
         add("json_keyed", val, json.dumps({"name": "svc", key: val, "region": "eu-west-1"}))

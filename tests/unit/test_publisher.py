@@ -20,6 +20,7 @@ from schemas.models import (
     TextPart,
     ToolResultPart,
     ToolResultStatus,
+    parse_entry,
 )
 from streams.publisher import AsyncPublisher, BrokerUnavailableError, SequenceBook, prepare
 from tests.unit.secret_corpus import corpus
@@ -104,9 +105,12 @@ def test_oversized_entry_is_refused(settings: Settings) -> None:
 
 
 def test_bad_fleet_id_is_refused(settings: Settings) -> None:
+    entry = sample_entry().model_dump()
+    entry["fleet_id"] = "no/slashes"
     with pytest.raises(LedgerValidationError) as exc:
-        prepare(sample_entry(fleet_id="no/slashes"), SequenceBook(), CODEC, settings)
+        parse_entry(entry)
     assert exc.value.field == "fleet_id"
+    assert "no/slashes" not in str(exc.value), "the rejected value is never echoed"
 
 
 def test_traceparent_header_always_present(settings: Settings) -> None:

@@ -65,9 +65,9 @@ STRICT_REJECTS: list[tuple[str, Any, str]] = [
     ("sequence_no", "1", "sequence_no"),
     ("sequence_no", 1.5, "sequence_no"),
     ("kind", "user_task", "kind"),
-    ("metadata", {"k": 1}, "metadata.k"),
+    ("metadata", {"k": 1}, "metadata.<key>"),
     ("parts", [{"text": "no type"}], "parts.0"),
-    ("unexpected", True, "unexpected"),
+    ("unexpected", True, "<key>"),
 ]
 
 

@@ -1,0 +1,246 @@
+"""Secret detection with the gitleaks rule set, matched by RE2.
+
+The rules are gitleaks' own default configuration (``data/gitleaks-v8.30.1.toml``, MIT, see
+``data/gitleaks-LICENSE``): 220 provider rules, each with keywords that pre-filter the text, a
+regex, an entropy floor and allowlists, maintained by people who study leaked credentials for a
+living. They are applied with gitleaks' semantics (keyword pre-filter, secret group, entropy,
+global and per-rule allowlists with their targets and conditions). Gitleaks is written in Go, so
+its regexes are RE2 syntax; ``google-re2`` runs them unchanged and in linear time, so no input can
+make the publisher backtrack for minutes. ``data/agentledger-rules.toml`` adds the few rules, in
+the same format, for formats the default set misses (each says why).
+
+Deliberate differences from the gitleaks CLI: the ``gitleaks:allow`` comment is not honoured (an
+agent's tool output is not reviewed source, and the comment would be a bypass); rules bound to a
+file path apply only when the caller names a path that matches.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import re2
+
+DATA = Path(__file__).parent / "data"
+GITLEAKS_RULES = DATA / "gitleaks-v8.30.1.toml"
+EXTRA_RULES = DATA / "agentledger-rules.toml"
+MARKER_PREFIX = "[REDACTED:"
+
+
+def marker(rule: str) -> str:
+    """What a redacted secret becomes: ``[REDACTED:<rule id>]``."""
+    return f"{MARKER_PREFIX}{rule}]"
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    """A gitleaks allowlist: the finding is allowed when its target matches (OR, or AND)."""
+
+    regex: Any | None  # one compiled RE2 alternation of the allowlist's regexes
+    stopwords: tuple[str, ...]
+    target: str  # "secret", "match" or "line"
+    all_of: bool  # condition = "AND"
+    has_paths: bool
+
+    def allows(self, secret: str, match: str, line: str) -> bool:
+        target = {"match": match, "line": line}.get(self.target, secret)
+        by_regex = self.regex is not None and self.regex.search(target) is not None
+        lowered = secret.lower()
+        by_word = any(word in lowered for word in self.stopwords)
+        if not self.all_of:
+            return by_regex or by_word
+        checks = []
+        if self.has_paths:
+            checks.append(False)  # we scan text, never a file path
+        if self.regex is not None:
+            checks.append(by_regex)
+        if self.stopwords:
+            checks.append(by_word)
+        return bool(checks) and all(checks)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One detection rule: what to look for, and what makes a hit a secret."""
+
+    id: str
+    regex: Any
+    keywords: tuple[str, ...]
+    entropy: float
+    secret_group: int
+    allowlists: tuple[Allowlist, ...]
+    path: Any | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A secret's span in the scanned text and the rule that found it. Never the value."""
+
+    rule: str
+    start: int
+    end: int
+
+
+def shannon_entropy(value: str) -> float:
+    if not value:
+        return 0.0
+    n = len(value)
+    return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
+
+
+_OPTIONS = re2.Options()
+_OPTIONS.max_mem = 64 << 20  # the big alternations (generic-api-key's allowlist) need room
+
+
+def _compile(pattern: str) -> Any:
+    return re2.compile(pattern, options=_OPTIONS)
+
+
+def _alternation(patterns: Sequence[str]) -> Any | None:
+    if not patterns:
+        return None
+    return _compile("|".join(f"(?:{p})" for p in patterns))
+
+
+def _allowlist(doc: dict[str, Any]) -> Allowlist:
+    return Allowlist(
+        regex=_alternation(doc.get("regexes", ())),
+        stopwords=tuple(w.lower() for w in doc.get("stopwords", ())),
+        target=doc.get("regexTarget", "secret"),
+        all_of=doc.get("condition", "OR").upper() == "AND",
+        has_paths=bool(doc.get("paths")),
+    )
+
+
+def _rules(path: Path) -> tuple[list[Rule], list[Allowlist]]:
+    config = tomllib.loads(path.read_text(encoding="utf-8"))
+    rules = [
+        Rule(
+            id=doc["id"],
+            regex=_compile(doc["regex"]),
+            keywords=tuple(k.lower() for k in doc.get("keywords", ())),
+            entropy=float(doc.get("entropy", 0.0)),
+            secret_group=int(doc.get("secretGroup", 0)),
+            allowlists=tuple(_allowlist(a) for a in doc.get("allowlists", ())),
+            path=_compile(doc["path"]) if "path" in doc else None,
+        )
+        for doc in config.get("rules", ())
+        if "regex" in doc  # path-only rules (a .p12 file exists) have nothing to match in text
+    ]
+    found = config.get("allowlist")
+    return rules, [_allowlist(found)] if found else []
+
+
+class SecretDetector:
+    """Finds secrets in text. Build once (compiling ~270 regexes takes a moment); thread-safe."""
+
+    def __init__(self, rules: Sequence[Rule], allowlists: Sequence[Allowlist] = ()) -> None:
+        self.rules = tuple(rules)
+        self.allowlists = tuple(allowlists)
+        self._by_keyword: dict[str, list[Rule]] = {}
+        for rule in self.rules:
+            for k in rule.keywords:
+                self._by_keyword.setdefault(k, []).append(rule)
+        self._always = [r for r in self.rules if not r.keywords]
+
+    @classmethod
+    def from_files(cls, *paths: Path) -> SecretDetector:
+        rules: list[Rule] = []
+        allowlists: list[Allowlist] = []
+        for path in paths:
+            more, allowed = _rules(path)
+            rules.extend(more)
+            allowlists.extend(allowed)
+        return cls(rules, allowlists)
+
+    def candidates(self, text: str) -> list[Rule]:
+        """The rules whose keywords occur in ``text`` (in rule order), plus keyword-less ones."""
+        lowered = text.lower()
+        # A substring test per keyword (C speed, overlaps included) is gitleaks' Aho-Corasick
+        # pass in effect, and a few hundred keywords cost little next to the regexes they spare.
+        present = [k for k in self._by_keyword if k in lowered]
+        chosen = {id(r): r for k in present for r in self._by_keyword.get(k, ())}
+        chosen.update((id(r), r) for r in self._always)
+        return [r for r in self.rules if id(r) in chosen]
+
+    def find(self, text: str, path: str | None = None) -> list[Finding]:
+        """Every secret in ``text``, as non-overlapping spans in text order."""
+        if len(text) < 8:
+            return []
+        found: list[Finding] = []
+        for rule in self.candidates(text):
+            if rule.path is not None and (path is None or not rule.path.search(path)):
+                continue
+            found.extend(self._matches(rule, text))
+        return _merge(found)
+
+    def _matches(self, rule: Rule, text: str) -> list[Finding]:
+        out = []
+        for m in rule.regex.finditer(text):
+            whole = m.group(0)
+            start, end = m.span(0)
+            group = rule.secret_group or next(
+                (i for i in range(1, rule.regex.groups + 1) if m.group(i)), 0
+            )
+            if group and m.group(group):
+                start, end = m.span(group)
+            secret = text[start:end].strip("\n")
+            if not secret or secret.startswith(MARKER_PREFIX):
+                continue
+            if rule.entropy and shannon_entropy(secret) <= rule.entropy:
+                continue
+            line = _line_of(text, m.start(0), m.end(0))
+            if any(a.allows(secret, whole, line) for a in self.allowlists):
+                continue
+            if any(a.allows(secret, whole, line) for a in rule.allowlists):
+                continue
+            out.append(Finding(rule.id, start, end))
+        return out
+
+    def redact(self, text: str, path: str | None = None) -> tuple[str, list[str]]:
+        """``text`` with every secret replaced by its marker, and the rule ids, in order."""
+        findings = self.find(text, path)
+        if not findings:
+            return text, []
+        pieces = []
+        at = 0
+        for f in findings:
+            pieces.append(text[at : f.start])
+            pieces.append(marker(f.rule))
+            at = f.end
+        pieces.append(text[at:])
+        return "".join(pieces), [f.rule for f in findings]
+
+
+def _line_of(text: str, start: int, end: int) -> str:
+    lo = text.rfind("\n", 0, start) + 1
+    hi = text.find("\n", end)
+    return text[lo : hi if hi >= 0 else len(text)]
+
+
+GENERIC = frozenset({"generic-api-key"})
+
+
+def _merge(findings: list[Finding]) -> list[Finding]:
+    """Overlapping spans become one, named by the first specific rule among them; in order."""
+    out: list[Finding] = []
+    for f in sorted(findings, key=lambda f: (f.start, -f.end)):
+        if out and f.start < out[-1].end:
+            last = out[-1]
+            name = f.rule if last.rule in GENERIC and f.rule not in GENERIC else last.rule
+            out[-1] = Finding(name, last.start, max(last.end, f.end))
+        else:
+            out.append(f)
+    return out
+
+
+@cache
+def default_detector() -> SecretDetector:
+    """The shipped rule set: gitleaks' defaults plus ours, compiled once per process."""
+    return SecretDetector.from_files(GITLEAKS_RULES, EXTRA_RULES)
