@@ -26,6 +26,7 @@ from projectors.diff_timelines import DiffTimeline, TimelineRow
 from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
 from projectors.registry import projection
+from projectors.stores.postgres import use_documents
 from schemas.errors import AgentLedgerError
 
 Dimension = Literal["run", "fleet", "model", "purpose", "day"]
@@ -70,6 +71,7 @@ def usd(value: Decimal | None) -> str | None:
 def _connect(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
     try:
         with psycopg.connect(settings.pg_address) as conn:
+            use_documents(conn)
             yield conn
     except psycopg.errors.UndefinedTable as exc:
         raise AnalyticsViewsMissingError(

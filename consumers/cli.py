@@ -168,7 +168,8 @@ def dlq_list(
             "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
             "error_class": d.error_class,
             "reason": d.message,
-            "bytes": len(d.value),
+            "bytes": d.size,
+            "truncated": d.truncated,
             "redriven": d.source in done,
         }
         for d in letters
@@ -182,7 +183,7 @@ def dlq_list(
             str(r["source"]),
             str(r["error_class"]),
             str(r["reason"])[:80],
-            str(r["bytes"]),
+            f"{r['bytes']} (prefix kept)" if r["truncated"] else str(r["bytes"]),
             "yes" if r["redriven"] else "no",
         )
     console.print(table)

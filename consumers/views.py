@@ -7,6 +7,7 @@ from typing import Any
 import psycopg
 
 from infra.settings import Settings
+from projectors.stores.postgres import use_documents
 
 
 class NotFoundError(LookupError):
@@ -16,6 +17,7 @@ class NotFoundError(LookupError):
 def live_state(settings: Settings, projection: str, run_id: str) -> dict[str, Any]:
     """The run's current state document, with where it stands (``applied_seq``, ``gaps``)."""
     with psycopg.connect(settings.pg_address) as conn:
+        use_documents(conn)
         row = conn.execute(
             "SELECT s.state, s.applied_seq, s.gaps FROM al_run_state s "
             "JOIN al_live l USING (projection, build) "
@@ -32,6 +34,7 @@ def history_at(
 ) -> dict[str, Any]:
     """The newest history row of ``kind`` at or before sequence ``seq``."""
     with psycopg.connect(settings.pg_address) as conn:
+        use_documents(conn)
         row = conn.execute(
             "SELECT h.doc, h.seq, h.key FROM al_history h JOIN al_live l USING (projection, build) "
             "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s AND h.seq <= %s "
@@ -47,6 +50,7 @@ def history_row(
     settings: Settings, projection: str, run_id: str, kind: str, key: str
 ) -> dict[str, Any]:
     with psycopg.connect(settings.pg_address) as conn:
+        use_documents(conn)
         row = conn.execute(
             "SELECT h.doc, h.seq FROM al_history h JOIN al_live l USING (projection, build) "
             "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s AND h.key = %s",

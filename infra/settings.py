@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     # go together), so small hot batches do not each pay an analytics transaction
     worker_analytics_interval_s: float = Field(default=0.1, ge=0)
     worker_session_timeout_s: float = 10.0
+    # How often an idle worker checks that Redis still holds its views (refilled if lost)
+    worker_view_check_s: float = Field(default=2.0, gt=0)
     # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
     rebuild_processes: int = Field(default=1, ge=1)
     redis_prefix: str = "al"

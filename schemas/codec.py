@@ -96,8 +96,15 @@ class LedgerCodec:
         return buffer.getvalue()
 
     def decode(self, data: Buffer) -> LedgerEntry:
-        """Decode one message; raises LedgerDecodeError and nothing else."""
-        return _entry(self.decode_record(data), self.entry_type)
+        """Decode one message; raises LedgerDecodeError and nothing else, whatever the bytes."""
+        try:
+            return _entry(self.decode_record(data), self.entry_type)
+        except LedgerDecodeError:
+            raise
+        except AgentLedgerError:
+            raise  # a schema registry's retriable error: the caller retries
+        except Exception as exc:  # e.g. RecursionError or MemoryError from a hostile body
+            raise LedgerDecodeError(f"undecodable entry: {_why(exc)}") from None
 
     def decode_record(self, data: Buffer) -> dict[str, Any]:
         """Decode to the reader schema's raw record (parts as (record name, record) tuples)."""

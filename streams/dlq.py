@@ -1,23 +1,29 @@
 """Dead letters: poison records with their original bytes and the reason, per fleet.
 
 A dead letter keeps the original key, value and headers, and adds ``al.source.topic``,
-``al.source.partition``, ``al.source.offset``, ``al.error.class`` and ``al.error.message``.
+``al.source.partition``, ``al.source.offset``, ``al.error.class`` and ``al.error.message``. An
+original too large to copy whole (a poison record near the broker's limit, plus these headers,
+would not fit one request) keeps its first 64 KiB, with ``al.original.size`` and
+``al.original.sha256``, so nothing is dropped silently and the worker moves on.
 ``redrive`` re-checks each one with today's decoder and sends those that now decode back to their
 source topic, once (PostgreSQL remembers what was redriven).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
 from infra.settings import Settings
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
+from streams.contract import fleet_of as ledger_fleet
 from streams.engine import Poison
 from streams.source import topic_partitions
 from streams.topics import dead_letter_topic
@@ -28,11 +34,31 @@ SOURCE_OFFSET = "al.source.offset"
 ERROR_CLASS = "al.error.class"
 ERROR_MESSAGE = "al.error.message"
 REDRIVEN_FROM = "al.redriven-from"
+ORIGINAL_SIZE = "al.original.size"
+ORIGINAL_SHA256 = "al.original.sha256"
+HEADERS_DROPPED = "al.original.headers-dropped"
+OURS = frozenset(
+    {
+        SOURCE_TOPIC,
+        SOURCE_PARTITION,
+        SOURCE_OFFSET,
+        ERROR_CLASS,
+        ERROR_MESSAGE,
+        ORIGINAL_SIZE,
+        ORIGINAL_SHA256,
+        HEADERS_DROPPED,
+    }
+)
+# A dead letter is sent whole up to this size (key, value and headers); beyond, a bounded copy.
+# Below aiokafka's default max_request_size (1 MiB) and the broker's message.max.bytes.
+MAX_LETTER_BYTES = 768 * 1024
+PREFIX_BYTES = 64 * 1024
+MAX_KEY_BYTES = 4096
 
 
 def fleet_of(topic: str) -> str:
-    """The fleet id of a ledger topic ``<prefix>.ledger.<fleet>``."""
-    return topic.rsplit(".ledger.", 1)[-1]
+    """The fleet id of a ledger topic ``<prefix>.ledger.<fleet>`` (else the topic itself)."""
+    return ledger_fleet(topic) or topic
 
 
 class KafkaDeadLetterSink:
@@ -61,23 +87,52 @@ class KafkaDeadLetterSink:
         if self._producer is None:
             await self.start()
         assert self._producer is not None
+        letters = [(p, *letter_of(p)) for p in poison]
         futures = []
-        for p in poison:
-            r = p.record
-            headers = [
-                *r.headers,
-                (SOURCE_TOPIC, r.topic.encode()),
-                (SOURCE_PARTITION, str(r.partition).encode()),
-                (SOURCE_OFFSET, str(r.offset).encode()),
-                (ERROR_CLASS, p.error_class.encode()),
-                (ERROR_MESSAGE, p.message.encode()[:4000]),
-            ]
-            topic = dead_letter_topic(self.settings.topic_prefix, fleet_of(r.topic))
-            futures.append(
-                await self._producer.send(topic, r.value or b"", key=r.key, headers=headers)
-            )
-        for future in futures:
-            await future
+        for p, key, value, headers in letters:
+            topic = dead_letter_topic(self.settings.topic_prefix, fleet_of(p.record.topic))
+            try:
+                futures.append(await self._producer.send(topic, value, key=key, headers=headers))
+            except MessageSizeTooLargeError:  # the broker's limit is lower than we assume
+                key, value, headers = letter_of(p, whole=False, prefix=0)
+                futures.append(await self._producer.send(topic, value, key=key, headers=headers))
+        for (p, *_), future in zip(letters, futures, strict=True):
+            try:
+                await future
+            except (MessageSizeTooLargeError, RecordListTooLargeError):
+                topic = dead_letter_topic(self.settings.topic_prefix, fleet_of(p.record.topic))
+                key, value, headers = letter_of(p, whole=False, prefix=0)
+                await (await self._producer.send(topic, value, key=key, headers=headers))
+
+
+def letter_of(
+    p: Poison, whole: bool | None = None, prefix: int = PREFIX_BYTES
+) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """The dead letter of a poison record: (key, value, headers), bounded in size."""
+    r = p.record
+    value = r.value or b""
+    ours = [
+        (SOURCE_TOPIC, r.topic.encode()),
+        (SOURCE_PARTITION, str(r.partition).encode()),
+        (SOURCE_OFFSET, str(r.offset).encode()),
+        (ERROR_CLASS, p.error_class.encode()[:200]),
+        (ERROR_MESSAGE, p.message.encode()[:4000]),
+    ]
+    original = list(r.headers)
+    size = len(value) + len(r.key or b"") + sum(len(k) + len(v) for k, v in original)
+    if whole is None:
+        whole = size <= MAX_LETTER_BYTES
+    if whole:
+        return r.key, value, [*original, *ours]
+    kept = original if sum(len(k) + len(v) for k, v in original) <= PREFIX_BYTES else []
+    extra = [
+        (ORIGINAL_SIZE, str(len(value)).encode()),
+        (ORIGINAL_SHA256, hashlib.sha256(value).hexdigest().encode()),
+    ]
+    if len(kept) < len(original):
+        extra.append((HEADERS_DROPPED, str(len(original)).encode()))
+    key = r.key[:MAX_KEY_BYTES] if r.key is not None else None
+    return key, value[:prefix], [*kept, *ours, *extra]
 
 
 @dataclass(frozen=True)
@@ -95,14 +150,24 @@ class DeadLetter:
     key: bytes | None
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
+    original_size: int = -1  # when only a prefix of the original was kept
+    original_sha256: str | None = None
 
     @property
     def source(self) -> tuple[str, int, int]:
         return (self.source_topic, self.source_partition, self.source_offset)
 
+    @property
+    def truncated(self) -> bool:
+        return self.original_size >= 0
+
+    @property
+    def size(self) -> int:
+        """The original record's value size."""
+        return self.original_size if self.truncated else len(self.value)
+
     def original_headers(self) -> list[tuple[str, bytes]]:
-        ours = {SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, ERROR_CLASS, ERROR_MESSAGE}
-        return [(k, v) for k, v in self.headers if k not in ours]
+        return [(k, v) for k, v in self.headers if k not in OURS]
 
 
 def _dead_letter(record: Any) -> DeadLetter:
@@ -119,6 +184,8 @@ def _dead_letter(record: Any) -> DeadLetter:
         key=record.key,
         value=record.value or b"",
         headers=tuple(record.headers),
+        original_size=int(h.get(ORIGINAL_SIZE, "-1")),
+        original_sha256=h.get(ORIGINAL_SHA256),
     )
 
 
@@ -192,15 +259,20 @@ async def redrive(
                 if letter.source in done:
                     report.already += 1
                     continue
+                if letter.truncated:
+                    report.still_bad.append(
+                        (letter, f"only the first {len(letter.value)} of {letter.size} bytes kept")
+                    )
+                    continue
                 try:
-                    codec.decode(letter.value)
+                    entry = codec.decode(letter.value)
                 except LedgerDecodeError as exc:
                     report.still_bad.append((letter, str(exc)))
                     continue
                 source = f"{letter.source_topic}/{letter.source_partition}/{letter.source_offset}"
                 headers = [*letter.original_headers(), (REDRIVEN_FROM, source.encode())]
-                await producer.send_and_wait(
-                    letter.source_topic, letter.value, key=letter.key, headers=headers
+                await producer.send_and_wait(  # keyed by run id: a wrong key was one reason
+                    letter.source_topic, letter.value, key=entry.run_id.encode(), headers=headers
                 )
                 await conn.execute(
                     "INSERT INTO al_dlq_redriven (source_topic, source_partition, source_offset) "

@@ -20,13 +20,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-import orjson
 import psycopg
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiokafka.errors import KafkaError
 from psycopg import AsyncConnection
-from psycopg.types.json import set_json_dumps, set_json_loads
 
 from projectors.base import HistoryRow, Projection
 from projectors.ordering import missing_ranges, plan_run
@@ -35,12 +33,17 @@ from projectors.stores.redis import RedisViewStore, RunView
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
 from schemas.models import LedgerEntry
+from streams.contract import RecordContractError, check_record
 from streams.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 T = TypeVar("T")
+
+# An entry further than this ahead of its run's applied position is dead-lettered, not held:
+# a run holds at most this many entries behind a gap (each batch of the run loads them all).
+MAX_AHEAD = 10_000
 
 RETRIABLE: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,
@@ -62,6 +65,7 @@ class SourceRecord:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None  # the record's Kafka timestamp
 
     @property
     def tp(self) -> TopicPartition:
@@ -284,7 +288,8 @@ class Engine:
         """Where to resume each partition: the lowest next offset over all targets (-1: none)."""
 
         async def read() -> dict[TopicPartition, int]:
-            conn = await self._pg()
+            # Its own connection: a rebalance asks while a batch may be using the others.
+            conn = await self._pg("positions")
             topics = sorted({t for t, _ in partitions})
             result = {tp: -1 for tp in partitions}
             first = True
@@ -297,7 +302,7 @@ class Engine:
             await conn.rollback()
             return result
 
-        return await self._retrying(read, "reading stored offsets")
+        return await self._retrying(read, "reading stored offsets", "positions")
 
     # -- the batch -------------------------------------------------------------------------
 
@@ -413,7 +418,12 @@ class Engine:
                 p for p in self._poison(fresh_by_target, decoded) if p.record.key_tp not in sent
             ]
             results = await self._apply(lane, conn, fresh_by_target, decoded, stats)
-            poison += [p for result in results.values() for p in result.poison]
+            seen = {p.record.key_tp for p in poison} | sent
+            for result in results.values():  # each target refuses the same record: send it once
+                for p in result.poison:
+                    if p.record.key_tp not in seen:
+                        seen.add(p.record.key_tp)
+                        poison.append(p)
             if poison:
                 with self.telemetry.span("dead-letter", count=len(poison)):
                     await self.dead_letters.send(poison)
@@ -445,7 +455,11 @@ class Engine:
         with self.telemetry.span("decode", count=len(missing)):
             results = self.codec.decode_each([r.value or b"" for r in missing])
         for record, result in zip(missing, results, strict=True):
-            decoded[(record.tp, record.offset)] = result
+            if isinstance(result, LedgerEntry):
+                broken = check_record(result, record.topic, record.key, record.timestamp_ms)
+                decoded[(record.tp, record.offset)] = broken or result
+            else:
+                decoded[(record.tp, record.offset)] = result
 
     @staticmethod
     def _poison(
@@ -487,13 +501,18 @@ class Engine:
                 mine = rows[(target.name, target.build)]
                 states = kept.get((target.name, target.build), {})
                 result = results[target] = _TargetResult()
-                for run_id, items in arriving.items():
-                    if target.whole_runs_only and run_id not in mine and _begun_before(items):
+                for run_id, arrived in arriving.items():
+                    row = mine.get(run_id)
+                    source, items = _admit(row, arrived, result.poison)
+                    if not items:
+                        continue
+                    if target.whole_runs_only and row is None and _begun_before(items):
                         stats.skipped += len(items)
                         continue
-                    row = mine.get(run_id)
                     state = states[run_id][1] if row and row.cached else None
-                    write, view = self._fold_run(target, run_id, row, state, items, stats, result)
+                    write, view = self._fold_run(
+                        target, run_id, row, state, items, stats, result, source
+                    )
                     result.writes.append(write)
                     if view is not None:
                         result.views.append(view)
@@ -508,6 +527,7 @@ class Engine:
         items: list[tuple[int, Item]],
         stats: BatchStats,
         result: _TargetResult,
+        source: TopicPartition | None = None,
     ) -> tuple[pg.RunWrite, RunView | None]:
         """Fold a run's arrivals onto its stored row (or ``kept``, the cached state the row
         says is current)."""
@@ -558,6 +578,7 @@ class Engine:
             hold={seq: payload for seq, (_, payload, _r) in plan.hold.items()},
             release=plan.release,
             history=history,
+            source=source,
         )
         changed = bool(plan.apply or plan.hold)
         view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], doc)
@@ -598,9 +619,9 @@ class Engine:
         if lost:
             await self.publish_live_pointers()  # lost with them
 
-    async def publish_live_pointers(self) -> None:
+    async def publish_live_pointers(self, lane: str = "hot") -> None:
         """Mirror PostgreSQL's live pointer into Redis for the targets that are live."""
-        conn = await self._pg()
+        conn = await self._pg(lane)
         store = await self._view_store()
         for target in self.targets:
             if await pg.live_build(conn, target.name) == target.build:
@@ -614,8 +635,28 @@ class Engine:
             if target.projection.hot:
                 await self._refill(store, target)
 
-    async def _refill(self, store: RedisViewStore, target: Target) -> None:
-        conn = await self._pg()
+    async def check_views(self) -> int:
+        """Refill the hot builds whose views Redis lost (flushed, restarted) while no batch came
+        to notice; returns how many were refilled. For a timer: safe beside running batches
+        (its own PostgreSQL connection; CAS writes never move a view backwards)."""
+        if self.redis_url is None:
+            return 0
+        hot = [t for t in self.targets if t.projection.hot]
+
+        async def check() -> int:
+            store = await self._view_store()
+            ready = await store.ready_builds((t.name, t.build) for t in hot)
+            lost = [t for t in hot if (t.name, t.build) not in ready]
+            for target in lost:
+                await self._refill(store, target, lane="refill")
+            if lost:
+                await self.publish_live_pointers(lane="refill")
+            return len(lost)
+
+        return await self._retrying(check, "checking Redis views", "refill")
+
+    async def _refill(self, store: RedisViewStore, target: Target, lane: str = "hot") -> None:
+        conn = await self._pg(lane)
         rows = await pg.iter_states(conn, target.name, target.build)
         await conn.rollback()
         views = [
@@ -633,8 +674,7 @@ class Engine:
         conn = self._conns.get(lane)
         if conn is None or conn.closed:
             conn = await psycopg.AsyncConnection.connect(self.pg_dsn, connect_timeout=5)
-            set_json_loads(orjson.loads, conn)
-            set_json_dumps(orjson.dumps, conn)
+            pg.use_documents(conn)
             self._conns[lane] = conn
         return conn
 
@@ -679,6 +719,42 @@ def _by_run(
         if isinstance(entry, LedgerEntry):
             arriving[entry.run_id].append((entry.sequence_no, (entry, r.value or b"", r)))
     return arriving
+
+
+def _admit(
+    row: pg.RunRow | None, arrived: list[tuple[int, Item]], poison: list[Poison]
+) -> tuple[TopicPartition | None, list[tuple[int, Item]]]:
+    """The arrivals a run may apply, and the partition it lives on; the others go to ``poison``.
+
+    A run lives on the partition its first stored entry came from; an entry found on another
+    one (a topic given more partitions, a producer with its own partitioner) would be applied
+    by two workers at once, each overwriting the other's row. And an entry more than
+    ``MAX_AHEAD`` past the run's position would wait for entries that may never come.
+    """
+    source = row.source if row else None
+    applied = row.applied_seq if row else 0
+    admitted = []
+    for seq, item in arrived:
+        record = item[2]
+        if record is None:
+            admitted.append((seq, item))
+            continue
+        source = source or record.tp
+        if record.tp != source:
+            why = (
+                f"the run's entries come from {source[0]} partition {source[1]}, this one from "
+                f"partition {record.partition}: one run must stay on one partition"
+            )
+        elif seq > applied + MAX_AHEAD:
+            why = (
+                f"sequence_no is more than {MAX_AHEAD} ahead of the run's applied position "
+                f"{applied}: the entries between are missing"
+            )
+        else:
+            admitted.append((seq, item))
+            continue
+        poison.append(Poison(record, RecordContractError.__name__, why))
+    return source, admitted
 
 
 def _begun_before(items: list[tuple[int, Item]]) -> bool:

@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -27,14 +27,11 @@ from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError, LedgerValidationError
 from schemas.models import LedgerEntry
 from streams.admin import create_fleet_topics
+from streams.contract import MAX_CLOCK_AHEAD
 from streams.redaction import redact_entry
 from streams.topics import ledger_topic
 
 CONTENT_TYPE = b"application/vnd.agentledger.entry+avro"
-
-
-# How far ahead of this machine's clock an entry may say it happened (clock skew between hosts).
-MAX_CLOCK_AHEAD = timedelta(days=1)
 
 
 class BrokerUnavailableError(AgentLedgerError):

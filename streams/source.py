@@ -24,6 +24,7 @@ def to_source(record: Any) -> SourceRecord:
         key=record.key,
         value=record.value,
         headers=tuple(record.headers or ()),
+        timestamp_ms=record.timestamp,
     )
 
 

@@ -72,7 +72,8 @@ class PositionedTransport(faust_aiokafka.Transport):
 def _record(event: Any) -> SourceRecord:
     m = event.message
     headers = tuple((k, v) for k, v in (m.headers or ()))
-    return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, headers)
+    stamp = int(m.timestamp * 1000) if m.timestamp else None  # faust keeps seconds
+    return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, headers, stamp)
 
 
 def _event_lag(app: faust.App, events: list[Any]) -> int:
@@ -198,6 +199,7 @@ def create_app(settings: Settings) -> faust.App:
     @app.agent(source)
     async def project(stream: Any) -> None:
         await engine.start()
+        started.set()
         # What exists now lives as long as the worker: keep it out of every collection, so a
         # full collection scans only what batches allocate (a long pause is hot-path latency).
         gc.collect()
@@ -220,6 +222,19 @@ def create_app(settings: Settings) -> faust.App:
                     )
             except Exception as exc:
                 _fatal(exc)
+
+    started = asyncio.Event()
+
+    @app.timer(interval=settings.worker_view_check_s)  # type: ignore[untyped-decorator]
+    async def check_views() -> None:
+        # Redis flushed or restarted while no batch arrives: nothing else would notice.
+        if not started.is_set():
+            return
+        try:
+            if await engine.check_views():
+                logger.warning("Redis had lost views; refilled them from PostgreSQL")
+        except Exception:
+            logger.exception("checking Redis views failed; trying again at the next tick")
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:

@@ -6,12 +6,14 @@ projection rows and its offsets commit together or not at all.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
+import orjson
+from psycopg import AsyncConnection, Connection
+from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from projectors.base import HistoryRow
 
@@ -31,9 +33,57 @@ class RunRow:
     # The caller's cached state is current (stored applied_seq equals the cached one): the
     # document was not fetched and ``state`` is None.
     cached: bool = False
+    source: TopicPartition | None = None  # where the run's entries come from
 
 
 BuildKey = tuple[str, str]  # (projection, build)
+
+# jsonb cannot hold U+0000, and real tool output has NULs (binary files, terminal codes). Stored
+# documents therefore spell a NUL as the private-use character U+E000 followed by "0", and a
+# U+E000 of the text as two of them: lossless, free for documents without either, and undone on
+# every read through this module (readers of the SQL views see the escaped form).
+_ESC = "\ue000".encode()
+_TO_PG = re.compile(rb"\\\\|\\u0000|\\u[eE]000|" + re.escape(_ESC))
+_TRIGGERS = (b"\\u0000", _ESC, b"\\ue000", b"\\uE000")
+_FROM_PG = re.compile(re.escape(_ESC) + rb"(" + re.escape(_ESC) + rb"|0)")
+
+
+def _escape(match: re.Match[bytes]) -> bytes:
+    token = match.group(0)
+    if token == b"\\u0000":
+        return _ESC + b"0"
+    if token == _ESC or token[:3] == b"\\ue" or token[:3] == b"\\uE":  # written or escaped
+        return _ESC + _ESC
+    return token  # an escaped backslash stays
+
+
+def to_jsonb_text(doc: bytes) -> bytes:
+    """JSON text as PostgreSQL's jsonb will take it (see above); unchanged without NULs."""
+    if all(token not in doc for token in _TRIGGERS):
+        return doc
+    return _TO_PG.sub(_escape, doc)
+
+
+def from_jsonb_text(doc: bytes) -> bytes:
+    """The JSON text a document had before :func:`to_jsonb_text`."""
+    if _ESC not in doc:
+        return doc
+    return _FROM_PG.sub(lambda m: _ESC if m.group(1) == _ESC else b"\\u0000", doc)
+
+
+def _loads(data: bytes | bytearray | memoryview | str) -> Any:
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    return orjson.loads(from_jsonb_text(raw))
+
+
+def _dumps(obj: Any) -> bytes:
+    return to_jsonb_text(orjson.dumps(obj))
+
+
+def use_documents(conn: AsyncConnection[Any] | Connection[Any]) -> None:
+    """Make this connection read and write jsonb documents as this module stores them."""
+    set_json_loads(_loads, conn)
+    set_json_dumps(_dumps, conn)
 
 
 OffsetKey = tuple[str, str, str, int]  # (projection, build, topic, partition)
@@ -141,14 +191,18 @@ async def load_runs(
     async with conn.cursor() as cur:
         await cur.execute(
             "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, "
-            "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq "
+            "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq, "
+            's.topic, s."partition" '
             "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
             "AS k(projection, build, run_id, seq) USING (projection, build, run_id)",
             columns,
         )
         waiting = False
-        for proj, build, run_id, fleet_id, seq, held, state, hit in await cur.fetchall():
-            out[(proj, build)][run_id] = RunRow(run_id, fleet_id, seq, tuple(held), state, {}, hit)
+        for proj, build, run_id, fleet_id, seq, held, state, hit, t, p in await cur.fetchall():
+            source = None if t is None or p is None else (t, p)
+            out[(proj, build)][run_id] = RunRow(
+                run_id, fleet_id, seq, tuple(held), state, {}, hit, source
+            )
             waiting = waiting or bool(held)
         if waiting:
             await cur.execute(
@@ -175,6 +229,7 @@ class RunWrite:
     hold: dict[int, bytes] = field(default_factory=dict)
     release: list[int] = field(default_factory=list)
     history: list[HistoryRow] = field(default_factory=list)
+    source: TopicPartition | None = None
 
 
 async def write_runs(
@@ -186,12 +241,14 @@ async def write_runs(
         return
     async with conn.cursor() as cur:
         await cur.executemany(
-            "INSERT INTO al_run_state "
-            "(projection, build, run_id, fleet_id, applied_seq, held, gaps, state, updated_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now()) "
+            "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, held, "
+            'gaps, state, topic, "partition", updated_at) '
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now()) "
             "ON CONFLICT (projection, build, run_id) DO UPDATE SET "
             "applied_seq = EXCLUDED.applied_seq, held = EXCLUDED.held, gaps = EXCLUDED.gaps, "
-            "state = EXCLUDED.state, updated_at = now()",
+            "state = EXCLUDED.state, topic = coalesce(al_run_state.topic, EXCLUDED.topic), "
+            '"partition" = coalesce(al_run_state."partition", EXCLUDED."partition"), '
+            "updated_at = now()",
             [
                 (
                     proj,
@@ -201,7 +258,9 @@ async def write_runs(
                     w.applied_seq,
                     list(w.held),
                     Jsonb([list(g) for g in w.gaps]),
-                    Jsonb(w.state or b"{}", dumps=_as_is),
+                    Jsonb(to_jsonb_text(w.state or b"{}"), dumps=_as_is),
+                    w.source[0] if w.source else None,
+                    w.source[1] if w.source else None,
                 )
                 for proj, build, w in flat
             ],
@@ -218,7 +277,7 @@ async def write_runs(
                 holds,
             )
         history = [
-            (proj, build, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc))
+            (proj, build, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc, dumps=_dumps))
             for proj, build, w in flat
             for h in w.history
         ]
@@ -276,6 +335,6 @@ async def iter_states(
         (projection, build),
     )
     return [
-        (r, s, tuple(h), g, st.encode() if st and st != "{}" else None)
+        (r, s, tuple(h), g, from_jsonb_text(st.encode()) if st and st != "{}" else None)
         for r, s, h, g, st in await cur.fetchall()
     ]

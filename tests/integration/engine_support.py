@@ -62,7 +62,9 @@ class Env:
         return f"t{self.build}"
 
 
-async def make_env(services: Settings, fleets: Sequence[str] = ("fleet-01",)) -> Env:
+async def make_env(services: Settings, fleets: Sequence[str] = ("fleet-01", "fleet-a")) -> Env:
+    """Topics for ``fleets`` (by default simulate's first fleet and the one `EntryBuilder`
+    writes for) under a fresh prefix: the worker refuses an entry on another fleet's topic."""
     tag = uuid.uuid4().hex[:8]
     settings = services.model_copy(update={"topic_prefix": f"e{tag}"})
     migrate(settings.pg_address)
@@ -71,18 +73,20 @@ async def make_env(services: Settings, fleets: Sequence[str] = ("fleet-01",)) ->
 
 
 async def produce_raw(
-    env: Env, items: Sequence[LedgerEntry | bytes], fleet: str = "fleet-01", key: bytes = b"k"
+    env: Env, items: Sequence[LedgerEntry | bytes], fleet: str | None = None, key: bytes = b"k"
 ) -> None:
-    """Send entries (encoded here, no publisher checks) or raw bytes, in this order."""
+    """Send entries (encoded here, no publisher checks; to their fleet's topic unless ``fleet``
+    is given) or raw bytes (to ``fleet``, by default the first one), in this order."""
     producer = AIOKafkaProducer(bootstrap_servers=env.settings.kafka_address, acks="all")
     await producer.start()
     try:
-        topic = ledger_topic(env.settings.topic_prefix, fleet)
+        raw_topic = ledger_topic(env.settings.topic_prefix, fleet or env.fleets[0])
         for item in items:
             if isinstance(item, LedgerEntry):
+                topic = ledger_topic(env.settings.topic_prefix, fleet or item.fleet_id)
                 await producer.send(topic, CODEC.encode(item), key=item.run_id.encode())
             else:
-                await producer.send(topic, item, key=key)
+                await producer.send(raw_topic, item, key=key)
         await producer.flush()
     finally:
         await producer.stop()

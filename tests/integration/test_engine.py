@@ -26,6 +26,7 @@ from streams.dlq import KafkaDeadLetterSink, read_dead_letters, redrive
 from streams.engine import Engine, SourceRecord, Target
 from streams.simulate import simulate
 from streams.source import drain, read_all
+from streams.topics import ledger_topic
 from tests.integration.engine_support import (
     CODEC,
     Env,
@@ -246,9 +247,15 @@ async def test_a_fold_that_raises_dead_letters_the_entry_and_moves_on(services: 
 
 
 def _records(env: Env, entries: list[LedgerEntry], first_offset: int) -> list[SourceRecord]:
-    topic = env.topics[0]
+    prefix = env.settings.topic_prefix
     return [
-        SourceRecord(topic, 0, first_offset + i, e.run_id.encode(), CODEC.encode(e))
+        SourceRecord(
+            ledger_topic(prefix, e.fleet_id),
+            0,
+            first_offset + i,
+            e.run_id.encode(),
+            CODEC.encode(e),
+        )
         for i, e in enumerate(entries)
     ]
 
