@@ -23,7 +23,7 @@ from typing import Any
 from schemas.errors import LedgerValidationError
 from schemas.json_form import from_json, to_json
 from schemas.models import LedgerEntry
-from streams.secret_scan import GENERIC, SecretDetector, default_detector, marker
+from streams.secret_scan import GENERIC, Finding, SecretDetector, default_detector, marker, merge
 
 # Fields whose values are identifiers: checked, never rewritten.
 IDENTIFIERS = frozenset(
@@ -145,15 +145,18 @@ class _Walk:
         in a config file, so key-based rules see their context; only the value is rewritten."""
         head = f'{key} = "'
         line = f'{head}{value}"'
-        findings = [f for f in self.detector.find(line) if f.end > len(head)]
+        spans = [
+            Finding(f.rule, max(f.start - len(head), 0), min(f.end - len(head), len(value)))
+            for f in self.detector.find(line)
+            if f.end > len(head)
+        ]
+        findings = merge([*self.detector.find(value), *spans])
         if not findings:
             return value
         pieces, at = [], 0
         for f in findings:
-            start = max(f.start - len(head), 0)
-            end = min(f.end - len(head), len(value))
-            pieces += [value[at:start], marker(f.rule)]
-            at = end
+            pieces += [value[at : f.start], marker(f.rule)]
+            at = f.end
             self.found.append((path, f.rule))
         return "".join([*pieces, value[at:]])
 

@@ -178,7 +178,7 @@ class SecretDetector:
             if rule.path is not None and (path is None or not rule.path.search(path)):
                 continue
             found.extend(self._matches(rule, text))
-        return _merge(found)
+        return merge(found)
 
     def _matches(self, rule: Rule, text: str) -> list[Finding]:
         out = []
@@ -227,7 +227,7 @@ def _line_of(text: str, start: int, end: int) -> str:
 GENERIC = frozenset({"generic-api-key"})
 
 
-def _merge(findings: list[Finding]) -> list[Finding]:
+def merge(findings: list[Finding]) -> list[Finding]:
     """Overlapping spans become one, named by the first specific rule among them; in order."""
     out: list[Finding] = []
     for f in sorted(findings, key=lambda f: (f.start, -f.end)):

@@ -1,0 +1,1 @@
+"""Corpora for measuring a secret detector: real-format secrets, hard negatives, real text."""
