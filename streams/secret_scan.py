@@ -143,11 +143,21 @@ class SecretDetector:
     def __init__(self, rules: Sequence[Rule], allowlists: Sequence[Allowlist] = ()) -> None:
         self.rules = tuple(rules)
         self.allowlists = tuple(allowlists)
-        self._by_keyword: dict[str, list[Rule]] = {}
-        for rule in self.rules:
+        # gitleaks finds the keywords present with Aho-Corasick; an RE2 set does the same here:
+        # one pass says which keywords occur anywhere (overlaps included), hence which rules.
+        keywords = sorted({k for r in self.rules for k in r.keywords})
+        options = re2.Options()
+        options.case_sensitive = False
+        self._keyword_set = re2.Set.SearchSet(options)
+        for keyword in keywords:
+            self._keyword_set.Add(re2.escape(keyword))
+        self._keyword_set.Compile()
+        index = {k: i for i, k in enumerate(keywords)}
+        self._rules_of: list[list[int]] = [[] for _ in keywords]
+        for at, rule in enumerate(self.rules):
             for k in rule.keywords:
-                self._by_keyword.setdefault(k, []).append(rule)
-        self._always = [r for r in self.rules if not r.keywords]
+                self._rules_of[index[k]].append(at)
+        self._always = [at for at, r in enumerate(self.rules) if not r.keywords]
 
     @classmethod
     def from_files(cls, *paths: Path) -> SecretDetector:
@@ -161,13 +171,10 @@ class SecretDetector:
 
     def candidates(self, text: str) -> list[Rule]:
         """The rules whose keywords occur in ``text`` (in rule order), plus keyword-less ones."""
-        lowered = text.lower()
-        # A substring test per keyword (C speed, overlaps included) is gitleaks' Aho-Corasick
-        # pass in effect, and a few hundred keywords cost little next to the regexes they spare.
-        present = [k for k in self._by_keyword if k in lowered]
-        chosen = {id(r): r for k in present for r in self._by_keyword.get(k, ())}
-        chosen.update((id(r), r) for r in self._always)
-        return [r for r in self.rules if id(r) in chosen]
+        chosen = set(self._always)
+        for keyword in self._keyword_set.Match(text) or ():  # None when nothing matched
+            chosen.update(self._rules_of[keyword])
+        return [self.rules[at] for at in sorted(chosen)]
 
     def find(self, text: str, path: str | None = None) -> list[Finding]:
         """Every secret in ``text``, as non-overlapping spans in text order."""
