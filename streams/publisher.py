@@ -345,13 +345,19 @@ def _identity(p: Prepared | Encoded) -> tuple[str, int]:
 async def _stop_within(producer: AIOKafkaProducer, timeout_s: float) -> bool:
     """Stop a producer; past ``timeout_s`` (no broker to flush to), tear it down instead: its
     sender task is cancelled and its connections closed. True if it stopped cleanly."""
+    deadline = time.monotonic() + timeout_s
     try:
-        await asyncio.wait_for(producer.stop(), timeout_s)
+        # Flush first and stop only once nothing is pending: aiokafka's stop() drains the
+        # accumulator in a task of its own that outlives a cancelled stop(), so with the broker
+        # gone that task waited for ever (one leaked task per publisher, holding every unsent
+        # record, later logged as "Task was destroyed but it is pending").
+        await asyncio.wait_for(producer.flush(), timeout_s)
+        await asyncio.wait_for(producer.stop(), max(deadline - time.monotonic(), 0.001))
         return True
     except (TimeoutError, KafkaError, OSError):
         pass
-    # aiokafka's stop() waits for the accumulator to drain, which never happens with the broker
-    # gone; its sender and client are the two things holding the loop.
+    # The accumulator never drains with the broker gone; its sender and client are the two
+    # things holding the loop.
     sender = producer._sender
     if sender is not None and sender.sender_task is not None:
         sender.sender_task.cancel()
@@ -359,6 +365,8 @@ async def _stop_within(producer: AIOKafkaProducer, timeout_s: float) -> bool:
             await asyncio.wait_for(sender.sender_task, 2.0)
     with contextlib.suppress(BaseException):
         await asyncio.wait_for(producer.client.close(), 2.0)
+    # What stop() would have set first; without it the producer warns "Unclosed" when collected.
+    producer._closed = True
     return False
 
 
