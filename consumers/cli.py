@@ -128,9 +128,17 @@ def publish_cmd(
     file: Annotated[Path, typer.Argument(help="entries in the JSON form, one per line")],
 ) -> None:
     """Publish a JSONL file of entries; invalid lines are reported and not sent."""
+    from rich.markup import escape
+
     from streams.publish_file import publish_file
 
-    report = asyncio.run(publish_file(file, _settings()))
+    try:
+        report = asyncio.run(publish_file(file, _settings()))
+    except AgentLedgerError as exc:
+        # One line however long (scripts grep for it; rich would wrap at 80 columns in a pipe),
+        # and the message verbatim: it quotes addresses and lists in brackets, not markup.
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
     for number, reason in report.invalid:
         err.print(f"line {number}: {reason}")
     fleets = ", ".join(f"{k}={v}" for k, v in sorted(report.by_fleet.items()))

@@ -39,7 +39,8 @@ class BrokerUnavailableError(AgentLedgerError):
 
     ``acknowledged`` and ``unacknowledged`` list the (run id, sequence number) of the entries
     the broker did and did not confirm. Resending the unacknowledged ones (or the whole batch)
-    is safe: an entry that did arrive is skipped downstream as a duplicate.
+    is safe: an entry that did arrive is skipped downstream as a duplicate. ``cause`` is the
+    why alone (e.g. "timed out after 4.0s"), for callers that word their own account.
     """
 
     retriable = True
@@ -49,10 +50,12 @@ class BrokerUnavailableError(AgentLedgerError):
         message: str,
         acknowledged: Sequence[tuple[str, int]] = (),
         unacknowledged: Sequence[tuple[str, int]] = (),
+        cause: str | None = None,
     ) -> None:
         super().__init__(message)
         self.acknowledged = list(acknowledged)
         self.unacknowledged = list(unacknowledged)
+        self.cause = cause or message
 
 
 @dataclass
@@ -307,7 +310,10 @@ class AsyncPublisher:
 def _why(exc: BaseException | None, timeout_s: float | None = None) -> str:
     if exc is None or isinstance(exc, TimeoutError):
         return "timed out" if timeout_s is None else f"timed out (limit {timeout_s:g}s)"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    name, text = type(exc).__name__, str(exc)
+    if not text or text.startswith(name):  # aiokafka's errors already begin with their name
+        return text or name
+    return f"{name}: {text}"
 
 
 def _unacknowledged(
@@ -333,6 +339,7 @@ def _unacknowledged(
         "unacknowledged entries again (any that did arrive are skipped as duplicates)",
         acknowledged=yes,
         unacknowledged=no,
+        cause=f"{_why(failure)} after {elapsed_s:.1f}s",
     )
 
 
