@@ -6,6 +6,7 @@ calls :meth:`Projection.fold` for each entry in sequence order and stores the re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, Self, TypeVar
@@ -16,6 +17,46 @@ from pydantic import BaseModel
 from schemas.models import LedgerEntry
 
 S = TypeVar("S", bound=BaseModel)
+
+# PostgreSQL's bigint (what the SQL views cast counts to, and the most orjson reads back exact).
+BIGINT_MAX = 2**63 - 1
+_COUNT_DIGITS = len(str(BIGINT_MAX))
+
+
+def capped(total: int) -> int:
+    """A sum of counts as a state stores it: at most :data:`BIGINT_MAX`."""
+    return min(total, BIGINT_MAX)
+
+
+def metadata_count(text: str | None) -> int | None:
+    """A metadata value meant as a count: the decimal digits of a bigint, else None.
+
+    (``str.isdigit`` also takes "²", which ``int`` refuses; a count past a bigint could not be
+    stored, and ``int`` refuses more than 4300 digits.)
+    """
+    if text is None or not text.isdecimal() or len(text) > _COUNT_DIGITS:
+        return None
+    value = int(text)
+    return value if value <= BIGINT_MAX else None
+
+
+def parse_json(text: str) -> Any:
+    """JSON text as ``json.loads`` reads it; None when it is not JSON or nests too deeply to
+    parse (``json.loads`` then raises RecursionError, not ValueError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def storable(text: str) -> str:
+    """``text`` with each lone surrogate (what a JSON ``\\ud800`` escape decodes to) replaced by
+    U+FFFD: a state holding one cannot be serialized as UTF-8."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 class Projection(Protocol, Generic[S]):

@@ -44,7 +44,7 @@ from typing import Literal, TypedDict, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy
+from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped, metadata_count
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.models import (
     ArtifactRef,
@@ -512,10 +512,11 @@ def _totals(items: Sequence[ManifestItem]) -> _Totals:
     by_trust: dict[str, int] = {}
     for item in items:
         section = item.section or "unsectioned"
-        by_section[section] = by_section.get(section, 0) + item.tokens
-        by_trust[item.trust_level.value] = by_trust.get(item.trust_level.value, 0) + item.tokens
+        by_section[section] = capped(by_section.get(section, 0) + item.tokens)
+        trust = item.trust_level.value
+        by_trust[trust] = capped(by_trust.get(trust, 0) + item.tokens)
     return _Totals(
-        total_tokens=sum(i.tokens for i in items),
+        total_tokens=capped(sum(i.tokens for i in items)),
         tokens_by_section=by_section,
         tokens_by_trust=by_trust,
     )
@@ -614,9 +615,9 @@ def _placement(entry: LedgerEntry) -> tuple[ContextItemKind, str, int | None, tu
 
 def _tokens(entry: LedgerEntry, text: str) -> int:
     for key in TOKEN_METADATA_KEYS:
-        value = entry.metadata.get(key, "")
-        if value.isdigit():
-            return int(value)
+        value = metadata_count(entry.metadata.get(key))
+        if value is not None:
+            return value
     return estimate_tokens(text)
 
 
@@ -648,8 +649,8 @@ def _duplicate_tool_item(pool: Sequence[ManifestItem], item: ManifestItem) -> bo
 
 def _compact(pool: tuple[ManifestItem, ...], entry: LedgerEntry) -> tuple[ManifestItem, ...]:
     """Drop the history a compaction summarizes; open tool calls and instructions stay."""
-    through = entry.metadata.get("replaces_through_seq", "")
-    limit = int(through) if through.isdigit() else entry.sequence_no
+    through = metadata_count(entry.metadata.get("replaces_through_seq"))
+    limit = through if through is not None else entry.sequence_no
     answered = {i.tool_call_id for i in pool if i.item_kind is K.TOOL_OUTPUT}
     keep_calls = {
         i.tool_call_id
@@ -1048,7 +1049,7 @@ def stable_prefix_tokens(before: Sequence[PrefixKey], after: Sequence[PrefixKey]
         if old != new:
             break
         total += new.tokens
-    return total
+    return capped(total)
 
 
 # --- rendering ----------------------------------------------------------------------------------

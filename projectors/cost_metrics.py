@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy
+from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped
 from projectors.pricing import (
     ENTRY_FIELDS,
     NORMALIZER_VERSION,
@@ -46,6 +46,7 @@ from schemas.models import (
 HISTORY_KIND = "model_call"
 BUDGET_KEY = "task_budget_usd"
 _ZERO = Decimal(0)
+_BUDGET_DIGITS = 28  # the decimal context's precision: a budget's magnitude stays within it
 _ACCEPTED = frozenset({EntryKind.MODEL_CALL, EntryKind.RUN_STARTED})
 
 
@@ -114,11 +115,11 @@ class CostTotals(_Frozen):
             update={
                 "calls": self.calls + 1,
                 "failed_calls": self.failed_calls + (call.status != ModelCallStatus.OK),
-                "input_tokens": self.input_tokens + call.input_tokens,
-                "cached_input_tokens": self.cached_input_tokens + call.cached_input_tokens,
-                "output_tokens": self.output_tokens + call.output_tokens,
-                "reasoning_tokens": self.reasoning_tokens + call.reasoning_tokens,
-                "latency_ms_sum": self.latency_ms_sum + call.latency_ms,
+                "input_tokens": capped(self.input_tokens + call.input_tokens),
+                "cached_input_tokens": capped(self.cached_input_tokens + call.cached_input_tokens),
+                "output_tokens": capped(self.output_tokens + call.output_tokens),
+                "reasoning_tokens": capped(self.reasoning_tokens + call.reasoning_tokens),
+                "latency_ms_sum": capped(self.latency_ms_sum + call.latency_ms),
                 "cost_usd": self.cost_usd + (call.cost_usd or _ZERO),
                 "unpriced_calls": self.unpriced_calls + call.unpriced,
                 "reported_calls": self.reported_calls + (reported is not None),
@@ -347,7 +348,11 @@ def _budget(text: str | None) -> Decimal | None:
         value = Decimal(text.strip())
     except InvalidOperation:
         return None
-    return value if value.is_finite() and value >= 0 else None
+    if not value.is_finite() or value < 0:
+        return None
+    if value and not -_BUDGET_DIGITS <= value.adjusted() < _BUDGET_DIGITS:
+        return None  # not an amount: usd_text could not write it (or only as ~1 MB of zeros)
+    return value
 
 
 _EMPTY = CostTotals()

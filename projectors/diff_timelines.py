@@ -51,7 +51,14 @@ from typing import Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy
+from projectors.base import (
+    HistoryRow,
+    ModelProjection,
+    QuickCopy,
+    metadata_count,
+    parse_json,
+    storable,
+)
 from schemas.models import (
     ArtifactRef,
     ArtifactRefPart,
@@ -689,12 +696,9 @@ def _finished(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
 
 def _plan_row(entry: LedgerEntry) -> TimelineRow:
     plan = entry.metadata["plan"]
-    try:
-        steps = json.loads(plan)
-    except ValueError:
-        steps = None
+    steps = parse_json(plan)
     if isinstance(steps, list):
-        plan = "; ".join(str(s) for s in steps)
+        plan = storable("; ".join(str(s) for s in steps))
     return _row(entry, "plan", "plan: " + _clip(plan))
 
 
@@ -863,7 +867,9 @@ def _approval_row(entry: LedgerEntry) -> TimelineRow:
     meta, doc = entry.metadata, _json(entry)
     detail: Detail = {"parent_entry_id": entry.causation.parent_entry_id}
     if entry.kind is EntryKind.APPROVAL_REQUEST:
-        action = meta.get("action") or str(doc.get("action") or "") or _clip(_text(entry), 60)
+        action = (
+            meta.get("action") or storable(str(doc.get("action") or "")) or _clip(_text(entry), 60)
+        )
         detail["action"] = action or None
         return _row(entry, "approval", f"approval requested: {action or '?'}", detail=detail)
     decision = meta.get("decision", "").upper() or _decision(doc)
@@ -873,7 +879,7 @@ def _approval_row(entry: LedgerEntry) -> TimelineRow:
 
 def _decision(doc: dict[str, object]) -> str:
     if isinstance(doc.get("decision"), str):
-        return str(doc["decision"]).upper()
+        return storable(str(doc["decision"])).upper()
     approved = doc.get("approved")
     if isinstance(approved, bool):
         return "APPROVED" if approved else "REJECTED"
@@ -900,5 +906,6 @@ def _compaction_row(entry: LedgerEntry) -> TimelineRow:
     through = entry.metadata.get("replaces_through_seq")
     summary = "compaction" + (f" replaces entries through seq {through}" if through else "")
     artifact = next((p.artifact_id for p in entry.parts if isinstance(p, ArtifactRefPart)), None)
-    detail: Detail = {"replaces_through_seq": int(through)} if through and through.isdigit() else {}
+    count = metadata_count(through)
+    detail: Detail = {"replaces_through_seq": count} if count is not None else {}
     return _row(entry, "compaction", summary, artifact_id=artifact, detail=detail)

@@ -58,6 +58,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from projectors.base import BIGINT_MAX
 from schemas.errors import AgentLedgerError
 from schemas.models import ModelUsagePart
 
@@ -214,7 +215,8 @@ def normalize_usage(part: ModelUsagePart) -> Usage:
         except _ShapeError:
             pass
         else:
-            if usage.cached_input <= usage.input and usage.reasoning <= usage.output:
+            fits = usage.input <= BIGINT_MAX and usage.output <= BIGINT_MAX  # a stored count
+            if fits and usage.cached_input <= usage.input and usage.reasoning <= usage.output:
                 return usage
     return Usage(
         part.input_tokens,

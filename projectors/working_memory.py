@@ -52,7 +52,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy, fold_all
+from projectors.base import HistoryRow, ModelProjection, QuickCopy, fold_all, parse_json, storable
 from schemas.models import (
     ArtifactRefPart,
     DiffFile,
@@ -520,12 +520,10 @@ _STEP = re.compile(r"\n|(?:^|\s)(?:\d+[.)]|[-*•])\s+")
 
 def _plan_steps(plan: str) -> tuple[str, ...]:
     """A plan's steps: a JSON list of strings, or text numbered "1. 2." / bulleted / by line."""
-    try:
-        parsed = json.loads(plan)
-    except ValueError:
-        parsed = None
+    parsed = parse_json(plan)
     if isinstance(parsed, list) and all(isinstance(step, str) for step in parsed):
-        return tuple(step.strip() for step in parsed if step.strip())
+        steps = (storable(step).strip() for step in parsed)
+        return tuple(step for step in steps if step)
     body = re.sub(r"^\s*plan\s*:\s*", "", plan, flags=re.IGNORECASE)
     steps = (step.strip(" \t;,") for step in _STEP.split(body))
     return tuple(step for step in steps if step)

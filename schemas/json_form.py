@@ -21,6 +21,8 @@ def from_json(data: Mapping[str, Any]) -> LedgerEntry:
         text = json.dumps(data, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise LedgerValidationError("entry", f"not a JSON document: {exc}") from None
+    except RecursionError:
+        raise LedgerValidationError("entry", "not a JSON document: nested too deeply") from None
     return parse_entry_json(text)
 
 

@@ -660,6 +660,8 @@ def parse_entry(data: Mapping[str, Any]) -> LedgerEntry:
         return LedgerEntry.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    except RecursionError:  # a value nested past Python's limit (an enum's repr of a deep list)
+        raise _TOO_DEEP from None
 
 
 def parse_entries(items: list[dict[str, Any]]) -> list[LedgerEntry]:
@@ -668,6 +670,8 @@ def parse_entries(items: list[dict[str, Any]]) -> list[LedgerEntry]:
         return _ENTRIES.validate_python(items)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    except RecursionError:  # a value nested past Python's limit (an enum's repr of a deep list)
+        raise _TOO_DEEP from None
 
 
 def parse_entry_json(text: str | bytes) -> LedgerEntry:
@@ -676,6 +680,11 @@ def parse_entry_json(text: str | bytes) -> LedgerEntry:
         return LedgerEntry.model_validate_json(text, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    except RecursionError:  # a value nested past Python's limit (an enum's repr of a deep list)
+        raise _TOO_DEEP from None
+
+
+_TOO_DEEP = LedgerValidationError("entry", "a value is nested too deeply")
 
 
 def _field_names() -> frozenset[str]:

@@ -18,6 +18,7 @@ from schemas.models import LedgerEntry
 LEDGER_INFIX = ".ledger."
 # How far ahead of its writer's clock an entry may say it happened (clock skew between hosts).
 MAX_CLOCK_AHEAD = timedelta(days=1)
+_LAST_TIMESTAMP_MS = int(datetime(9998, 12, 31, tzinfo=UTC).timestamp() * 1000)
 
 
 class RecordContractError(LedgerDecodeError):
@@ -46,7 +47,8 @@ def check_record(
             f"the entry's fleet_id is not {fleet}, the fleet of {topic}: a fleet publishes to "
             "its own topic"
         )
-    if timestamp_ms is not None and timestamp_ms > 0:
+    if timestamp_ms is not None and 0 < timestamp_ms < _LAST_TIMESTAMP_MS:
+        # (a producer may stamp any 64-bit value; past year 9998 no entry time can exceed it)
         written = datetime.fromtimestamp(timestamp_ms / 1000, UTC)
         if entry.occurred_at > written + MAX_CLOCK_AHEAD:
             return RecordContractError(

@@ -541,6 +541,7 @@ class Engine:
             state = kept
         else:
             state = projection.from_doc(row.state) if row and row.state else None
+        stored = state
         history: list[HistoryRow] = []
         ended = False
         for entry, payload, record in plan.apply:
@@ -566,7 +567,16 @@ class Engine:
                 state = projection.finish(state)
             except Exception:  # derived parts only: keep the folded state, say so loudly
                 logger.exception("%s: finish failed for run %s", projection.name, run_id)
-        doc = projection.to_json(state) if state is not None else None
+        try:
+            doc = projection.to_json(state) if state is not None else None
+        except (
+            Exception
+        ) as exc:  # a state no document can hold: the batch's entries go, not the run
+            state, history = stored, []
+            doc = projection.to_json(state) if state is not None else None
+            for entry, payload, record in plan.apply:
+                entry = entry or self.codec.decode(payload)
+                result.poison.append(_fold_failure(projection.name, entry, payload, record, exc))
         result.states.append((run_id, plan.applied_seq, state, ended))
         write = pg.RunWrite(
             run_id=run_id,

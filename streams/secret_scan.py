@@ -17,6 +17,7 @@ file path apply only when the caller names a path that matches.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections import Counter
 from collections.abc import Sequence
@@ -31,6 +32,9 @@ DATA = Path(__file__).parent / "data"
 GITLEAKS_RULES = DATA / "gitleaks-v8.30.1.toml"
 EXTRA_RULES = DATA / "agentledger-rules.toml"
 MARKER_PREFIX = "[REDACTED:"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def marker(rule: str) -> str:
@@ -180,6 +184,12 @@ class SecretDetector:
         """Every secret in ``text``, as non-overlapping spans in text order."""
         if len(text) < 8:
             return []
+        try:
+            return self._find(text, path)
+        except UnicodeEncodeError:  # lone surrogates: RE2 takes UTF-8; one U+FFFD each keeps
+            return self._find(_SURROGATE.sub("\ufffd", text), path)  # the offsets
+
+    def _find(self, text: str, path: str | None) -> list[Finding]:
         found: list[Finding] = []
         for rule in self.candidates(text):
             if rule.path is not None and (path is None or not rule.path.search(path)):

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from infra.settings import Settings
 from projectors.registry import all_projections
+from projectors.run_stats import RunStats, RunStatsProjection
 from projectors.stores.postgres import use_documents
 from projectors.stores.redis import RedisViewStore
 from schemas.codec import LedgerCodec
@@ -312,6 +313,38 @@ async def redis_views_of(env: Env, projection: str, run_id: str) -> Any:
         await client.aclose()
     assert found is not None, f"no {projection} view of {run_id}"
     return found[1]
+
+
+class _UnwritableAtThree(RunStatsProjection):
+    """run-stats whose document cannot be written once run-unwritable has three entries."""
+
+    def to_json(self, state: RunStats) -> bytes:
+        if state.run_id == "run-unwritable" and state.entries >= 3:
+            raise OverflowError("no document can hold this")
+        return super().to_json(state)
+
+
+async def test_a_state_no_document_can_hold_dead_letters_its_entries_and_moves_on(
+    services: Settings,
+) -> None:
+    env = await make_env(services)
+    b = EntryBuilder("run-unwritable")
+    run = [b.add(EntryKind.USER_TASK) for _ in range(5)]
+    good = simulate(1, 1, seed=15)
+    await produce_raw(env, [*run, *good])
+    sink = KafkaDeadLetterSink(env.settings)
+    engine = Engine([Target(_UnwritableAtThree(), env.build)], env.settings.pg_address, None, sink)
+    await engine.start()
+    try:
+        await asyncio.wait_for(drain(engine, env.settings.kafka_address, env.topics), 60)
+    finally:
+        await engine.close()
+        await sink.close()
+    letters = await read_dead_letters(env.settings, env.fleets)
+    assert len(letters) == 5 and all(d.error_class == "ProjectionFoldError" for d in letters)
+    rows = run_rows(env)
+    assert rows["run-unwritable"]["applied_seq"] == 5, "the run moves on without them"
+    assert {r: rows[r]["applied_seq"] for r in _counts(good)} == _counts(good)
 
 
 def _counts(entries: list[LedgerEntry]) -> dict[str, int]:
