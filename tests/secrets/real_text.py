@@ -16,7 +16,21 @@ from pathlib import Path
 
 __all__ = ["SAMPLES", "real_texts", "sample_texts", "stdlib_texts"]
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
+
+def _samples() -> Path:
+    """The shared agent logs: ``AGENTLEDGER_SAMPLES``, else ``../shared/samples`` beside the
+    repository (or beside any folder above it, for a clone kept deeper), else /work's."""
+    if os.environ.get("AGENTLEDGER_SAMPLES"):
+        return Path(os.environ["AGENTLEDGER_SAMPLES"])
+    here = Path(__file__).resolve()
+    for folder in here.parents[2:]:
+        candidate = folder.parent / "shared" / "samples"
+        if candidate.is_dir():
+            return candidate
+    return Path("/work/shared/samples")
+
+
+SAMPLES = _samples()
 MIN_STRING = 8
 CHUNK_CHARS = 4000
 _RECORD_KEYS = {"trajectory", "history", "messages", "events", "spans"}

