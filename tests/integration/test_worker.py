@@ -171,7 +171,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_sigkill_five_times_equals_clean_replay(deployment: Deployment) -> None:
     d = deployment
-    expected = asyncio.run(_publish(d.settings, count_runs=1650, seed=31))  # ~100k entries
+    expected = asyncio.run(_publish(d.settings, count_runs=800, seed=31))  # ~49k entries
     rng = random.Random(7)
     kills = 0
     worker = d.start_worker("w0")
