@@ -45,6 +45,7 @@ from typing import Literal, TypedDict, assert_never
 from pydantic import BaseModel, ConfigDict, Field
 
 from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped, metadata_count
+from projectors.trust import INSTRUCTION_TRUST, may_instruct, model_visible, offered
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.models import (
     ArtifactRef,
@@ -68,6 +69,7 @@ from schemas.models import (
     VerificationPart,
     Visibility,
 )
+from schemas.secret_scan import default_detector
 
 K, T = ContextItemKind, TrustLevel
 
@@ -115,45 +117,18 @@ _INSTRUCTION_LIKE: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 
-# Instruction entry kinds: (item kind, section, precedence, trust levels allowed to instruct).
-_INSTRUCTIONS: dict[EntryKind, tuple[ContextItemKind, str, int, frozenset[TrustLevel]]] = {
-    EntryKind.SYSTEM_INSTRUCTION: (
-        K.SYSTEM_INSTRUCTION,
-        PLATFORM_POLICY,
-        1,
-        frozenset({T.PLATFORM_TRUSTED}),
-    ),
-    EntryKind.DEVELOPER_INSTRUCTION: (
-        K.DEVELOPER_INSTRUCTION,
-        PLATFORM_POLICY,
-        2,
-        frozenset({T.PLATFORM_TRUSTED}),
-    ),
-    EntryKind.ORG_POLICY: (
-        K.ORG_POLICY,
-        ORG_POLICY,
-        3,
-        frozenset({T.PLATFORM_TRUSTED, T.ORG_TRUSTED}),
-    ),
-    EntryKind.USER_TASK: (
-        K.TASK_CONTRACT,
-        TASK_CONTRACT,
-        4,
-        frozenset({T.PLATFORM_TRUSTED, T.ORG_TRUSTED, T.USER_TRUSTED}),
-    ),
-    EntryKind.APPROVAL_DECISION: (
-        K.CONVERSATION_TURN,
-        TASK_CONTRACT,
-        5,
-        frozenset({T.PLATFORM_TRUSTED, T.ORG_TRUSTED, T.USER_TRUSTED}),
-    ),
-    EntryKind.REPOSITORY_INSTRUCTION: (
-        K.REPOSITORY_INSTRUCTION,
-        REPOSITORY_INSTRUCTIONS,
-        6,
-        frozenset(TrustLevel),
-    ),
+# Instruction entry kinds: (item kind, section, precedence); the trust each needs is the shared
+# rule of projectors.trust. Precedence 1-5 binds: such items are never dropped for budget.
+_INSTRUCTIONS: dict[EntryKind, tuple[ContextItemKind, str, int]] = {
+    EntryKind.SYSTEM_INSTRUCTION: (K.SYSTEM_INSTRUCTION, PLATFORM_POLICY, 1),
+    EntryKind.DEVELOPER_INSTRUCTION: (K.DEVELOPER_INSTRUCTION, PLATFORM_POLICY, 2),
+    EntryKind.ORG_POLICY: (K.ORG_POLICY, ORG_POLICY, 3),
+    EntryKind.USER_TASK: (K.TASK_CONTRACT, TASK_CONTRACT, 4),
+    EntryKind.APPROVAL_DECISION: (K.CONVERSATION_TURN, TASK_CONTRACT, 5),
+    EntryKind.REPOSITORY_INSTRUCTION: (K.REPOSITORY_INSTRUCTION, REPOSITORY_INSTRUCTIONS, 6),
 }
+assert set(_INSTRUCTIONS) == set(INSTRUCTION_TRUST)
+BINDING_PRECEDENCE = 5  # platform and org policy, the task and approvals (seed 000 §20: critical)
 # History entry kinds allowed into a model context (allowlist; everything else stays out).
 _HISTORY: dict[EntryKind, ContextItemKind] = {
     EntryKind.ASSISTANT_RESPONSE: K.CONVERSATION_TURN,
@@ -165,7 +140,23 @@ _HISTORY: dict[EntryKind, ContextItemKind] = {
     EntryKind.VERIFIER_RESULT: K.VERIFIER_RESULT,
     EntryKind.ERROR_EVENT: K.CONVERSATION_TURN,
     EntryKind.COMPACTION: K.SUMMARY,
+    EntryKind.AGENT_THOUGHT_SUMMARY: K.CONVERSATION_TURN,  # admitted to be stripped, and said so
 }
+_ROLES: dict[EntryKind, str] = {
+    EntryKind.USER_TASK: "user",
+    EntryKind.APPROVAL_DECISION: "user",
+    EntryKind.ASSISTANT_RESPONSE: "assistant",
+    EntryKind.AGENT_THOUGHT_SUMMARY: "assistant",
+    EntryKind.TOOL_CALL_REQUEST: "assistant",
+    EntryKind.TOOL_CALL_RESULT: "tool",
+}
+SUMMARY_SCHEMA = "agentledger.summary"
+SUMMARY_VERSION = 1
+_KEY_LINE = re.compile(
+    r"^.*(?:Error|Exception|Traceback|FAILED|FAIL\b|Failed|failed|assert|panic|fatal|"
+    r"error\b|expected .* got).*$",
+    re.MULTILINE,
+)
 # Higher is kept longer when a budget forces truncation.
 _PRIORITY: dict[ContextItemKind, int] = {
     K.SYSTEM_INSTRUCTION: 100,
@@ -214,6 +205,9 @@ class ContextBudget(_Frozen):
     max_inline_chars: int = Field(default=8_000, ge=0)
     max_recorded_items: int = Field(default=256, ge=0)
     max_findings: int = Field(default=64, ge=0)
+    # The next turn says compaction is due once it holds this share of total_tokens
+    # (or had to drop history for budget): a runtime should compact before the next call.
+    compaction_high_water: float = Field(default=0.8, gt=0, le=1)
 
     @classmethod
     def from_overrides(cls, text: str) -> ContextBudget:
@@ -252,6 +246,9 @@ class ManifestItem(_Frozen):
     artifact_refs: tuple[ArtifactRef, ...] = ()
     flags: tuple[str, ...] = ()
     protected: bool = False
+    role: str | None = None  # "user", "assistant" or "tool", for the turn-level sanitization
+    key_lines: tuple[str, ...] = ()  # error lines of a tool output, kept by its placeholder
+    discarded: tuple[str, ...] = ()  # a summary's: source entries of the history it replaces
     text: str | None = None
 
 
@@ -268,6 +265,13 @@ class DroppedItem(_Frozen):
     tool_call_id: str | None
     tokens: int
     reason: str
+
+
+class SanitizeStep(_Frozen):
+    """One change the next turn made to history so a provider takes it (seed 002 §3)."""
+
+    step: Literal["drop-empty", "merge-same-role", "strip-reasoning", "user-first"]
+    source_entry_ids: tuple[str | None, ...] = ()
 
 
 class InjectionFinding(_Frozen):
@@ -295,6 +299,12 @@ class ContextManifest(_Frozen):
     dropped: tuple[DroppedItem, ...] = ()
     over_budget: tuple[str, ...] = ()
     stable_prefix_tokens: int = 0
+    sanitized: tuple[SanitizeStep, ...] = ()
+    # Item indexes after which a provider prompt-cache breakpoint goes: the end of the binding
+    # instructions, and the end of the prefix shared with the last model call's next turn.
+    cache_breakpoints: tuple[int, ...] = ()
+    compaction_due: bool = False
+    call_fingerprint: str | None = None  # a recorded call without a response id: its usage
 
 
 class PrefixKey(_Frozen):
@@ -328,7 +338,10 @@ class ContextState(_Frozen):
 
 class ContextManifestsProjection(ModelProjection[ContextState]):
     name = "context-manifests"
-    version = 2  # 2: the working memory's content in the next turn, not a placeholder
+    # 2: the working memory's content in the next turn, not a placeholder. 3: binding policy never
+    # dropped, items counted by what is inlined, memory from model-visible entries only,
+    # sanitization, cache breakpoints, compaction signal, error lines kept by placeholders
+    version = 3
     hot = True
     state_type = ContextState
 
@@ -360,7 +373,7 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             state = _bind_model_call(state, entry)
             turn = next_turn(state.pool, self.budget, state.last_sequence_no, memory=state.memory)
             state = state.model_copy(update={"prefix_basis": prefix_keys(turn.items)})
-        elif entry.visibility is Visibility.MODEL_VISIBLE:
+        elif model_visible(entry):
             state = _admit(state, entry, self.budget)
         return state
 
@@ -405,7 +418,7 @@ _MEMORY = WorkingMemoryProjection()
 
 def _seen(state: ContextState, entry: LedgerEntry) -> ContextState:
     hidden = state.hidden_entry_ids
-    if entry.visibility is not Visibility.MODEL_VISIBLE:
+    if not model_visible(entry):
         hidden = (*hidden, entry.entry_id)
     memory = _MEMORY.fold(state.memory or _MEMORY.initial(entry), entry)
     return state.model_copy(
@@ -525,16 +538,22 @@ def _totals(items: Sequence[ManifestItem]) -> _Totals:
 def _bind_model_call(state: ContextState, entry: LedgerEntry) -> ContextState:
     parent = entry.causation.parent_entry_id
     response = next((p.provider_response_id for p in _usage(entry)), None)
+    fingerprint = None if response is not None else _call_fingerprint(entry)
     bound = [m for m in state.manifests if m.context_entry_id == parent and parent is not None]
     if not bound:
         missing = (*state.model_calls_without_context, entry.entry_id)
         return state.model_copy(update={"model_calls_without_context": missing})
-    if any(m.provider_response_id == response and response is not None for m in bound):
+    if any(
+        (m.provider_response_id == response and response is not None)
+        or (fingerprint is not None and m.call_fingerprint == fingerprint)
+        for m in bound
+    ):  # the same response reported again (by its id, or without one by its usage)
         return state.model_copy(update={"duplicate_model_calls": state.duplicate_model_calls + 1})
     call = {
         "manifest_id": entry.entry_id,
         "model_call_entry_id": entry.entry_id,
         "provider_response_id": response,
+        "call_fingerprint": fingerprint,
     }
     first = bound[0]
     if first.model_call_entry_id is None:
@@ -548,6 +567,18 @@ def _usage(entry: LedgerEntry) -> list[ModelUsagePart]:
     return [p for p in entry.parts if isinstance(p, ModelUsagePart)]
 
 
+def _call_fingerprint(entry: LedgerEntry) -> str | None:
+    """A call without a provider response id, told apart by what it reported."""
+    usage = _usage(entry)
+    if not usage:
+        return None
+    return "|".join(
+        f"{u.provider}/{u.model}:{u.input_tokens}/{u.cached_input_tokens}/{u.output_tokens}/"
+        f"{u.reasoning_tokens}/{u.latency_ms}"
+        for u in usage
+    )
+
+
 def _admit(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> ContextState:
     if entry.kind not in _INSTRUCTIONS and entry.kind not in _HISTORY:
         return state
@@ -558,6 +589,7 @@ def _admit(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> Co
     pool = state.pool
     if entry.kind is EntryKind.COMPACTION:
         pool = _compact(pool, entry)
+        item = _summary_item(item, state.pool, pool)
     findings = _scan(item, entry, text)
     if findings:
         item = item.model_copy(update={"flags": (*item.flags, "instruction-like")})
@@ -575,9 +607,16 @@ def _pool_item(entry: LedgerEntry, text: str, budget: ContextBudget) -> Manifest
     kind, section, precedence, flags = _placement(entry)
     snippet = next((p for p in entry.parts if isinstance(p, FileSnippetPart)), None)
     result = next((p for p in entry.parts if isinstance(p, ToolResultPart)), None)
+    key_lines = _key_lines(text) if kind is K.TOOL_OUTPUT else ()
     inline = text[: budget.max_inline_chars]
-    if len(inline) < len(text):
+    cut = len(inline) < len(text)
+    if cut:
         inline += f"\n[... truncated; full content in entry {entry.entry_id}]"
+        inline += "".join(f"\n{line}" for line in key_lines if line not in inline)
+    if entry.kind is EntryKind.AGENT_THOUGHT_SUMMARY:
+        flags = (*flags, "reasoning")
+    elif not text.strip() and entry.kind in (EntryKind.ASSISTANT_RESPONSE, EntryKind.ERROR_EVENT):
+        flags = (*flags, "empty")
     return ManifestItem(
         item_kind=kind,
         source_entry_id=entry.entry_id,
@@ -585,9 +624,12 @@ def _pool_item(entry: LedgerEntry, text: str, budget: ContextBudget) -> Manifest
         trust_level=entry.trust_level,
         visibility=entry.visibility,
         sha256=sha256_hex(text),
-        tokens=_tokens(entry, text),
+        # what the model is given counts, not the full text the entry holds
+        tokens=estimate_tokens(inline) if cut else _tokens(entry, text),
         section=section,
         precedence=precedence,
+        role=_ROLES.get(entry.kind),
+        key_lines=key_lines,
         tool_call_id=_tool_call_id(entry),
         status=result.status.value if result is not None else None,
         path=snippet.path if snippet is not None else None,
@@ -603,8 +645,8 @@ def _placement(entry: LedgerEntry) -> tuple[ContextItemKind, str, int | None, tu
     """Item kind, section, precedence and flags; untrusted content always lands in data."""
     data_section = NETWORK_DATA if entry.trust_level is T.NETWORK_UNTRUSTED else REPOSITORY_DATA
     if entry.kind in _INSTRUCTIONS:
-        kind, section, precedence, allowed = _INSTRUCTIONS[entry.kind]
-        if entry.trust_level in allowed:
+        kind, section, precedence = _INSTRUCTIONS[entry.kind]
+        if may_instruct(entry):
             return kind, section, precedence, ()
         return K.UNKNOWN, data_section, None, (f"demoted-instruction:{entry.kind.value}",)
     kind = _HISTORY[entry.kind]
@@ -638,6 +680,36 @@ def _refs(parts: Iterable[Part]) -> Iterable[ArtifactRef]:
             yield part.diff_artifact
         elif isinstance(part, VerificationPart) and part.diagnostics_ref is not None:
             yield part.diagnostics_ref
+
+
+def _key_lines(text: str, keep: int = 3) -> tuple[str, ...]:
+    """The last error-looking lines of a tool output (what a model needs when the output itself
+    is cleared: ``AssertionError: expected 10 got 9 at orders.py:42``), each at most 300 chars."""
+    found = [m.group(0).strip()[:300] for m in _KEY_LINE.finditer(text[-200_000:])]
+    return tuple(dict.fromkeys(line for line in found if line))[-keep:]
+
+
+def _summary_item(
+    item: ManifestItem, before: Sequence[ManifestItem], after: Sequence[ManifestItem]
+) -> ManifestItem:
+    """A compaction's summary with its schema, version and what it discarded (seed 000 §17)."""
+    kept = {id(i) for i in after}
+    gone = [i.source_entry_id for i in before if id(i) not in kept]
+    shown = [g for g in gone if g][:64]
+    more = f" and {len(gone) - len(shown)} more" if len(gone) > len(shown) else ""
+    head = (
+        f"[summary {SUMMARY_SCHEMA} v{SUMMARY_VERSION}: replaces {len(gone)} earlier items "
+        f"({', '.join(shown) or 'none'}{more})]"
+    )
+    text = f"{head}\n{item.text or ''}"
+    return item.model_copy(
+        update={
+            "discarded": tuple(shown),
+            "text": text,
+            "sha256": sha256_hex(text),
+            "tokens": item.tokens + estimate_tokens(head),
+        }
+    )
 
 
 def _duplicate_tool_item(pool: Sequence[ManifestItem], item: ManifestItem) -> bool:
@@ -726,7 +798,13 @@ def _part_text(part: Part) -> str:
 
 
 def artifact_handle(ref: ArtifactRef) -> str:
-    """The fixed placeholder that stands for an artifact's content (no artifact store here)."""
+    """The fixed placeholder that stands for an artifact's content (no artifact store here); an
+    artifact whose redaction level does not allow it is named, never offered."""
+    if not offered(ref):
+        return (
+            f"[artifact {ref.artifact_id}: withheld ({ref.redaction_level.value}); "
+            "not available to the model]"
+        )
     return (
         f"[artifact {ref.artifact_id}: {ref.content_type}, {ref.size_bytes} bytes, "
         f"sha256 {ref.sha256[:16]}; content not inlined, read it by id if needed]"
@@ -760,20 +838,27 @@ def next_turn(
 
     Its stable prefix is measured against ``basis``, the next turn as it stood at the run's last
     model call: the tokens a provider's prefix cache can reuse from that call. ``memory`` is the
-    run's working memory, rendered compactly as the last (volatile, protected) item.
+    run's working memory, rendered compactly as the last (volatile, protected) item. Binding
+    instructions (platform and organisation policy, the task, approvals) are never dropped.
     """
+    pool, steps = sanitize(pool)
     instructions = sorted(
         (i for i in pool if i.section in INSTRUCTION_SECTIONS),
         key=lambda i: (i.precedence or 99, i.sequence_no or 0),
     )
-    head = [
-        _single(i, order, protected=i.item_kind is K.TASK_CONTRACT)
-        for order, i in enumerate(instructions)
-    ]
+    head = [_single(i, order, protected=_binding(i)) for order, i in enumerate(instructions)]
     history, orphans = _history(pool, budget)
+    if not any(i.item_kind is K.TASK_CONTRACT for i in instructions) and history:
+        first = history[0].items[0]
+        if first.role != "user":  # a provider wants the user side first
+            history.insert(0, _single(_no_task_turn(first), 999, protected=True))
+            steps.append(SanitizeStep(step="user-first", source_entry_ids=(first.source_entry_id,)))
     tail = [_single(_working_memory(memory, as_of, budget), len(pool) + 1, protected=True)]
     groups, dropped, over = _truncate([*head, *history, *tail], budget)
     items = tuple(item for group in groups for item in group.items)
+    steps += _merges(items)
+    totals = _totals(items)
+    stable = stable_prefix_tokens(basis, prefix_keys(items))
     return ContextManifest(
         kind="next_turn",
         manifest_id=f"next@{as_of}",
@@ -781,9 +866,84 @@ def next_turn(
         items=items,
         dropped=(*orphans, *dropped),
         over_budget=over,
-        stable_prefix_tokens=stable_prefix_tokens(basis, prefix_keys(items)),
-        **_totals(items),
+        stable_prefix_tokens=stable,
+        sanitized=tuple(steps),
+        cache_breakpoints=_breakpoints(items, basis),
+        compaction_due=bool(dropped)
+        or totals["total_tokens"] >= budget.compaction_high_water * budget.total_tokens,
+        **totals,
     )
+
+
+def _binding(item: ManifestItem) -> bool:
+    return item.precedence is not None and item.precedence <= BINDING_PRECEDENCE
+
+
+def sanitize(pool: Sequence[ManifestItem]) -> tuple[list[ManifestItem], list[SanitizeStep]]:
+    """History as a provider takes it (seed 002 §3): no empty messages, no reasoning from
+    earlier turns; each change said in a step (merges are found on the final items)."""
+    out: list[ManifestItem] = []
+    steps: list[SanitizeStep] = []
+    for item in pool:
+        if "empty" in item.flags:
+            steps.append(SanitizeStep(step="drop-empty", source_entry_ids=(item.source_entry_id,)))
+            continue
+        if "reasoning" in item.flags:
+            steps.append(
+                SanitizeStep(step="strip-reasoning", source_entry_ids=(item.source_entry_id,))
+            )
+            continue
+        out.append(item)
+    return out, steps
+
+
+def _merges(items: Sequence[ManifestItem]) -> list[SanitizeStep]:
+    """Runs of assistant messages in a row: each run is sent as one multi-part message (seed
+    002 §3). The items keep their identity (and the cache prefix its length); the step says
+    which to join."""
+    steps, run = [], list[ManifestItem]()
+    for item in [*items, None]:
+        if item is not None and item.role == "assistant" and item.item_kind is K.CONVERSATION_TURN:
+            run.append(item)
+            continue
+        if len(run) > 1:
+            ids = tuple(i.source_entry_id for i in run)
+            steps.append(SanitizeStep(step="merge-same-role", source_entry_ids=ids))
+        run = []
+    return steps
+
+
+def _no_task_turn(first: ManifestItem) -> ManifestItem:
+    text = "[No task is recorded for this run in the ledger; the history follows.]"
+    return ManifestItem(
+        item_kind=K.CONVERSATION_TURN,
+        source_entry_id=None,
+        sequence_no=first.sequence_no,
+        trust_level=T.PLATFORM_TRUSTED,
+        visibility=Visibility.MODEL_VISIBLE,
+        sha256=sha256_hex(text),
+        tokens=estimate_tokens(text),
+        section=RECENT_EVENTS,
+        role="user",
+        text=text,
+    )
+
+
+def _breakpoints(items: Sequence[ManifestItem], basis: Sequence[PrefixKey]) -> tuple[int, ...]:
+    """Cache breakpoints (seed 002 §5): after the instructions, and where the prefix shared
+    with the last model call's next turn ends."""
+    points = set()
+    head = [n for n, i in enumerate(items) if i.section in INSTRUCTION_SECTIONS]
+    if head:
+        points.add(head[-1])
+    shared = 0
+    for old, new in zip(basis, prefix_keys(items), strict=False):
+        if old != new:
+            break
+        shared += 1
+    if shared:
+        points.add(shared - 1)
+    return tuple(sorted(points))
 
 
 def _single(item: ManifestItem, order: int, protected: bool = False) -> _Group:
@@ -963,9 +1123,10 @@ def _windowed(
 
 def _placeholder(item: ManifestItem, why: str) -> ManifestItem:
     handles = "".join(f"\n{artifact_handle(ref)}" for ref in item.artifact_refs)
+    lines = "".join(f"\n{line}" for line in item.key_lines)
     text = (
         f"[tool output {why}: call {item.tool_call_id}, status {item.status}; "
-        f"call the tool again or read the artifact if you need it]{handles}"
+        f"call the tool again or read the artifact if you need it]{lines}{handles}"
     )
     return item.model_copy(
         update={
@@ -1078,7 +1239,12 @@ def _block_key(item: ManifestItem) -> tuple[str | None, bool]:
 
 
 def _is_data(item: ManifestItem) -> bool:
-    return is_data_section(item.section) or item.trust_level in UNTRUSTED
+    """Rendered as data: untrusted content, data sections, and tool output of any trust."""
+    return (
+        is_data_section(item.section)
+        or item.trust_level in UNTRUSTED
+        or item.item_kind in (K.TOOL_OUTPUT, K.TOOL_OUTPUT_PLACEHOLDER)
+    )
 
 
 def _render_run(items: Sequence[ManifestItem]) -> list[str]:
@@ -1086,8 +1252,7 @@ def _render_run(items: Sequence[ManifestItem]) -> list[str]:
         return []
     section = items[0].section or "context"
     if _is_data(items[0]):
-        tag = section if is_data_section(section) else "untrusted_data"
-        return [_render_data(item, tag) for item in items]
+        return [_render_data(item, _data_tag(item)) for item in items]
     if section == WORKING_MEMORY:  # trusted framing, but facts are the agent's words: escaped
         body = "\n\n".join(html.escape(_content(i), quote=False) for i in items)
     elif section in INSTRUCTION_SECTIONS:
@@ -1097,25 +1262,37 @@ def _render_run(items: Sequence[ManifestItem]) -> list[str]:
     return [f"<{section}>\n{body}\n</{section}>"]
 
 
+def _data_tag(item: ManifestItem) -> str:
+    if is_data_section(item.section):
+        return item.section or "untrusted_data"
+    return "untrusted_data" if item.trust_level in UNTRUSTED else "tool_data"
+
+
 def _render_data(item: ManifestItem, section: str) -> str:
     source = html.escape(item.path or item.source_entry_id or "unknown", quote=True)
     flagged = ' flagged="instruction-like"' if "instruction-like" in item.flags else ""
-    attrs = f'trust="untrusted" kind="{item.item_kind.value}" source="{source}"{flagged}'
+    trust = "untrusted" if item.trust_level in UNTRUSTED else item.trust_level.value
+    call = f' call_id="{item.tool_call_id}"' if item.tool_call_id else ""
+    attrs = f'trust="{trust}" kind="{item.item_kind.value}" source="{source}"{call}{flagged}'
     return f"<{section} {attrs}>\n{html.escape(_content(item), quote=False)}\n</{section}>"
 
 
 def _render_event(item: ManifestItem) -> str:
     call = f' call_id="{item.tool_call_id}"' if item.tool_call_id else ""
+    flagged = ' flagged="instruction-like"' if "instruction-like" in item.flags else ""
     tag = item.item_kind.value.lower()
-    attrs = f'source="{item.source_entry_id}" trust="{item.trust_level.value}"{call}'
+    attrs = f'source="{item.source_entry_id}" trust="{item.trust_level.value}"{call}{flagged}'
     return f"<{tag} {attrs}>\n{html.escape(_content(item), quote=False)}\n</{tag}>"
 
 
 def _content(item: ManifestItem) -> str:
+    """An item's text as rendered: secrets redacted again (the projections do not rely on the
+    publisher alone), artifacts offered only at a redaction level that allows it."""
     if item.text is None:
         return (
             f"[content not recorded: {item.item_kind.value} from {item.source_entry_id}, "
             f"sha256 {item.sha256[:16]}, {item.tokens} tokens]"
         )
     handles = [artifact_handle(r) for r in item.artifact_refs if r.artifact_id not in item.text]
-    return "\n".join([item.text, *handles])
+    text, _rules = default_detector().redact("\n".join([item.text, *handles]))
+    return text

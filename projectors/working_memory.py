@@ -53,6 +53,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from projectors.base import HistoryRow, ModelProjection, QuickCopy, fold_all, parse_json, storable
+from projectors.trust import may_instruct, model_visible
 from schemas.models import (
     ArtifactRefPart,
     DiffFile,
@@ -63,6 +64,7 @@ from schemas.models import (
     JsonPart,
     LedgerEntry,
     MemoryProposalPart,
+    PermissionClass,
     RunStatus,
     TextPart,
     ToolCallPart,
@@ -73,7 +75,7 @@ from schemas.models import (
     VerificationStatus,
 )
 
-Outcome = Literal["succeeded", "failed", "neutral", "pending", "agent"]
+Outcome = Literal["succeeded", "read", "failed", "neutral", "pending", "agent", "hidden"]
 Polarity = Literal["success", "failure"]
 
 
@@ -133,7 +135,9 @@ class Blocker(_Frozen):
 
 class ToolCallStatus(_Frozen):
     request_entry_id: str | None = None
-    status: ToolResultStatus | None = None  # None: no result yet
+    status: ToolResultStatus | None = None  # None: no result yet; the first result counts
+    read_only: bool = False  # a READ_ONLY tool: its success shows what exists, not that it works
+    result_entry_id: str | None = None
 
 
 class RunIndex(_Frozen):
@@ -186,7 +190,11 @@ _CONTENT_FIELDS = (
 
 class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     name = "working-memory"
-    version = 2  # 2: failed/neutral evidence supports no unclear or success claim
+    # 2: failed/neutral evidence supports no unclear or success claim. 3: model-visible entries
+    # only; untrusted tasks are not the goal; a failure among a success claim's refs defeats it;
+    # reads support no success; failure claims open problems; a check's pass closes what
+    # mentions it; compactions checked for success claims and new requirements
+    version = 3
     hot = True
     state_type = WorkingMemory
 
@@ -210,6 +218,8 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
         seen = state.source_seq_range
         if entry.run_id != state.run_id or (seen is not None and entry.sequence_no <= seen[1]):
             return state
+        if not model_visible(entry):  # indexed as existing, never a source of what memory says
+            return _bookkeep(state, state, entry)
         handler = _HANDLERS.get(entry.kind)
         updated = handler(state, entry) if handler is not None else state
         return _bookkeep(state, updated, entry)
@@ -242,20 +252,33 @@ def _content(state: WorkingMemory) -> tuple[object, ...]:
 
 
 def _indexed(index: RunIndex, entry: LedgerEntry) -> RunIndex:
+    if not model_visible(entry):
+        return index.model_copy(update={"entries": {**index.entries, entry.entry_id: "hidden"}})
     entries = {**index.entries, entry.entry_id: _outcome(entry)}
     calls = dict(index.tool_calls)
     artifacts = dict(index.artifacts)
     for part in entry.parts:
         if isinstance(part, ToolCallPart):
             known = calls.get(part.tool_call_id, ToolCallStatus())
-            calls[part.tool_call_id] = known.model_copy(update={"request_entry_id": entry.entry_id})
-            if known.status is not None:
-                entries[entry.entry_id] = _status_outcome(known.status)
+            read_only = part.permission_class is PermissionClass.READ_ONLY
+            known = known.model_copy(
+                update={"request_entry_id": entry.entry_id, "read_only": read_only}
+            )
+            calls[part.tool_call_id] = known
+            if known.status is not None:  # its result came first: both judged again
+                entries[entry.entry_id] = _call_outcome(known)
+                if known.result_entry_id is not None:
+                    entries[known.result_entry_id] = _call_outcome(known)
         elif isinstance(part, ToolResultPart):
             known = calls.get(part.tool_call_id, ToolCallStatus())
-            calls[part.tool_call_id] = known.model_copy(update={"status": part.status})
+            if known.status is None:  # the first result counts, as in the next turn's pool
+                known = known.model_copy(
+                    update={"status": part.status, "result_entry_id": entry.entry_id}
+                )
+                calls[part.tool_call_id] = known
+            entries[entry.entry_id] = _call_outcome(known)
             if known.request_entry_id is not None:
-                entries[known.request_entry_id] = _status_outcome(part.status)
+                entries[known.request_entry_id] = _call_outcome(known)
         for artifact_id in _artifact_ids(part):
             carrier = artifacts.get(artifact_id)
             if carrier is None or _more_telling(entries, entry.entry_id, carrier):
@@ -308,14 +331,26 @@ def _verification_outcome(entry: LedgerEntry) -> Outcome:
     return "succeeded" if VerificationStatus.PASSED in statuses else "neutral"
 
 
-def _status_outcome(status: ToolResultStatus | None) -> Outcome:
-    if status is None:
+def _call_outcome(call: ToolCallStatus) -> Outcome:
+    """A tool call's outcome as evidence: a read that succeeded ("read") shows what exists,
+    never that something works."""
+    if call.status is None:
         return "pending"
-    return "succeeded" if status is ToolResultStatus.SUCCEEDED else "failed"
+    if call.status is ToolResultStatus.SUCCEEDED:
+        return "read" if call.read_only else "succeeded"
+    return "failed"
 
 
 # How much an outcome tells about an artifact that several entries carry; the highest wins.
-_TELLING: dict[Outcome, int] = {"failed": 4, "pending": 3, "succeeded": 2, "neutral": 1, "agent": 0}
+_TELLING: dict[Outcome, int] = {
+    "failed": 4,
+    "pending": 3,
+    "succeeded": 2,
+    "read": 2,
+    "neutral": 1,
+    "agent": 0,
+    "hidden": -1,
+}
 
 
 def _resolve(index: RunIndex, ref: str) -> Outcome | None:
@@ -324,7 +359,7 @@ def _resolve(index: RunIndex, ref: str) -> Outcome | None:
         return index.entries.get(ident)
     if scheme == "tool-call":
         call = index.tool_calls.get(ident)
-        return _status_outcome(call.status) if call is not None else None
+        return _call_outcome(call) if call is not None else None
     if scheme == "artifact" and ident in index.artifacts:
         return index.entries.get(index.artifacts[ident])
     return None
@@ -347,7 +382,8 @@ def _unsupported_fact(index: RunIndex, text: str, refs: tuple[str, ...], seq: in
     unresolved = _unresolved(index, refs, seq)
     if unresolved is not None:
         return unresolved
-    outcomes = {ref: _resolve(index, ref) for ref in refs}
+    # An entry the model cannot see exists, but shows it nothing: neutral evidence.
+    outcomes = {ref: _neutral_if_hidden(_resolve(index, ref)) for ref in refs}
     seen = set(outcomes.values())
     if seen == {"agent"}:
         return "cites only the agent's own statements"
@@ -358,23 +394,27 @@ def _unsupported_fact(index: RunIndex, text: str, refs: tuple[str, ...], seq: in
             return f"claims failure but its evidence shows otherwise: {', '.join(against)}"
         return None
     adverse = [f"{ref} ({out})" for ref, out in outcomes.items() if out in _NOT_SUCCEEDED]
-    if adverse and "succeeded" not in seen:
-        if polarity == "success":
-            return f"claims success but its evidence shows otherwise: {', '.join(adverse)}"
+    if adverse and polarity == "success":  # one failure defeats a success, whatever else it cites
+        return f"claims success but its evidence shows otherwise: {', '.join(adverse)}"
+    if adverse and not seen & {"succeeded", "read"}:
         return (
             "does not clearly claim a failure, yet its evidence failed or did not finish: "
             + ", ".join(adverse)
         )
     if polarity == "success" and "succeeded" not in seen:
         return (
-            "claims success but cites no success (a succeeded tool call, its output or a passing "
-            "verifier)"
+            "claims success but cites no success (a succeeded tool call that is not a read, its "
+            "output or a passing verifier)"
         )
     return None
 
 
+def _neutral_if_hidden(outcome: Outcome | None) -> Outcome | None:
+    return "neutral" if outcome == "hidden" else outcome
+
+
 _NOT_SUCCEEDED = frozenset({"failed", "pending"})
-_NOT_FAILED = frozenset({"succeeded", "pending"})
+_NOT_FAILED = frozenset({"succeeded", "read", "pending"})
 
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
@@ -461,7 +501,7 @@ def _same(one: str, other: str) -> bool:
 
 
 def _superseded(fact: Fact, keys: set[str], by: str, seq: int) -> Fact:
-    if fact.status != "active" or fact.key not in keys:
+    if fact.status != "active" or not _concerns(fact.key, keys):
         return fact
     return fact.model_copy(
         update={"status": "superseded", "superseded_by": by, "superseded_at_seq": seq}
@@ -486,12 +526,21 @@ def _with_problem(
     return state.model_copy(update={"open_problems": (*problems, opened)})
 
 
+def _concerns(key: str, keys: set[str]) -> bool:
+    """Whether a memory item with ``key`` is about one of ``keys``: the same key, or (for a
+    check's test name, a single word like ``test_last_page``) a key that mentions it."""
+    if key in keys:
+        return True
+    words = set(key.split())
+    return any(k in words for k in keys if k and " " not in k and not k.startswith("check:"))
+
+
 def _closing(state: WorkingMemory, keys: set[str], by: str, seq: int) -> WorkingMemory:
-    still = tuple(p for p in state.open_problems if p.key not in keys)
+    still = tuple(p for p in state.open_problems if not _concerns(p.key, keys))
     closed = tuple(
         p.model_copy(update={"closed_by": by, "closed_at_seq": seq})
         for p in state.open_problems
-        if p.key in keys
+        if _concerns(p.key, keys)
     )
     if not closed:
         return state
@@ -504,6 +553,9 @@ def _closing(state: WorkingMemory, keys: set[str], by: str, seq: int) -> Working
 
 
 def _task(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+    if not may_instruct(entry):  # trust is never raised: untrusted text is not the task
+        flag = f"task from entry {entry.entry_id} ignored: {entry.trust_level.value} cannot set it"
+        return state.model_copy(update={"flags": (*state.flags, flag)})
     goal = _text(entry).strip()
     return state.model_copy(update={"task_goal": goal}) if goal else state
 
@@ -600,20 +652,27 @@ def _short_name(check: str) -> str:
 def _proposal(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
     for part in entry.parts:
         if isinstance(part, MemoryProposalPart):
-            state = _proposed(state, part, entry.sequence_no)
+            state = _proposed(state, part, entry)
     return state
 
 
-def _proposed(state: WorkingMemory, part: MemoryProposalPart, seq: int) -> WorkingMemory:
+def _proposed(state: WorkingMemory, part: MemoryProposalPart, entry: LedgerEntry) -> WorkingMemory:
+    seq, by = entry.sequence_no, f"entry:{entry.entry_id}"
     for fact in part.facts:
         refs = fact.evidence_refs
         why = _unsupported_fact(state.index, fact.fact, refs, seq)
         key = _subject_key(fact.fact)
-        state = (
-            _rejected(state, fact.fact, "fact", why, refs, seq)
-            if why
-            else _with_fact(state, fact.fact, refs, seq, "proposal", key)
-        )
+        if why:
+            state = _rejected(state, fact.fact, "fact", why, refs, seq)
+        elif _polarity(fact.fact) == "failure":
+            # A failure is a problem to solve, not a fact to rely on; what it contradicts goes.
+            facts = tuple(_superseded(f, {key}, by, seq) for f in state.known_facts)
+            state = state.model_copy(update={"known_facts": facts})
+            state = _with_problem(state, fact.fact, refs, seq, "proposal", key)
+        else:
+            state = _with_fact(state, fact.fact, refs, seq, "proposal", key)
+            if _polarity(fact.fact) == "success":  # backed by a success: the problem is solved
+                state = _closing(state, {key}, by, seq)
     for problem in part.problems:
         refs = problem.evidence_refs
         why = _unresolved(state.index, refs, seq)
@@ -672,7 +731,48 @@ def _compaction(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
             for p in state.open_problems
             if not set(_problem_words(p)) <= words
         ]
+        dropped += [
+            f"{where} claims open problem solved: {p.problem}"
+            for p in state.open_problems
+            if _claims_solved(summary, _problem_words(p))
+        ]
+        dropped += [
+            f"{where} adds a requirement the task does not state: {sentence[:120]}"
+            for sentence in _new_requirements(summary, state)
+        ]
     return state.model_copy(update={"flags": state.flags + tuple(dropped)}) if dropped else state
+
+
+_SENTENCE = re.compile(r"[^.!?\n;]+")
+_REQUIREMENT = frozenset({"must", "should", "required", "requires", "require", "requirement",
+                          "requirements", "mandatory", "need", "needs", "shall"})  # fmt: skip
+
+
+def _claims_solved(summary: str, subject: list[str]) -> bool:
+    """Whether a sentence of the summary mentions the problem's subject as a success."""
+    wanted = set(subject)
+    return bool(wanted) and any(
+        wanted <= set(_tokens(s)) and _polarity(s) == "success" for s in _SENTENCE.findall(summary)
+    )
+
+
+def _new_requirements(summary: str, state: WorkingMemory) -> list[str]:
+    """Sentences stating a requirement whose subject words are mostly new to the task, the plan,
+    the problems and the facts: a summary may compress the task, not add to it."""
+    known = set(_tokens(state.task_goal or ""))
+    for text in (*state.current_plan, *(p.problem for p in state.open_problems)):
+        known |= set(_tokens(text))
+    for fact in state.active_facts():
+        known |= set(_tokens(fact.fact))
+    found = []
+    for sentence in _SENTENCE.findall(summary):
+        words = _tokens(sentence)
+        if not _REQUIREMENT & set(words):
+            continue
+        subject = {w for w in words if w not in _NOT_SUBJECT and w not in _REQUIREMENT}
+        if subject and len(subject - known) * 2 > len(subject):  # mostly words never used
+            found.append(sentence.strip())
+    return found
 
 
 def _mentioned(goal: str, words: set[str]) -> bool:

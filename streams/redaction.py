@@ -1,6 +1,6 @@
 """Secret redaction before encoding: nothing secret reaches Kafka, PostgreSQL, Redis or logs.
 
-Every string of an entry is scanned with the gitleaks rule set (:mod:`streams.secret_scan`):
+Every string of an entry is scanned with the gitleaks rule set (:mod:`schemas.secret_scan`):
 
 - free text and names (text, summaries, messages, tool names, paths, signatures, metadata
   values, JSON documents) have each secret replaced by ``[REDACTED:<rule>]``;
@@ -23,7 +23,7 @@ from typing import Any
 from schemas.errors import LedgerValidationError
 from schemas.json_form import from_json, to_json
 from schemas.models import LedgerEntry
-from streams.secret_scan import GENERIC, Finding, SecretDetector, default_detector, marker, merge
+from schemas.secret_scan import GENERIC, Finding, SecretDetector, default_detector, marker, merge
 
 # Fields whose values are identifiers: checked, never rewritten.
 IDENTIFIERS = frozenset(

@@ -536,7 +536,7 @@ class _Scenario:
             EntryKind.MEMORY_UPDATE_PROPOSED,
             ActorType.AGENT,
             TrustLevel.MODEL_GENERATED,
-            Visibility.AUDIT_ONLY,
+            Visibility.MODEL_VISIBLE,  # the agent's own words, for its own memory
             [
                 MemoryProposalPart(
                     facts=facts,

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from streams.secret_scan import default_detector
+from schemas.secret_scan import default_detector
 from tests.secrets.corpus import hard_negatives, secrets
 from tests.secrets.real_text import real_texts, stdlib_texts
 

@@ -34,7 +34,7 @@ from schemas.models import (
     VerificationStatus,
 )
 from streams.publisher import SequenceBook, prepare
-from streams.secret_scan import default_detector
+from schemas.secret_scan import default_detector
 from tests.secrets.corpus import Secret, hard_negatives, secrets
 from tests.secrets.real_text import real_texts
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 from pydantic import ValidationError
@@ -24,14 +25,17 @@ from schemas.models import (
     FileClassification,
     LedgerEntry,
     MemoryProposalPart,
+    PermissionClass,
     ProposedDecision,
     ProposedFact,
     ProposedProblem,
     TextPart,
+    ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
     VerificationPart,
     VerificationStatus,
+    Visibility,
 )
 from streams.simulate import OUTCOMES, simulate_runs
 
@@ -58,7 +62,7 @@ def _tool(
     """A tool call and (unless status is None) its result; returns the last entry."""
     request = b.add(
         EntryKind.TOOL_CALL_REQUEST,
-        (tool_call(call_id, b.time(len(b.entries) + 1)),),
+        (_test_run(call_id, b.time(len(b.entries) + 1)),),
         causation=Causation(tool_call_id=call_id),
     )
     if status is None:
@@ -75,6 +79,13 @@ def _tool(
         EntryKind.TOOL_CALL_RESULT,
         (result,),
         causation=Causation(parent_entry_id=request.entry_id, tool_call_id=call_id),
+    )
+
+
+def _test_run(call_id: str, at: datetime) -> ToolCallPart:
+    """A test run: a tool that executes (a read's success would show only what exists)."""
+    return tool_call(call_id, at).model_copy(
+        update={"tool_name": "maven.test", "permission_class": PermissionClass.EXECUTE_SAFE}
     )
 
 
@@ -122,7 +133,7 @@ def _rejected(state: WorkingMemory) -> dict[str, str]:
 
 def test_projection_contract() -> None:
     projection = WorkingMemoryProjection()
-    assert (projection.name, projection.version, projection.hot) == ("working-memory", 2, True)
+    assert (projection.name, projection.version, projection.hot) == ("working-memory", 3, True)
     assert projection.state_type is WorkingMemory
     first = _run().entries[0]
     assert projection.accepts(first)
@@ -158,13 +169,13 @@ def test_fact_whose_evidence_resolves_is_known() -> None:
     _propose(
         b,
         facts=(
-            _fact("The repository uses Maven.", "entry:run-1-e1", "tool-call:call-1"),
+            _fact("The repository uses Maven.", "entry:run-1-e2", "tool-call:call-1"),
             _fact("OrderService has 3 callers.", "artifact:art-call-1-stdout"),
         ),
     )
     state = _fold(b.entries)
     assert _facts(state) == ["The repository uses Maven.", "OrderService has 3 callers."]
-    assert state.known_facts[0].evidence == ("entry:run-1-e1", "tool-call:call-1")
+    assert state.known_facts[0].evidence == ("entry:run-1-e2", "tool-call:call-1")
     assert state.unsupported_claims == ()
 
 
@@ -191,7 +202,7 @@ def test_drill_3_invented_fact_is_rejected_and_never_known() -> None:
 
 def test_fact_partly_unresolved_is_rejected() -> None:
     b = _run()
-    _propose(b, facts=(_fact("The repository uses Maven.", "entry:run-1-e1", "entry:nope"),))
+    _propose(b, facts=(_fact("The repository uses Maven.", "entry:run-1-e2", "entry:nope"),))
     state = _fold(b.entries)
     assert state.known_facts == ()
     assert "entry:nope" in _rejected(state)["The repository uses Maven."]
@@ -203,7 +214,7 @@ def test_fact_partly_unresolved_is_rejected() -> None:
         ("tool-call:call-t",),
         ("entry:run-1-e4",),  # the failed result entry
         ("artifact:art-call-t-stdout",),  # the failed call's output
-        ("tool-call:call-t", "entry:run-1-e1"),  # a neutral entry confirms nothing
+        ("tool-call:call-t", "entry:run-1-e2"),  # a neutral entry confirms nothing
     ],
 )
 def test_success_claim_citing_failed_tool_call_is_unsupported(refs: tuple[str, ...]) -> None:
@@ -242,7 +253,7 @@ def test_timed_out_or_unanswered_call_supports_no_success() -> None:
         ("The project compiles", ("artifact:art-call-t-stdout", "entry:run-1-e5"), "(failed)"),
         # a success claim needs a success: a file observation alone is neutral
         ("All tests pass", ("entry:run-1-e5",), "claims success but cites no success"),
-        ("The build works", ("entry:run-1-e1", "entry:run-1-e5"), "cites no success"),
+        ("The build works", ("entry:run-1-e2", "entry:run-1-e5"), "cites no success"),
     ],
 )
 def test_failed_or_neutral_evidence_supports_no_unclear_or_success_claim(
@@ -270,6 +281,7 @@ def test_failed_or_neutral_evidence_supports_no_unclear_or_success_claim(
     ],
 )
 def test_claims_with_fitting_evidence_are_accepted(claim: str, refs: tuple[str, ...]) -> None:
+    """Accepted: a failure as an open problem (something to solve), anything else as a fact."""
     b = _run()
     _tool(b, "call-t", ToolResultStatus.FAILED)  # e3, e4
     b.add(EntryKind.FILE_OBSERVATION)  # e5
@@ -277,7 +289,9 @@ def test_claims_with_fitting_evidence_are_accepted(claim: str, refs: tuple[str, 
     _verifier(b, VerificationStatus.PASSED)  # e8
     _propose(b, facts=(_fact(claim, *refs),))
     state = _fold(b.entries)
-    assert claim in _facts(state), _rejected(state)
+    accepted = _facts(state) + [p.problem for p in state.open_problems]
+    assert claim in accepted, _rejected(state)
+    assert (claim in _facts(state)) == (claim not in ("The build fails", "The test does not pass"))
 
 
 @pytest.mark.parametrize("stored_first", [True, False])
@@ -311,7 +325,8 @@ def test_an_artifact_resolves_to_the_worst_outcome_of_the_entries_carrying_it(
     _propose(b, facts=(_fact("All tests pass", "artifact:art-x"),))
     _propose(b, facts=(_fact("Two tests fail", "artifact:art-x"),))
     state = _fold(b.entries)
-    assert _facts(state) == ["Two tests fail"]
+    assert _facts(state) == []
+    assert [p.problem for p in state.open_problems] == ["Two tests fail"]
     assert "artifact:art-x (failed)" in _rejected(state)["All tests pass"]
 
 
@@ -337,12 +352,15 @@ def test_failure_claims_and_mixed_evidence_are_judged_by_polarity() -> None:
         ),
     )
     state = _fold(b.entries)
-    assert _facts(state) == [
+    assert _facts(state) == []
+    assert [p.problem for p in state.open_problems] == [
         "OrderServiceTest fails on totals.",
         "The test does not pass on the base commit.",
-        "The suite passes after the fix.",
     ]
-    assert "claims failure" in _rejected(state)["The search failed."]
+    rejected = _rejected(state)
+    assert "claims failure" in rejected["The search failed."]
+    # a failure among the refs defeats a success, whatever else it cites (issue 14)
+    assert "claims success" in rejected["The suite passes after the fix."]
 
 
 def test_refs_to_another_run_or_a_later_entry_never_resolve() -> None:
@@ -410,25 +428,34 @@ def test_superseded_fact_is_kept_with_a_link() -> None:
     _tool(b, "call-green")
     _propose(b, facts=(_fact("OrderServiceTest passes.", "tool-call:call-green"),))
     state = _fold(b.entries)
-    old, new = state.known_facts
-    assert (old.fact, old.status, old.superseded_by) == (
+    (closed,) = state.closed_problems  # a failure claim is a problem; the backed pass closes it
+    assert (closed.problem, closed.closed_by, closed.closed_at_seq) == (
         "OrderServiceTest fails.",
-        "superseded",
-        f"fact:{new.fact_id}",
+        "entry:run-1-e8",
+        8,
     )
-    assert old.superseded_at_seq == 8 and old.evidence == ("tool-call:call-red",)
-    assert (new.status, new.superseded_by) == ("active", None)
-    assert _facts(state) == ["OrderServiceTest passes."]
+    assert state.open_problems == () and _facts(state) == ["OrderServiceTest passes."]
+
+    _tool(b, "call-red-again", ToolResultStatus.FAILED)
+    _propose(b, facts=(_fact("OrderServiceTest fails.", "tool-call:call-red-again"),))
+    state = _fold(b.entries)
+    (old,) = state.known_facts
+    assert (old.fact, old.status, old.superseded_by) == (
+        "OrderServiceTest passes.",
+        "superseded",
+        "entry:run-1-e11",
+    )
+    assert [p.problem for p in state.open_problems] == ["OrderServiceTest fails."]
 
 
 def test_same_fact_again_merges_evidence() -> None:
     b = _run()
     _tool(b, "call-1")
-    _propose(b, facts=(_fact("The repository uses Maven.", "entry:run-1-e1"),))
+    _propose(b, facts=(_fact("The repository uses Maven.", "entry:run-1-e2"),))
     _propose(b, facts=(_fact("the repository uses maven", "tool-call:call-1"),))
     state = _fold(b.entries)
     assert len(state.known_facts) == 1
-    assert state.known_facts[0].evidence == ("entry:run-1-e1", "tool-call:call-1")
+    assert state.known_facts[0].evidence == ("entry:run-1-e2", "tool-call:call-1")
 
 
 def test_verifier_failure_opens_a_problem_that_a_pass_of_the_same_check_closes() -> None:
@@ -466,17 +493,30 @@ def test_verifier_outcomes_supersede_facts_about_their_check() -> None:
     b = _run()
     failing = _verifier(b, VerificationStatus.FAILED)
     _propose(b, facts=(_fact("totals still fails", f"entry:{failing.entry_id}"),))
-    _verifier(b, VerificationStatus.PASSED)
+    assert [p.problem for p in _fold(b.entries).open_problems][-1] == "totals still fails"
+    passing = _verifier(b, VerificationStatus.PASSED)
     after_pass = _fold(b.entries)
-    agent_fact, pass_fact = after_pass.known_facts
-    assert agent_fact.status == "superseded"
-    assert agent_fact.superseded_by == f"fact:{pass_fact.fact_id}"
+    assert after_pass.open_problems == (), "a pass closes every problem that mentions the check"
+    assert {p.closed_by for p in after_pass.closed_problems} == {f"entry:{passing.entry_id}"}
+    (pass_fact,) = after_pass.active_facts()
 
     again = _verifier(b, VerificationStatus.FAILED)
     state = _fold(b.entries)
     assert state.active_facts() == ()
-    assert state.known_facts[1].superseded_by == f"entry:{again.entry_id}"
-    assert len(state.open_problems) == 1 and len(state.closed_problems) == 1
+    assert state.known_facts[0].superseded_by == f"entry:{again.entry_id}"
+    assert len(state.open_problems) == 1 and len(state.closed_problems) == 2
+
+
+def test_a_pass_of_a_check_closes_failure_claims_that_name_its_test() -> None:
+    """Issue 14 #6: after test_last_page passed, "tests fail on test_last_page" is not active."""
+    b = _run()
+    check = "tests/test_pages.py::test_last_page"
+    failing = _verifier(b, VerificationStatus.FAILED, check=check)
+    _propose(b, facts=(_fact("tests fail on test_last_page", f"entry:{failing.entry_id}"),))
+    _verifier(b, VerificationStatus.PASSED, check=check)
+    state = _fold(b.entries)
+    assert state.open_problems == ()
+    assert [f.fact for f in state.active_facts()] == [f"{check} (maven/unit) passed"]
 
 
 def test_compaction_that_keeps_goal_and_open_problems_is_not_flagged() -> None:
@@ -540,8 +580,17 @@ def test_changed_files_drop_files_created_and_deleted_in_the_run() -> None:
 
 def test_blockers_follow_approvals_and_policy_denials() -> None:
     b = _run()
+    b.add(  # shown to a human only: nothing of it reaches the memory a model reads
+        EntryKind.APPROVAL_REQUEST,
+        (TextPart(text="push with token?"),),
+        metadata={"action": "git_push to prod with the deploy token"},
+    )
+    assert _fold(b.entries).blocked_by == ()
     request = b.add(
-        EntryKind.APPROVAL_REQUEST, (TextPart(text="push?"),), metadata={"action": "git_push"}
+        EntryKind.APPROVAL_REQUEST,
+        (TextPart(text="push?"),),
+        metadata={"action": "git_push"},
+        visibility=Visibility.MODEL_VISIBLE,
     )
     pending = _fold(b.entries)
     assert [(x.kind, x.blocker) for x in pending.blocked_by] == [
@@ -552,10 +601,16 @@ def test_blockers_follow_approvals_and_policy_denials() -> None:
     b.add(EntryKind.APPROVAL_DECISION, (json_part({"approved": True}),))
     assert _fold(b.entries).blocked_by == ()
 
-    b.add(EntryKind.APPROVAL_REQUEST, metadata={"action": "open_pr"})
+    b.add(
+        EntryKind.APPROVAL_REQUEST,
+        metadata={"action": "open_pr"},
+        visibility=Visibility.MODEL_VISIBLE,
+    )
     b.add(EntryKind.APPROVAL_DECISION, (TextPart(text="no"),), metadata={"decision": "REJECTED"})
     denial = ErrorPart(category="policy.denied", message="push to protected branch denied")
     b.add(EntryKind.ERROR_EVENT, (denial,))
+    hidden = ErrorPart(category="policy.denied", message="audit: rule 7 matched")
+    b.add(EntryKind.ERROR_EVENT, (hidden,), visibility=Visibility.AUDIT_ONLY)
     state = _fold(b.entries)
     assert [(x.kind, x.blocker) for x in state.blocked_by] == [
         ("approval-rejected", "approval rejected: open_pr"),
@@ -575,8 +630,8 @@ def test_snapshot_version_changes_only_with_content() -> None:
     b.add(EntryKind.ASSISTANT_RESPONSE, metadata={"plan": "1. a 2. b"})
     b.add(EntryKind.ASSISTANT_RESPONSE, metadata={"plan": "1. a 2. b"})
     b.add(EntryKind.DIFF_SNAPSHOT, (DiffPart(files=()),))
-    _propose(b, facts=(_fact("Maven.", "entry:run-1-e1"),))
-    _propose(b, facts=(_fact("Maven.", "entry:run-1-e1"),))
+    _propose(b, facts=(_fact("Maven.", "entry:run-1-e2"),))
+    _propose(b, facts=(_fact("Maven.", "entry:run-1-e2"),))
     state = _fold(b.entries)
     assert state.snapshot_version == 3  # goal, plan, fact
     assert state.snapshot_at == b.entries[8].occurred_at  # the first fact
@@ -637,5 +692,5 @@ def test_simulated_runs_give_sensible_memory() -> None:
             assert state.open_problems == () and len(state.closed_problems) == 2
         if outcome == "verifier":
             assert state.open_problems
-        if outcome == "policy":
-            assert any(x.kind == "policy-denied" for x in state.blocked_by)
+        if outcome == "policy":  # the simulator records the denial AUDIT_ONLY: not for a model
+            assert not any(x.kind == "policy-denied" for x in state.blocked_by)
