@@ -33,8 +33,8 @@ from schemas.models import (
     VerificationPart,
     VerificationStatus,
 )
-from streams.publisher import SequenceBook, prepare
 from schemas.secret_scan import default_detector
+from streams.publisher import SequenceBook, prepare
 from tests.secrets.corpus import Secret, hard_negatives, secrets
 from tests.secrets.real_text import real_texts
 
