@@ -822,6 +822,9 @@ class _Group:
     priority: int
     order: int
     protected: bool = False
+    # Binding instructions and the memory: kept over any budget. Other protected groups (the
+    # newest turns, open calls) yield last, and only to the total budget.
+    hard: bool = False
 
     def tokens(self, section: str | None = None) -> int:
         return sum(i.tokens for i in self.items if section is None or i.section == section)
@@ -846,14 +849,19 @@ def next_turn(
         (i for i in pool if i.section in INSTRUCTION_SECTIONS),
         key=lambda i: (i.precedence or 99, i.sequence_no or 0),
     )
-    head = [_single(i, order, protected=_binding(i)) for order, i in enumerate(instructions)]
+    head = [
+        _single(i, order, protected=_binding(i), hard=_binding(i))
+        for order, i in enumerate(instructions)
+    ]
     history, orphans = _history(pool, budget)
     if not any(i.item_kind is K.TASK_CONTRACT for i in instructions) and history:
         first = history[0].items[0]
         if first.role != "user":  # a provider wants the user side first
             history.insert(0, _single(_no_task_turn(first), 999, protected=True))
             steps.append(SanitizeStep(step="user-first", source_entry_ids=(first.source_entry_id,)))
-    tail = [_single(_working_memory(memory, as_of, budget), len(pool) + 1, protected=True)]
+    tail = [
+        _single(_working_memory(memory, as_of, budget), len(pool) + 1, protected=True, hard=True)
+    ]
     groups, dropped, over = _truncate([*head, *history, *tail], budget)
     items = tuple(item for group in groups for item in group.items)
     steps += _merges(items)
@@ -946,14 +954,16 @@ def _breakpoints(items: Sequence[ManifestItem], basis: Sequence[PrefixKey]) -> t
     return tuple(sorted(points))
 
 
-def _single(item: ManifestItem, order: int, protected: bool = False) -> _Group:
-    return _group((item,), order, protected)
+def _single(item: ManifestItem, order: int, protected: bool = False, hard: bool = False) -> _Group:
+    return _group((item,), order, protected, hard)
 
 
-def _group(items: tuple[ManifestItem, ...], order: int, protected: bool) -> _Group:
+def _group(
+    items: tuple[ManifestItem, ...], order: int, protected: bool, hard: bool = False
+) -> _Group:
     marked = tuple(i.model_copy(update={"protected": protected}) for i in items)
     priority = max(_PRIORITY.get(i.item_kind, 10) for i in items)
-    return _Group(items=marked, priority=priority, order=order, protected=protected)
+    return _Group(items=marked, priority=priority, order=order, protected=protected, hard=hard)
 
 
 def _working_memory(
@@ -1148,7 +1158,7 @@ def _missing_result(call: ManifestItem) -> ManifestItem:
         item_kind=K.TOOL_OUTPUT_PLACEHOLDER,
         source_entry_id=call.source_entry_id,
         sequence_no=call.sequence_no,
-        trust_level=T.PLATFORM_TRUSTED,
+        trust_level=call.trust_level,  # it stands in for the call's entry: never above it
         visibility=Visibility.MODEL_VISIBLE,
         sha256=sha256_hex(text),
         tokens=estimate_tokens(text),
@@ -1176,18 +1186,23 @@ def _truncate(
     """Drop the lowest-priority unprotected groups (oldest first among equals) until in budget."""
     kept, dropped = list(groups), list[DroppedItem]()
     limits: list[tuple[str | None, int]] = [*budget.sections.items(), (None, budget.total_tokens)]
-    over: list[str] = []
     for section, limit in limits:
         reason = f"over the {section} budget" if section else "over the total budget"
         while sum(g.tokens(section) for g in kept) > limit:
             victims = [g for g in kept if not g.protected and g.tokens(section) > 0]
+            if not victims and section is None:  # the total is a hard limit: recent turns yield
+                victims = [g for g in kept if not g.hard and g.tokens() > 0]
             if not victims:
-                over.append(section or "total")
                 break
             victim = min(victims, key=lambda g: (g.priority, g.order))
             kept.remove(victim)
             dropped.extend(_dropped(i, reason) for i in victim.items)
-    return kept, dropped, tuple(over)
+    over = tuple(
+        section or "total"
+        for section, limit in limits
+        if sum(g.tokens(section) for g in kept) > limit
+    )  # what is still over once everything that could go went
+    return kept, dropped, over
 
 
 def prefix_keys(items: Sequence[ManifestItem]) -> tuple[PrefixKey, ...]:

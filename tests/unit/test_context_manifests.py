@@ -419,13 +419,20 @@ def test_truncation_is_by_priority_and_keeps_protected_items() -> None:
 def test_protected_items_over_budget_are_kept_and_reported() -> None:
     b = started(EntryKind.USER_TASK)
     b.add(EntryKind.ASSISTANT_RESPONSE, metadata={"tokens": "900"})
-    turn = next_turn(b.entries, ContextBudget(total_tokens=100, sections={"recent_events": 500}))
-    assert turn.over_budget == ("recent_events", "total")
+    turn = next_turn(b.entries, ContextBudget(total_tokens=2000, sections={"recent_events": 500}))
+    assert turn.over_budget == ("recent_events",), "a recent turn outlives its section's budget"
     assert [i.item_kind for i in turn.items] == [
         K.TASK_CONTRACT,
         K.CONVERSATION_TURN,
         K.WORKING_MEMORY,
     ]
+    tight = next_turn(b.entries, ContextBudget(total_tokens=100, sections={"recent_events": 500}))
+    assert [i.item_kind for i in tight.items] == [K.TASK_CONTRACT, K.WORKING_MEMORY]
+    assert [d.reason for d in tight.dropped] == ["over the total budget"], "but not the total's"
+    task = b.add(EntryKind.ORG_POLICY, metadata={"tokens": "5000"})
+    bound = next_turn(b.entries, ContextBudget(total_tokens=100))
+    assert task.entry_id in {i.source_entry_id for i in bound.items}
+    assert "total" in bound.over_budget, "policy stays over any budget, and the turn says so"
 
 
 def test_total_budget_drops_lowest_priority_first() -> None:
