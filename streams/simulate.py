@@ -8,11 +8,13 @@ cycle through :data:`OUTCOMES`, so a fleet of 14 or more runs shows every failur
 from __future__ import annotations
 
 import json
+import math
 import random
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from statistics import NormalDist
 from typing import Any
 
 from schemas.factory import sha256_hex
@@ -200,11 +202,18 @@ class _Run:
 class _Scenario:
     """The story of one run; each method appends the entries of one step."""
 
-    def __init__(self, run: _Run, task: tuple[str, str, list[str]]) -> None:
+    def __init__(
+        self, run: _Run, task: tuple[str, str, list[str]], length: int | None = None
+    ) -> None:
         self.r = run
         self.goal, self.scope, self.files = task
         self.response_ids: list[str] = []
         self.tool_failures: list[LedgerEntry] = []
+        self.length = length  # entries the run should have (about); None: the short story
+        self.compacted_through = 0  # history at or below this seq was summarized
+        self.window_tokens = 0  # tokens of the context since the last compaction
+        self.tokens_of: dict[str, int] = {}  # a model-visible entry's tokens, by entry id
+        self._items: dict[str, ContextItem] = {}
 
     def play(self) -> list[LedgerEntry]:
         o = self.r.outcome
@@ -213,6 +222,8 @@ class _Scenario:
         self.model_call("planning", plan=True)
         read = self.read_file(self.files[0], inject=self.r.rng.random() < 0.5)
         self.read_file(self.files[1], inject=False)
+        if self.length is not None:
+            self.work(self.length - _TAIL.get(o, _TAIL_DEFAULT))
         if o == "repository-baseline":
             self.run_tests(fail=True, baseline=True)
             return self.finish(RunStatus.FAILED, "tests fail on the base commit before any edit")
@@ -338,7 +349,7 @@ class _Scenario:
             if plan
             else f"({purpose}) proposing the next step"
         )
-        r.add(
+        response = r.add(
             EntryKind.ASSISTANT_RESPONSE,
             ActorType.AGENT,
             TrustLevel.MODEL_GENERATED,
@@ -347,25 +358,37 @@ class _Scenario:
             parent=call.entry_id,
             metadata={"plan": text} if plan else {},
         )
+        if self.length is not None:  # what the model wrote stays in the context it grows
+            self.tokens_of[response.entry_id] = usage.output_tokens
 
     def context_items(self) -> list[ContextItem]:
+        """What the call sees, as real agents' calls do: the instructions, then the history
+        since the last compaction (its summary first)."""
         items = []
         for e in self.r.entries:
             if e.visibility is not Visibility.MODEL_VISIBLE:
                 continue
-            body = json.dumps([p.model_dump(mode="json") for p in e.parts], sort_keys=True)
-            items.append(
-                ContextItem(
-                    item_kind=_ITEM_KIND.get(e.kind, ContextItemKind.CONVERSATION_TURN),
-                    source_entry_id=e.entry_id,
-                    trust_level=e.trust_level,
-                    visibility=e.visibility,
-                    sha256=sha256_hex(body),
-                    tokens=max(1, len(body) // 4),
-                    tool_call_id=e.causation.tool_call_id,
-                )
-            )
+            if e.sequence_no <= self.compacted_through and e.kind not in _ALWAYS_SEEN:
+                continue
+            items.append(self._item(e))
         return items
+
+    def _item(self, e: LedgerEntry) -> ContextItem:
+        cached = self._items.get(e.entry_id)
+        if cached is not None:
+            return cached
+        body = json.dumps([p.model_dump(mode="json") for p in e.parts], sort_keys=True)
+        item = ContextItem(
+            item_kind=_ITEM_KIND.get(e.kind, ContextItemKind.CONVERSATION_TURN),
+            source_entry_id=e.entry_id,
+            trust_level=e.trust_level,
+            visibility=e.visibility,
+            sha256=sha256_hex(body),
+            tokens=self.tokens_of.get(e.entry_id, max(1, len(body) // 4)),
+            tool_call_id=e.causation.tool_call_id,
+        )
+        self._items[e.entry_id] = item
+        return item
 
     def usage(self, provider: str, model: str, purpose: str, big: bool) -> ModelUsagePart:
         rng = self.r.rng
@@ -406,6 +429,7 @@ class _Scenario:
         exit_code: int | None = 0,
         timed_out: bool = False,
         output: str | None = None,
+        refs: tuple[ArtifactRef, ...] = (),
     ) -> tuple[str, LedgerEntry]:
         r = self.r
         call_id = f"call_{r.uid()[:12]}"
@@ -426,7 +450,8 @@ class _Scenario:
             ],
             tool_call_id=call_id,
         )
-        refs = (r.artifact(output),) if output is not None else ()
+        if output is not None:
+            refs = (*refs, r.artifact(output))
         result = r.add(
             EntryKind.TOOL_CALL_RESULT,
             ActorType.TOOL,
@@ -450,7 +475,7 @@ class _Scenario:
             self.tool_failures.append(result)
         return call_id, result
 
-    def read_file(self, path: str, inject: bool) -> LedgerEntry:
+    def read_file(self, path: str, inject: bool, long: bool = False) -> LedgerEntry:
         call_id, result = self.tool(
             "read_file",
             PermissionClass.READ_ONLY,
@@ -459,6 +484,9 @@ class _Scenario:
             f"read {path} (212 lines)",
         )
         text = "def handler(request):\n    page = int(request.args['page'])\n    ...\n"
+        if long:  # a real read: a few hundred lines
+            first = self.r.rng.randrange(1, 400)
+            text = "".join(f"    line_{n} = compute({n})\n" for n in range(first, first + 120))
         if inject:
             text += f"# {INJECTION}\n"
         self.r.add(
@@ -481,8 +509,12 @@ class _Scenario:
         )
         return result
 
-    def run_tests(self, fail: bool, leak: bool = False, baseline: bool = False) -> LedgerEntry:
+    def run_tests(
+        self, fail: bool, leak: bool = False, baseline: bool = False, long: bool = False
+    ) -> LedgerEntry:
         output = _leaked_output(self.r.rng) if leak else "collected 42 items\n"
+        if long:  # a real test log: progress lines, then the failures' tracebacks
+            output += "tests/test_orders.py " + "." * self.r.rng.randrange(200, 6000) + "\n"
         output += (
             "FAILED tests/test_orders.py::test_last_page - AssertionError\n"
             if fail
@@ -502,6 +534,8 @@ class _Scenario:
             exit_code=1 if fail else 0,
             output=output,
         )
+        if long:
+            self.tokens_of[result.entry_id] = len(output) // 4
         return result
 
     def verifier(self, passed: bool) -> LedgerEntry:
@@ -617,14 +651,77 @@ class _Scenario:
             f"Goal: {self.goal}. Open problem: test_last_page fails. "
             "Done: read code, first fix attempt."
         )
+        through = len(self.r.entries) - 2
         self.r.add(
             EntryKind.COMPACTION,
             ActorType.ORCHESTRATOR,
             TrustLevel.PLATFORM_TRUSTED,
             Visibility.MODEL_VISIBLE,
             [TextPart(text=summary)],
-            metadata={"replaces_through_seq": str(len(self.r.entries) - 2)},
+            metadata={"replaces_through_seq": str(through)},
         )
+        self.compacted_through = through
+        self.window_tokens = 0
+
+    # -- long runs -------------------------------------------------------------------------
+
+    def work(self, until: int) -> None:
+        """The long middle of a real run: think, act, look, until the run has ``until`` entries.
+
+        Each model call sees the history since the last compaction; the orchestrator compacts
+        when that history reaches 80% of a 200k-token window (where Claude Code and Codex do),
+        counting tool outputs by their real size (1-30 KB each, as artifacts).
+        """
+        rng = self.r.rng
+        while len(self.r.entries) < until:
+            mark = len(self.r.entries)
+            self.model_call(rng.choice(("coding", "coding", "coding", "planning", "review")))
+            roll = rng.random()
+            if roll < 0.35:
+                self.read_file(rng.choice(self.files), inject=False, long=True)
+            elif roll < 0.55:
+                self.search()
+            elif roll < 0.75:
+                self.edit()
+            elif roll < 0.95:
+                self.run_tests(fail=rng.random() < 0.6, long=True)
+            else:
+                self.verifier(rng.random() < 0.3)
+            for e in self.r.entries[mark:]:
+                if e.visibility is Visibility.MODEL_VISIBLE:
+                    self.window_tokens += self._item(e).tokens
+            if self.window_tokens >= COMPACT_AT_TOKENS:
+                self.compaction()
+
+    def output(self, lo: int = 1_000, hi: int = 30_000) -> tuple[ArtifactRef, int]:
+        """A tool output of a real size, stored as an artifact; its tokens."""
+        size = self.r.rng.randrange(lo, hi)
+        content = f"{self.r.uid()}\n" + "x" * size
+        return self.r.artifact(content), len(content) // 4
+
+    def search(self) -> None:
+        ref, tokens = self.output(500, 8_000)
+        _, result = self.tool(
+            "grep",
+            PermissionClass.READ_ONLY,
+            {"pattern": self.r.uid()[:8]},
+            ToolResultStatus.SUCCEEDED,
+            "12 matches in 5 files",
+            refs=(ref,),
+        )
+        self.tokens_of[result.entry_id] = tokens
+
+    def edit(self) -> None:
+        rng = self.r.rng
+        path = rng.choice([*self.files, _test_path(self.files[0])])
+        self.tool(
+            "apply_patch",
+            PermissionClass.WORKSPACE_WRITE,
+            {"path": path, "hunk": self.r.uid()[:8]},
+            ToolResultStatus.SUCCEEDED,
+            f"patched {path}",
+        )
+        self.diff([(path, FileChangeStatus.MODIFIED, rng.randrange(1, 40), rng.randrange(0, 20))])
 
     def fail_with(self, outcome: str) -> list[LedgerEntry]:
         category, message, status = _FAILURES[outcome]
@@ -709,6 +806,46 @@ _ITEM_KIND: dict[EntryKind, ContextItemKind] = {
 }
 
 
+# Where a real agent compacts: 80% of a 200k-token window.
+COMPACT_AT_TOKENS = 160_000
+# Always in a call's context, compacted or not.
+_ALWAYS_SEEN = frozenset(
+    {
+        EntryKind.SYSTEM_INSTRUCTION,
+        EntryKind.ORG_POLICY,
+        EntryKind.REPOSITORY_INSTRUCTION,
+        EntryKind.USER_TASK,
+        EntryKind.COMPACTION,
+    }
+)
+# About how many entries a run's story adds after its long middle, by outcome.
+_TAIL_DEFAULT = 22
+_TAIL = {"repository-baseline": 4, "policy": 14, "approval-rejected": 15, "tool": 18}
+
+LENGTH_PROFILES = ("short", "real")
+# The "real" profile: log-normal run lengths, median 150 entries (the SWE-bench runs of a real
+# agent: 34-586, median ~150), sigma 1.35 (so ~19% of runs are over 500 entries and ~1.3% over
+# 3,000, as Claude Code and Codex sessions run), at least the short story's length, at most 20k.
+_REAL_MEDIAN = 150
+_REAL_SIGMA = 1.35
+_MAX_LENGTH = 20_000
+
+
+def run_length(profile: str, index: int) -> int | None:
+    """The length of a fleet's ``index``-th run under ``profile`` (None: the short story).
+
+    Deterministic: quantiles taken in a low-discrepancy order (the golden-ratio sequence), so
+    any 100 consecutive runs already follow the distribution.
+    """
+    if profile == "short":
+        return None
+    if profile != "real":
+        raise ValueError(f"no length profile {profile!r}; known: {', '.join(LENGTH_PROFILES)}")
+    q = min(max((0.5 + index * 0.6180339887498949) % 1.0, 0.0005), 0.9995)
+    z = NormalDist().inv_cdf(q)
+    return max(30, min(_MAX_LENGTH, round(_REAL_MEDIAN * math.exp(_REAL_SIGMA * z))))
+
+
 def _test_path(path: str) -> str:
     return "tests/test_" + path.rsplit("/", 1)[-1]
 
@@ -751,8 +888,23 @@ def _raw_usage(
     }
 
 
-def simulate_runs(fleets: int, runs: int, seed: int) -> Iterator[list[LedgerEntry]]:
-    """Each run's entries, run after run, fleet after fleet."""
+def simulate_runs(
+    fleets: int,
+    runs: int,
+    seed: int,
+    *,
+    entries_per_run: int | None = None,
+    length_profile: str = "short",
+) -> Iterator[list[LedgerEntry]]:
+    """Each run's entries, run after run, fleet after fleet.
+
+    ``entries_per_run`` makes every run about that long; ``length_profile="real"`` draws each
+    run's length from real agents' (see :func:`run_length`); by default runs tell the short
+    story (~30 entries).
+    """
+    if entries_per_run is not None and length_profile != "short":
+        raise ValueError("give entries_per_run or a length profile, not both")
+    run_length(length_profile, 0)  # an unknown profile fails before any run
     for f in range(fleets):
         fleet_id = f"fleet-{f + 1:02d}"
         for i in range(runs):
@@ -767,8 +919,22 @@ def simulate_runs(fleets: int, runs: int, seed: int) -> Iterator[list[LedgerEntr
                 outcome=OUTCOMES[(i + f) % len(OUTCOMES)],
                 clock=start,
             )
-            yield _Scenario(run, TASKS[(i + f) % len(TASKS)]).play()
+            length = entries_per_run or run_length(length_profile, i)
+            yield _Scenario(run, TASKS[(i + f) % len(TASKS)], length).play()
 
 
-def simulate(fleets: int, runs: int, seed: int) -> list[LedgerEntry]:
-    return [e for run in simulate_runs(fleets, runs, seed) for e in run]
+def simulate(
+    fleets: int,
+    runs: int,
+    seed: int,
+    *,
+    entries_per_run: int | None = None,
+    length_profile: str = "short",
+) -> list[LedgerEntry]:
+    return [
+        e
+        for run in simulate_runs(
+            fleets, runs, seed, entries_per_run=entries_per_run, length_profile=length_profile
+        )
+        for e in run
+    ]
