@@ -19,10 +19,10 @@ from typing import Any, Literal, LiteralString
 import psycopg
 from psycopg import sql
 
-from consumers.views import NotFoundError
+from consumers.views import NotFoundError, live_states
 from infra.settings import Settings
 from projectors.cost_metrics import CostMetrics
-from projectors.diff_timelines import DiffTimeline, TimelineRow
+from projectors.diff_timelines import DiffTimeline, TimelineRow, with_all_rows
 from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
 from projectors.registry import projection
@@ -318,14 +318,15 @@ def run_failure(settings: Settings, run_id: str, stalled_after_minutes: float = 
     """One run's diagnosis; raises NotFoundError when the live build has none."""
     with _connect(settings) as conn:
         row = conn.execute(
-            "SELECT s.state, s.updated_at, s.updated_at < now() - %s FROM al_run_state s "
+            "SELECT s.run_id, s.updated_at, s.updated_at < now() - %s FROM al_run_state s "
             "JOIN al_live l USING (projection, build) "
             "WHERE s.projection = 'failure-classifications' AND s.run_id = %s",
             (_minutes(stalled_after_minutes), run_id),
         ).fetchone()
-    if row is None:
+    found = live_states(settings, "failure-classifications", [run_id])
+    if row is None or run_id not in found:
         raise NotFoundError(f"no failure-classifications for run {run_id} in the live build")
-    diagnosis = projection("failure-classifications", settings).from_doc(row[0])
+    diagnosis = projection("failure-classifications", settings).from_doc(found[run_id]["state"])
     assert isinstance(diagnosis, RunDiagnosis)
     return RunFailure(diagnosis, row[1], bool(row[2]) and not diagnosis.finished)
 
@@ -346,13 +347,12 @@ class CallCostRef:
 
 def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
     """The run's timeline document; raises NotFoundError when the live build has no timeline."""
+    found = []
+    for name in ANALYTICS:
+        view = live_states(settings, name, [run_id]).get(run_id)
+        if view is not None:
+            found.append((name, view["state"], view["applied_seq"], view["gaps"]))
     with _connect(settings) as conn:
-        found = conn.execute(
-            "SELECT s.projection, s.state, s.applied_seq, s.gaps FROM al_run_state s "
-            "JOIN al_live l USING (projection, build) "
-            "WHERE s.projection = ANY(%s) AND s.run_id = %s",
-            (list(ANALYTICS), run_id),
-        ).fetchall()
         calls = conn.execute(
             "SELECT call_key, response_id, entry_id, cost_usd, unpriced FROM al_cost_calls "
             "WHERE run_id = %s ORDER BY seq, call_key",
@@ -370,8 +370,17 @@ def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
         )
         assert isinstance(found_diagnosis, RunDiagnosis)
         diagnosis = found_diagnosis
+    with _connect(settings) as conn:
+        final = conn.execute(
+            "SELECT h.key, h.doc FROM al_history h JOIN al_live l USING (projection, build) "
+            "WHERE h.projection = 'diff-timelines' AND h.run_id = %s AND h.kind = 'row'",
+            (run_id,),
+        ).fetchall()
+    timeline = with_all_rows(
+        DiffTimeline.model_validate(timeline_doc), [(int(k), d) for k, d in final]
+    )
     doc = assemble_timeline(
-        DiffTimeline.model_validate(timeline_doc),
+        timeline,
         [CallCostRef(*c) for c in calls],
         CostMetrics.model_validate(cost[0]) if cost is not None else None,
         diagnosis,

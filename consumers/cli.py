@@ -94,6 +94,16 @@ def simulate_cmd(
     fleets: Annotated[int, typer.Option(help="number of fleets")] = 2,
     runs: Annotated[int, typer.Option(help="runs per fleet")] = 14,
     seed: Annotated[int, typer.Option(help="same seed, same entries")] = 1,
+    entries_per_run: Annotated[
+        int | None, typer.Option(help="make every run about this long (30 to 20,000 entries)")
+    ] = None,
+    length_profile: Annotated[
+        str,
+        typer.Option(
+            help="run lengths: 'short' (~30 entries) or 'real' (as real agents': median 150, "
+            "~19% over 500, ~1.3% over 3,000)"
+        ),
+    ] = "short",
     out: Annotated[Path | None, typer.Option(help="write the JSON form, one per line")] = None,
     publish: Annotated[
         bool, typer.Option("--publish", help="publish to the ledger topics")
@@ -102,11 +112,19 @@ def simulate_cmd(
     """Generate deterministic, realistic agent runs (for demos, tests and benchmarks)."""
     from schemas.json_form import to_json_text
     from streams.publisher import AsyncPublisher
-    from streams.simulate import simulate
+    from streams.simulate import LENGTH_PROFILES, simulate
 
     if (out is None) == (not publish):
         raise typer.BadParameter("give exactly one of --out FILE or --publish")
-    entries = simulate(fleets, runs, seed)
+    if length_profile not in LENGTH_PROFILES:
+        raise typer.BadParameter(f"known profiles: {', '.join(LENGTH_PROFILES)}")
+    if entries_per_run is not None and not 30 <= entries_per_run <= 20_000:
+        raise typer.BadParameter("--entries-per-run takes 30 to 20,000")
+    if entries_per_run is not None and length_profile != "short":
+        raise typer.BadParameter("give --entries-per-run or --length-profile, not both")
+    entries = simulate(
+        fleets, runs, seed, entries_per_run=entries_per_run, length_profile=length_profile
+    )
     if out is not None:
         with out.open("w") as f:
             for entry in entries:

@@ -103,7 +103,7 @@ def _print_run(console: Console, docs: dict[str, Any], seconds: float) -> None:
         f"{len(memory['open_problems'])} open problems, {len(memory['blocked_by'])} blockers"
     )
     console.print(
-        f"  context-manifests  {len(context['manifests'])} model calls recorded; next turn: "
+        f"  context-manifests  {context['manifests_recorded']} model calls recorded; next turn: "
         f"{len(turn.get('items', []))} items, {turn.get('total_tokens', 0)} tokens, "
         f"stable prefix {turn.get('stable_prefix_tokens', 0)} tokens; "
         f"{context['findings_total']} instruction-like findings in untrusted content"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from infra.settings import Settings
-from projectors.stores.postgres import use_documents
+from projectors import registry
+from projectors.stores.postgres import current_documents, use_documents
 
 
 class NotFoundError(LookupError):
@@ -15,18 +17,33 @@ class NotFoundError(LookupError):
 
 
 def live_state(settings: Settings, projection: str, run_id: str) -> dict[str, Any]:
-    """The run's current state document, with where it stands (``applied_seq``, ``gaps``)."""
+    """The run's whole current state document, with where it stands (``applied_seq``,
+    ``gaps``): its checkpoint with the entries applied since folded on."""
+    found = live_states(settings, projection, [run_id])
+    if run_id not in found:
+        raise NotFoundError(f"no {projection} for run {run_id} in the live build")
+    return found[run_id]
+
+
+def live_states(
+    settings: Settings, projection: str, run_ids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """:func:`live_state` of each of ``run_ids`` found in the live build."""
     with psycopg.connect(settings.pg_address) as conn:
         use_documents(conn)
-        row = conn.execute(
-            "SELECT s.state, s.applied_seq, s.gaps FROM al_run_state s "
-            "JOIN al_live l USING (projection, build) "
-            "WHERE s.projection = %s AND s.run_id = %s",
-            (projection, run_id),
-        ).fetchone()
-    if row is None:
-        raise NotFoundError(f"no {projection} for run {run_id} in the live build")
-    return {"applied_seq": row[1], "gaps": row[2], "state": row[0]}
+        build = live_build(conn, projection)
+        if build is None:
+            return {}
+        folded = registry.projection(projection, settings)
+        return {
+            run: {"applied_seq": seq, "gaps": gaps, "state": doc}
+            for run, seq, gaps, doc in current_documents(conn, folded, build, run_ids)
+        }
+
+
+def live_build(conn: psycopg.Connection[Any], projection: str) -> str | None:
+    row = conn.execute("SELECT build FROM al_live WHERE projection = %s", (projection,)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def history_at(

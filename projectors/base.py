@@ -6,8 +6,9 @@ calls :meth:`Projection.fold` for each entry in sequence order and stores the re
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, Self, TypeVar
 
@@ -93,6 +94,12 @@ class Projection(Protocol, Generic[S]):
 
     def from_doc(self, doc: dict[str, Any]) -> S: ...
 
+    def head_json(self, state: S) -> bytes:
+        """What readers of the current state are given (the SQL views, Redis): the document
+        without the parts that grow with the run (kept in history rows instead), so it stays
+        bounded by configuration however long the run is."""
+        ...
+
     def history(self, before: S | None, after: S, entry: LedgerEntry) -> list[HistoryRow]:
         """Rows to keep besides the current state after applying ``entry`` (may be empty)."""
         ...
@@ -109,9 +116,14 @@ class HistoryRow:
 
 
 class ModelProjection(Generic[S]):
-    """Stores its state as the JSON of a pydantic model; keeps no history unless overridden."""
+    """Stores its state as the JSON of a pydantic model; keeps no history unless overridden.
+
+    ``unbounded`` names the fields that grow with the run (dotted for a nested model's field):
+    they are left out of :meth:`head_json`.
+    """
 
     state_type: type[S]
+    unbounded: tuple[str, ...] = ()
 
     def history(self, before: S | None, after: S, entry: LedgerEntry) -> list[HistoryRow]:
         return []
@@ -129,6 +141,33 @@ class ModelProjection(Generic[S]):
 
     def from_doc(self, doc: dict[str, Any]) -> S:
         return self.state_type.model_validate(doc)
+
+    def head_json(self, state: S) -> bytes:
+        if not self.unbounded:
+            return self.to_json(state)
+        if type(self).to_doc is ModelProjection.to_doc:
+            return state.__pydantic_serializer__.to_json(state, exclude=_exclusion(self.unbounded))
+        doc = self.to_doc(state)
+        for path in self.unbounded:
+            *parents, last = path.split(".")
+            node: Any = doc
+            for name in parents:
+                node = node.get(name) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(last, None)
+        return orjson.dumps(doc)
+
+
+def _exclusion(paths: tuple[str, ...]) -> dict[str, Any]:
+    """``("a", "b.c")`` as pydantic's exclude argument: ``{"a": True, "b": {"c": True}}``."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        *parents, last = path.split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[last] = True
+    return out
 
 
 class QuickCopy:
@@ -161,6 +200,27 @@ class QuickCopy:
 
 
 _setattr = object.__setattr__
+
+
+def refold(projection: Projection[S], state: S | None, entries: Iterable[LedgerEntry]) -> S | None:
+    """``state`` (a checkpoint) with ``entries`` (its tail, in order) folded on, then finished:
+    the state the engine had after applying them. An entry the fold rejects is skipped, as the
+    engine skipped it (and dead-lettered it) when it was applied."""
+    folded = False
+    for entry in entries:
+        before = state
+        try:
+            if state is None:
+                state = projection.initial(entry)
+            if projection.accepts(entry):
+                state = projection.fold(state, entry)
+        except Exception:
+            state = before
+        folded = True
+    if state is not None and folded:
+        with contextlib.suppress(Exception):  # as the engine: the folded state stands
+            state = projection.finish(state)
+    return state
 
 
 def fold_all(projection: Projection[S], entries: list[LedgerEntry]) -> S | None:

@@ -324,11 +324,14 @@ class ContextState(_Frozen):
     # The run's working memory (the working-memory projection's fold); its index of entry ids
     # is also what recorded manifests' sources are checked against.
     memory: WorkingMemory | None = None
-    hidden_entry_ids: tuple[str, ...] = ()  # entries that are not MODEL_VISIBLE
+    hidden_entry_ids: tuple[str, ...] = ()  # unused since v4: the memory's index says it
     pool: tuple[ManifestItem, ...] = ()
     findings: tuple[InjectionFinding, ...] = ()
     findings_total: int = 0
+    # The newest KEEP_MANIFESTS recorded manifests (a model call binds to the one it names);
+    # every recorded manifest is a history row, written once.
     manifests: tuple[ContextManifest, ...] = ()
+    manifests_recorded: int = 0
     duplicate_model_calls: int = 0
     model_calls_without_context: tuple[str, ...] = ()
     # The next turn as it stood at the last model call: what a prefix cache holds now.
@@ -341,9 +344,20 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # 2: the working memory's content in the next turn, not a placeholder. 3: binding policy never
     # dropped, items counted by what is inlined, memory from model-visible entries only,
     # sanitization, cache breakpoints, compaction signal, error lines kept by placeholders
-    version = 3
+    # 4: the memory's retired items bounded (long runs)
+    version = 4
     hot = True
     state_type = ContextState
+    # what grows with the run (recorded manifests are history rows) or with the compaction
+    # window (the pool); readers are given the next turn, bounded by the budget
+    unbounded = (
+        "manifests",
+        "hidden_entry_ids",
+        "memory",
+        "pool",
+        "prefix_basis",
+        "model_calls_without_context",
+    )
 
     def __init__(self, budget: ContextBudget | None = None) -> None:
         self.budget = budget or ContextBudget()
@@ -414,20 +428,12 @@ def scan_instruction_like(text: str) -> tuple[tuple[str, str], ...]:
 
 
 _MEMORY = WorkingMemoryProjection()
+KEEP_MANIFESTS = 4
 
 
 def _seen(state: ContextState, entry: LedgerEntry) -> ContextState:
-    hidden = state.hidden_entry_ids
-    if not model_visible(entry):
-        hidden = (*hidden, entry.entry_id)
     memory = _MEMORY.fold(state.memory or _MEMORY.initial(entry), entry)
-    return state.model_copy(
-        update={
-            "last_sequence_no": entry.sequence_no,
-            "memory": memory,
-            "hidden_entry_ids": hidden,
-        }
-    )
+    return state.model_copy(update={"last_sequence_no": entry.sequence_no, "memory": memory})
 
 
 def _record(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> ContextState:
@@ -448,7 +454,12 @@ def _record(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> C
         violations=tuple(_violations(items, state)),
         **_totals(items),
     )
-    return state.model_copy(update={"manifests": (*state.manifests, manifest)})
+    return state.model_copy(
+        update={
+            "manifests": (*state.manifests, manifest)[-KEEP_MANIFESTS:],
+            "manifests_recorded": state.manifests_recorded + 1,
+        }
+    )
 
 
 def _recorded_item(item: ContextItem, flagged: set[str]) -> ManifestItem:
@@ -459,7 +470,7 @@ def _recorded_item(item: ContextItem, flagged: set[str]) -> ManifestItem:
 
 def _violations(items: Sequence[ManifestItem], state: ContextState) -> Iterable[Violation]:
     known = state.memory.index.entries if state.memory is not None else {}
-    hidden = set(state.hidden_entry_ids)
+    hidden = set(state.hidden_entry_ids)  # states folded before v4
     for index, item in enumerate(items):
         source = item.source_entry_id
         if item.visibility is not Visibility.MODEL_VISIBLE:
@@ -469,7 +480,7 @@ def _violations(items: Sequence[ManifestItem], state: ContextState) -> Iterable[
                 source_entry_id=source,
                 detail=f"{item.visibility.value} item in a model context",
             )
-        if source is not None and source in hidden:
+        if source is not None and (known.get(source) == "hidden" or source in hidden):
             yield Violation(
                 code=SOURCE_NOT_MODEL_VISIBLE,
                 item_index=index,
@@ -559,7 +570,7 @@ def _bind_model_call(state: ContextState, entry: LedgerEntry) -> ContextState:
     if first.model_call_entry_id is None:
         manifests = tuple(m.model_copy(update=call) if m is first else m for m in state.manifests)
     else:  # another call answered from the same context saw the same items
-        manifests = (*state.manifests, first.model_copy(update=call))
+        manifests = (*state.manifests, first.model_copy(update=call))[-KEEP_MANIFESTS:]
     return state.model_copy(update={"manifests": manifests})
 
 

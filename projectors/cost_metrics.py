@@ -153,6 +153,7 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
     version = 1
     hot = False
     state_type = CostMetrics
+    unbounded = ("seen_keys",)  # one per counted call; the calls themselves are history rows
 
     def __init__(
         self,

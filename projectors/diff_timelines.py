@@ -39,7 +39,8 @@ the next), so a file's history is the sequence of its edits across snapshots. Th
   one-line summary and a drill-down reference (entry id, artifact id); no content bodies.
 
 Entries of other runs and sequence numbers at or below the last folded one leave the state alone.
-State is tuples appended per row, so a fold costs O(rows) in copying; runs are hundreds of rows.
+The state keeps the newest 64 rows and 8 snapshots; every row (once final) and snapshot is a
+history row, written once, so a long run's state and its per-batch writes stay bounded.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from typing import Literal, assert_never
+from typing import Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict
 
@@ -162,8 +163,11 @@ class DiffFlag(_Frozen):
     kind: FlagKind
     path: str
     reason: str
-    evidence: tuple[Evidence, ...]  # in sequence order
+    # in sequence order: the first FLAG_EVIDENCE_FIRST and the newest of at most
+    # FLAG_EVIDENCE_KEPT (a file edited 500 times keeps its flag's size)
+    evidence: tuple[Evidence, ...]
     raised_at_seq: int
+    evidence_total: int = 0  # evidence items seen, kept or not (0: as many as kept)
 
 
 class ClassTotals(_Frozen):
@@ -195,12 +199,13 @@ class TimelineRow(_Frozen):
 
 
 class OpenCall(_Frozen):
-    """A tool call awaiting its result, and where its timeline row is."""
+    """A tool call awaiting its result: its timeline row's number in the run, and the row."""
 
     row: int
     tool_name: str
     started_at: UtcDatetime
     finished_at: UtcDatetime | None = None
+    request: TimelineRow | None = None
 
 
 class DiffTimeline(_Frozen):
@@ -209,14 +214,21 @@ class DiffTimeline(_Frozen):
     last_seq: int = 0
     scope: tuple[str, ...] = ()
     status: RunStatus | None = None
+    # The newest KEEP_SNAPSHOTS snapshots and KEEP_ROWS timeline rows: every snapshot is a
+    # history row ("diff"), and so is every timeline row once final ("row", keyed by its
+    # number in the run; a tool call's row is final with its result). Readers take the rows
+    # from history, and the rows of calls still open from ``open_calls``.
     snapshots: tuple[DiffSnapshot, ...] = ()
     files: dict[str, FileChurn] = {}
     flags: tuple[DiffFlag, ...] = ()
     summary: DiffSummary = DiffSummary()
     rows: tuple[TimelineRow, ...] = ()
+    rows_total: int = 0  # rows in the run so far
+    finalized: tuple[tuple[int, TimelineRow], ...] = ()  # (number, row) final at the last entry
     failing_check: Evidence | None = None  # the latest check, while it is failing
     open_calls: dict[str, OpenCall] = {}
-    model_responses: dict[str, int] = {}  # provider response id -> seq of its row
+    # provider response id -> seq of its row, for the newest KEEP_RESPONSES responses
+    model_responses: dict[str, int] = {}
 
 
 _FOLDED = frozenset(
@@ -241,9 +253,12 @@ _FOLDED = frozenset(
 
 class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     name = "diff-timelines"
-    version = 1
+    # 2: a flag keeps at most 16 evidence items (and counts them all); the state keeps the
+    # newest rows and snapshots, all of them are history rows
+    version = 2
     hot = False
     state_type = DiffTimeline
+    unbounded = ("rows", "snapshots", "files", "model_responses", "open_calls", "finalized")
 
     def __init__(self, churn_threshold: int = 3, test_tool_pattern: str = r"test") -> None:
         if churn_threshold < 1:
@@ -262,20 +277,26 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     def history(
         self, before: DiffTimeline | None, after: DiffTimeline, entry: LedgerEntry
     ) -> list[HistoryRow]:
-        """One row per snapshot, so SQL can query snapshots across runs without the state."""
-        if entry.kind is not EntryKind.DIFF_SNAPSHOT or not after.snapshots:
+        """One row per snapshot, so SQL can query snapshots across runs without the state, and
+        one per timeline row once it is final."""
+        if before is after:
             return []
-        if before is not None and len(before.snapshots) == len(after.snapshots):
-            return []
-        snap = after.snapshots[-1]
-        return [HistoryRow("diff", snap.entry_id, snap.seq, snap.model_dump(mode="json"))]
+        out = [
+            HistoryRow("row", f"{n:08d}", row.seq, row.model_dump(mode="json"))
+            for n, row in after.finalized
+        ]
+        made = after.summary.snapshots - (before.summary.snapshots if before is not None else 0)
+        if entry.kind is EntryKind.DIFF_SNAPSHOT and made > 0 and after.snapshots:
+            snap = after.snapshots[-1]
+            out.append(HistoryRow("diff", snap.entry_id, snap.seq, snap.model_dump(mode="json")))
+        return out
 
     def fold(self, state: DiffTimeline, entry: LedgerEntry) -> DiffTimeline:
         if entry.run_id != state.run_id or entry.sequence_no <= state.last_seq:
             return state
         update = self._update(state, entry)
         update["last_seq"] = entry.sequence_no
-        return state.model_copy(update=update)
+        return _settled(state, update)
 
     def _update(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
         kind = entry.kind
@@ -327,6 +348,8 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
 
     def _tool_result(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
         rows = list(state.rows)
+        base = _first_row_number(state)
+        late: list[tuple[int, TimelineRow]] = []  # rows of calls no longer in the window
         calls = dict(state.open_calls)
         failing = state.failing_check
         for part in entry.parts:
@@ -336,10 +359,21 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
             if call is None:
                 rows.append(_result_row(entry, part, None, None))
                 continue
-            rows[call.row] = _result_row(entry, part, call, rows[call.row])
+            at = call.row - base
+            kept = 0 <= at < len(rows)
+            row = _result_row(entry, part, call, rows[at] if kept else call.request)
+            if kept:
+                rows[at] = row
+            else:
+                late.append((call.row, row))
             if self._test_tool.search(call.tool_name):
                 failing = _after_test_tool(failing, part.status, entry)
-        return {"rows": tuple(rows), "open_calls": calls, "failing_check": failing}
+        return {
+            "rows": tuple(rows),
+            "open_calls": calls,
+            "failing_check": failing,
+            "finalized": tuple(late),
+        }
 
     # --- diff snapshots -----------------------------------------------------------------------
 
@@ -353,13 +387,13 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
             record = self._edited(churn, book, f, at)
             self._judge(state, book, f, record, at)
         snap = _snapshot_of(entry, diffs, files, tuple(dict.fromkeys(book.raised)))
-        snapshots = (*state.snapshots, snap)
+        count = state.summary.snapshots + 1
         return {
-            "snapshots": snapshots,
+            "snapshots": (*state.snapshots, snap)[-KEEP_SNAPSHOTS:],
             "files": churn,
             "flags": book.flags(),
-            "summary": _summary(churn, len(snapshots)),
-            "rows": (*state.rows, _diff_row(entry, snap, len(snapshots))),
+            "summary": _summary(churn, count),
+            "rows": (*state.rows, _diff_row(entry, snap, count)),
         }
 
     def _edited(
@@ -400,6 +434,10 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
 # --- flags --------------------------------------------------------------------------------------
 
 
+FLAG_EVIDENCE_KEPT = 16
+FLAG_EVIDENCE_FIRST = 2
+
+
 class _FlagBook:
     """The flags of one fold call: one per (kind, path), new evidence merged in."""
 
@@ -410,15 +448,23 @@ class _FlagBook:
 
     def flag(self, kind: FlagKind, path: str, reason: str, evidence: tuple[Evidence, ...]) -> None:
         old = self._flags.get((kind, path))
+        total = len({e.seq for e in evidence})
         if old is not None:
             merged = {e.seq: e for e in (*old.evidence, *evidence)}
+            newest_known = max((e.seq for e in old.evidence), default=0)
+            later = sum(1 for seq in merged if seq > newest_known)  # the middle was counted
+            total = (old.evidence_total or len(old.evidence)) + later
             evidence = tuple(merged[seq] for seq in sorted(merged))
+        if len(evidence) > FLAG_EVIDENCE_KEPT:
+            newest = FLAG_EVIDENCE_KEPT - FLAG_EVIDENCE_FIRST
+            evidence = (*evidence[:FLAG_EVIDENCE_FIRST], *evidence[-newest:])
         self._flags[(kind, path)] = DiffFlag.model_construct(
             kind=kind,
             path=path,
             reason=reason,
             evidence=evidence,
             raised_at_seq=old.raised_at_seq if old is not None else self._seq,
+            evidence_total=total if total > len(evidence) else 0,
         )
         self.raised.append(kind)
 
@@ -652,6 +698,40 @@ def _row(
     )
 
 
+KEEP_ROWS = 64
+KEEP_SNAPSHOTS = 8
+KEEP_RESPONSES = 256
+
+
+def _first_row_number(state: DiffTimeline) -> int:
+    """The number in the run of ``state.rows[0]`` (states before v2 kept every row)."""
+    return max(state.rows_total, len(state.rows)) - len(state.rows)
+
+
+def _settled(state: DiffTimeline, update: dict[str, object]) -> DiffTimeline:
+    """``state`` updated, with the rows this entry made final noted and the window trimmed."""
+    late = update.pop("finalized", ())
+    assert isinstance(late, tuple)
+    rows = update.get("rows")
+    if not isinstance(rows, tuple):
+        update["finalized"] = late
+        return state.model_copy(update=update)
+    old = state.rows
+    base = _first_row_number(state)
+    final = list(late)
+    final += [
+        (base + i, r) for i, (r, was) in enumerate(zip(rows, old, strict=False)) if r is not was
+    ]
+    final += [(base + len(old) + i, r) for i, r in enumerate(rows[len(old) :]) if not _open(r)]
+    total = base + len(rows)
+    update.update(rows=rows[-KEEP_ROWS:], rows_total=total, finalized=tuple(final))
+    return state.model_copy(update=update)
+
+
+def _open(row: TimelineRow) -> bool:
+    return row.kind == "tool" and row.status == "PENDING"
+
+
 def _rows(state: DiffTimeline, *rows: TimelineRow) -> dict[str, object]:
     return {"rows": (*state.rows, *rows)} if rows else {}
 
@@ -704,6 +784,7 @@ def _plan_row(entry: LedgerEntry) -> TimelineRow:
 
 def _tool_requested(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     rows = list(state.rows)
+    base = _first_row_number(state)
     calls = dict(state.open_calls)
     for part in entry.parts:
         if not isinstance(part, ToolCallPart):
@@ -716,13 +797,15 @@ def _tool_requested(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object
         if part.approval_id is not None:
             detail["approval_id"] = part.approval_id
         summary = f"{part.tool_name} requested ({part.permission_class.value})"
+        row = _row(entry, "tool", summary, status="PENDING", detail=detail)
         calls[part.tool_call_id] = OpenCall.model_construct(
-            row=len(rows),
+            row=base + len(rows),
             tool_name=part.tool_name,
             started_at=part.started_at,
             finished_at=part.finished_at,
+            request=row,
         )
-        rows.append(_row(entry, "tool", summary, status="PENDING", detail=detail))
+        rows.append(row)
     return {"rows": tuple(rows), "open_calls": calls}
 
 
@@ -775,6 +858,8 @@ def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
             continue  # the same response reported again (once per content block)
         if response is not None:
             seen = {**seen, response: entry.sequence_no}
+            if len(seen) > KEEP_RESPONSES:
+                seen = dict(list(seen.items())[-KEEP_RESPONSES:])
         rows.append(_model_row(entry, part))
     if not rows:
         return {}
@@ -909,3 +994,18 @@ def _compaction_row(entry: LedgerEntry) -> TimelineRow:
     count = metadata_count(through)
     detail: Detail = {"replaces_through_seq": count} if count is not None else {}
     return _row(entry, "compaction", summary, artifact_id=artifact, detail=detail)
+
+
+def with_all_rows(state: DiffTimeline, final: Iterable[tuple[int, dict[str, Any]]]) -> DiffTimeline:
+    """The timeline with every row of the run: ``final`` (the history rows, as (number, doc)),
+    then the rows of calls still open, in run order. A state folded before v2 kept every row."""
+    rows = {n: TimelineRow.model_validate(doc) for n, doc in final}
+    if not rows and state.rows_total == 0:
+        return state
+    base = _first_row_number(state)
+    for call in state.open_calls.values():
+        at = call.row - base
+        row = state.rows[at] if 0 <= at < len(state.rows) else call.request
+        if row is not None:
+            rows.setdefault(call.row, row)
+    return state.model_copy(update={"rows": tuple(rows[n] for n in sorted(rows))})

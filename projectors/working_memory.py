@@ -28,12 +28,14 @@ An artifact resolves to the most telling outcome among the entries that carry it
 over pending over succeeded over neutral over the agent's own words (an ``ARTIFACT_STORED`` entry
 followed by a failed result carrying the same artifact resolves to failed).
 
-Rejected claims land in ``unsupported_claims`` with the reason. Facts are never deleted: a newer
+Rejected claims land in ``unsupported_claims`` with the reason. Facts are never rewritten: a newer
 fact about the same subject (same normalized key, with polarity and filler words removed)
 supersedes the older one, which keeps ``superseded_by``. A passing verifier check is a fact with
 the verifier entry as evidence; a failing one opens a problem that a later pass of the same check
 closes, and either outcome supersedes older facts about that check (its ``check:<id>`` key, or a
-fact/problem keyed by the check's name or short test name, e.g. "test_last_page fails").
+fact/problem keyed by the check's name or short test name, e.g. "test_last_page fails"). The
+current memory keeps the newest 16 superseded facts, closed problems and rejected claims (counting
+the older ones, which stay in the snapshot versions that had them), so its size stays bounded.
 
 Other rules. The latest USER_TASK text is the goal; ASSISTANT_RESPONSE ``metadata["plan"]`` (a
 JSON list or numbered/bulleted text) is the plan. A COMPACTION's inline text/JSON must mention
@@ -169,6 +171,12 @@ class WorkingMemory(_Frozen):
     snapshot_version: int = 0
     snapshot_at: UtcDatetime | None = None  # occurred_at of the entry that made this version
     index: RunIndex = Field(default_factory=RunIndex)
+    # Superseded facts, closed problems and rejected claims older than the newest
+    # KEEP_RETIRED of each leave the current memory (the snapshot versions that had them keep
+    # them): a run of thousands of entries keeps a memory of bounded size.
+    facts_retired: int = 0
+    problems_retired: int = 0
+    claims_retired: int = 0
 
     def active_facts(self) -> tuple[Fact, ...]:
         return tuple(f for f in self.known_facts if f.status == "active")
@@ -190,13 +198,15 @@ _CONTENT_FIELDS = (
 
 class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     name = "working-memory"
+    # 4: the newest 16 retired items of each kind kept (long runs).
     # 2: failed/neutral evidence supports no unclear or success claim. 3: model-visible entries
     # only; untrusted tasks are not the goal; a failure among a success claim's refs defeats it;
     # reads support no success; failure claims open problems; a check's pass closes what
     # mentions it; compactions checked for success claims and new requirements
-    version = 3
+    version = 4
     hot = True
     state_type = WorkingMemory
+    unbounded = ("index",)  # the evidence index: every entry id of the run
 
     def accepts(self, entry: LedgerEntry) -> bool:
         return True  # every entry may later be cited as evidence
@@ -231,9 +241,14 @@ def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
     return fold_all(WorkingMemoryProjection(), prefix)
 
 
+KEEP_RETIRED = 16
+
+
 def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
     seen = before.source_seq_range
     changed = after is not before and _content(before) != _content(after)
+    if changed:
+        after = _trimmed(after)
     return after.model_copy(
         update={
             "index": _indexed(after.index, entry),
@@ -242,6 +257,25 @@ def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -
             "snapshot_at": entry.occurred_at if changed else before.snapshot_at,
         }
     )
+
+
+def _trimmed(state: WorkingMemory) -> WorkingMemory:
+    """The memory without what is older than the newest KEEP_RETIRED of each retired kind."""
+    update: dict[str, object] = {}
+    superseded = [i for i, f in enumerate(state.known_facts) if f.status == "superseded"]
+    if len(superseded) > KEEP_RETIRED:
+        gone = set(superseded[: len(superseded) - KEEP_RETIRED])
+        update["known_facts"] = tuple(f for i, f in enumerate(state.known_facts) if i not in gone)
+        update["facts_retired"] = state.facts_retired + len(gone)
+    if len(state.closed_problems) > KEEP_RETIRED:
+        extra = len(state.closed_problems) - KEEP_RETIRED
+        update["closed_problems"] = state.closed_problems[extra:]
+        update["problems_retired"] = state.problems_retired + extra
+    if len(state.unsupported_claims) > KEEP_RETIRED:
+        extra = len(state.unsupported_claims) - KEEP_RETIRED
+        update["unsupported_claims"] = state.unsupported_claims[extra:]
+        update["claims_retired"] = state.claims_retired + extra
+    return state.model_copy(update=update) if update else state
 
 
 def _content(state: WorkingMemory) -> tuple[object, ...]:

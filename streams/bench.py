@@ -30,6 +30,7 @@ from projectors.registry import all_projections
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from streams import bench_long
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.parallel import Share, drain_parallel
@@ -497,11 +498,13 @@ class Sizes:
     rebuild_entries: int
     rebuild_processes: int
     ingest_workers: int
+    long_lengths: tuple[int, ...] = (30, 300)
+    long_entries: int = 600  # per length (at least one run)
 
 
 CORES = os.cpu_count() or 1
 QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES), min(2, CORES))
-FULL = Sizes(1000.0, 30.0, 1_000_000, 4, 3_000, 1_000_000, CORES, CORES)
+FULL = Sizes(1000.0, 30.0, 1_000_000, 4, 3_000, 1_000_000, CORES, CORES, bench_long.LENGTHS, 3_000)
 
 
 async def run_bench(settings: Settings, quick: bool) -> BenchReport:
@@ -556,6 +559,14 @@ async def run_bench(settings: Settings, quick: bool) -> BenchReport:
         )
         report.figures += ingest_figures[1:]
         report.figures += await rebuild(d, sizes.rebuild_entries, sizes.rebuild_processes)
+    finally:
+        d.drop()
+    d = await deployment("benchlong")
+    try:
+        costs = await bench_long.long_runs(
+            d.settings, sizes.long_lengths, entries_per_length=sizes.long_entries
+        )
+        report.figures += [Figure(*f) for f in bench_long.figures(costs)]
     finally:
         d.drop()
     return report

@@ -26,7 +26,7 @@ import redis.exceptions
 from aiokafka.errors import KafkaError
 from psycopg import AsyncConnection
 
-from projectors.base import HistoryRow, Projection
+from projectors.base import HistoryRow, Projection, refold
 from projectors.ordering import missing_ranges, plan_run
 from projectors.stores import postgres as pg
 from projectors.stores.redis import RedisViewStore, RunView
@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 T = TypeVar("T")
+
+# See Engine.checkpoint_tail_entries.
+CHECKPOINT_RATIO = 4
 
 # An entry further than this ahead of its run's applied position is dead-lettered, not held:
 # a run holds at most this many entries behind a gap (each batch of the run loads them all).
@@ -158,8 +161,20 @@ class Engine:
         analytics_interval_s: float = 0.0,
         analytics_max_pending: int = 4000,
         on_lane_failure: Callable[[BaseException | None], None] | None = None,
+        checkpoint_tail_entries: int = 10_000,
+        checkpoint_min_bytes: int = 64 * 1024,
     ) -> None:
         self.targets = list(targets)
+        # A run's whole state is written (a checkpoint) when its tail of entries folded since
+        # the last one holds this many entries, or CHECKPOINT_RATIO times the bytes of that
+        # checkpoint (at least checkpoint_min_bytes), or the run ends; otherwise only its head
+        # and the new entries. So a batch writes O(its entries) bytes, and checkpoints add at
+        # most 1/CHECKPOINT_RATIO of what the tails cost: bytes written per entry do not grow
+        # with the run (a cold start folds at most checkpoint_tail_entries entries).
+        self.checkpoint_tail_entries = checkpoint_tail_entries
+        self.checkpoint_min_bytes = checkpoint_min_bytes
+        # Called with each committed batch's run writes (the bench counts their bytes).
+        self.write_observer: Callable[[dict[pg.BuildKey, list[pg.RunWrite]]], None] | None = None
         self.pg_dsn = pg_dsn
         self.redis_url = redis_url
         self.dead_letters = dead_letters
@@ -440,6 +455,8 @@ class Engine:
                 if target.projection.hot and result.views:
                     views[target] = result.views
         self._offset_rows.update((n, b, t, p) for n, b in keys for t, p in partitions)
+        if self.write_observer is not None:
+            self.write_observer({(t.name, t.build): r.writes for t, r in results.items()})
         for target, result in results.items():
             self._remember((target.name, target.build), result.states)
         totals.add(stats)  # only once committed: a retried attempt is not counted twice
@@ -541,17 +558,23 @@ class Engine:
             state = kept
         else:
             state = projection.from_doc(row.state) if row and row.state else None
+            if row is not None and row.tail_payloads:  # the checkpoint, then its tail
+                tail = sorted(row.tail_payloads.items())
+                state = refold(projection, state, (self.codec.decode(p) for _, p in tail))
         stored = state
         history: list[HistoryRow] = []
-        ended = False
+        ended = finished = False
+        applied: dict[int, bytes] = {}
         for entry, payload, record in plan.apply:
             entry = entry or self.codec.decode(payload)
             ended = entry.run_status is not None
+            finished = finished or ended
             before = state
             try:
                 if state is None:
                     state = projection.initial(entry)
                 if projection.accepts(entry):
+                    applied[entry.sequence_no] = payload  # the tail needs only what is folded
                     state = projection.fold(state, entry)
                     history.extend(projection.history(before, state, entry))
             except Exception as exc:  # a fold bug must not stop the worker on this entry forever
@@ -567,16 +590,33 @@ class Engine:
                 state = projection.finish(state)
             except Exception:  # derived parts only: keep the folded state, say so loudly
                 logger.exception("%s: finish failed for run %s", projection.name, run_id)
+        tail_count = (row.tail_count if row else 0) + len(applied)
+        tail_bytes = (row.tail_bytes if row else 0) + sum(map(len, applied.values()))
+        due = (
+            row is None
+            or finished
+            or tail_count >= self.checkpoint_tail_entries
+            or tail_bytes >= max(self.checkpoint_min_bytes, CHECKPOINT_RATIO * row.checkpoint_bytes)
+        )
+        head: bytes | None = None
         try:
-            doc = projection.to_json(state) if state is not None else None
-        except (
-            Exception
-        ) as exc:  # a state no document can hold: the batch's entries go, not the run
-            state, history = stored, []
-            doc = projection.to_json(state) if state is not None else None
-            for entry, payload, record in plan.apply:
-                entry = entry or self.codec.decode(payload)
-                result.poison.append(_fold_failure(projection.name, entry, payload, record, exc))
+            head = projection.head_json(state) if state is not None else None
+            doc = (projection.to_json(state) if state is not None else b"{}") if due else None
+        except Exception as exc:  # a state no document holds: the batch's entries go, not the run
+            if row is not None and due and head is not None:
+                doc = None  # only the checkpoint failed: keep the tail, say so loudly
+                logger.exception("%s: no checkpoint for run %s", projection.name, run_id)
+            else:
+                state, history, applied = stored, [], {}
+                head = projection.head_json(state) if state is not None else None
+                doc = (projection.to_json(state) if state is not None else b"{}") if due else None
+                tail_count = row.tail_count if row else 0
+                tail_bytes = row.tail_bytes if row else 0
+                for entry, payload, record in plan.apply:
+                    entry = entry or self.codec.decode(payload)
+                    result.poison.append(
+                        _fold_failure(projection.name, entry, payload, record, exc)
+                    )
         result.states.append((run_id, plan.applied_seq, state, ended))
         write = pg.RunWrite(
             run_id=run_id,
@@ -585,13 +625,17 @@ class Engine:
             held=plan.held,
             gaps=gaps,
             state=doc,
+            head=head,
             hold={seq: payload for seq, (_, payload, _r) in plan.hold.items()},
             release=plan.release,
             history=history,
             source=source,
+            tail={} if doc is not None else applied,
+            tail_count=0 if doc is not None else tail_count,
+            tail_bytes=0 if doc is not None else tail_bytes,
         )
         changed = bool(plan.apply or plan.hold)
-        view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], doc)
+        view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], head)
         return write, view if changed else None
 
     def _kept(self, wanted: dict[pg.BuildKey, list[str]]) -> dict[pg.BuildKey, dict[str, Any]]:

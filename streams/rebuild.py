@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 
 from infra.settings import Settings
 from projectors.base import Projection
+from projectors.stores.postgres import current_documents, use_documents
 from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
@@ -340,7 +341,14 @@ def drop(settings: Settings, projection: str, build: str) -> None:
     if info.live:
         raise RebuildError(f"{projection} build {build} is live; swap another build in first")
     with psycopg.connect(settings.pg_address) as conn:
-        for table in ("al_run_state", "al_history", "al_held", "al_offsets", "al_builds"):
+        for table in (
+            "al_run_state",
+            "al_history",
+            "al_held",
+            "al_tail",
+            "al_offsets",
+            "al_builds",
+        ):
             conn.execute(
                 f"DELETE FROM {table} WHERE projection = %s AND build = %s",
                 (projection, build),
@@ -441,14 +449,14 @@ class Verdict:
 # Canonical digests: jsonb prints keys in one order, so equal documents give equal text.
 _DIGEST = (
     "SELECT count(*), coalesce(md5(string_agg(run_id || ':' || applied_seq || ':' || "
-    "md5(state::text), ',' ORDER BY run_id)), '') FROM al_run_state "
+    "md5(coalesce(head, state)::text), ',' ORDER BY run_id)), '') FROM al_run_state "
     "WHERE projection = %s AND build = %s"
 )
 _STATE_DIFF = (
     "SELECT coalesce(a.run_id, b.run_id), a.run_id IS NULL, b.run_id IS NULL FROM "
-    "(SELECT run_id, applied_seq, md5(state::text) h FROM al_run_state "
+    "(SELECT run_id, applied_seq, md5(coalesce(head, state)::text) h FROM al_run_state "
     " WHERE projection = %s AND build = %s) a FULL JOIN "
-    "(SELECT run_id, applied_seq, md5(state::text) h FROM al_run_state "
+    "(SELECT run_id, applied_seq, md5(coalesce(head, state)::text) h FROM al_run_state "
     " WHERE projection = %s AND build = %s) b USING (run_id) "
     "WHERE a.h IS DISTINCT FROM b.h OR a.applied_seq IS DISTINCT FROM b.applied_seq "
     "ORDER BY 1 LIMIT %s"
@@ -461,6 +469,29 @@ _HISTORY_DIFF = (
     " WHERE projection = %s AND build = %s) b USING (run_id, kind, key) "
     "WHERE a.h IS DISTINCT FROM b.h ORDER BY 1, 2, 3 LIMIT %s"
 )
+
+
+def _whole_state_differences(
+    conn: psycopg.Connection[Any], folded: Projection[Any], live: str, scratch: str, limit: int
+) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT a.run_id FROM al_run_state a JOIN al_run_state b USING (projection, run_id) "
+            "WHERE a.projection = %s AND a.build = %s AND b.build = %s AND "
+            "(a.tail_count > 0 OR b.tail_count > 0 OR md5(a.state::text) <> md5(b.state::text)) "
+            "ORDER BY 1",
+            (folded.name, live, scratch),
+        )
+        suspects = [r for (r,) in cur.fetchall()]
+    out = []
+    for start in range(0, len(suspects), 500):
+        ids = suspects[start : start + 500]
+        mine = {r: d for r, _s, _g, d in current_documents(conn, folded, live, ids)}
+        theirs = {r: d for r, _s, _g, d in current_documents(conn, folded, scratch, ids)}
+        out += [f"run {r}: state differs" for r in ids if mine.get(r) != theirs.get(r)]
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 async def verify(
@@ -476,7 +507,7 @@ async def verify(
         for _ in range(max_rounds):
             live, target = live_offsets(settings, projection.name)
             await run_build(settings, projection, scratch, until=target, progress=progress)
-            verdict = _compare_if_level(settings, projection.name, live, scratch, limit)
+            verdict = _compare_if_level(settings, projection, live, scratch, limit)
             if verdict is not None:
                 return verdict
         raise RebuildError(
@@ -488,10 +519,14 @@ async def verify(
 
 
 def _compare_if_level(
-    settings: Settings, projection: str, live: str, scratch: str, limit: int
+    settings: Settings, folded: Projection[Any], live: str, scratch: str, limit: int
 ) -> Verdict | None:
-    """Compare while holding the live build's offset rows (the worker waits a moment)."""
+    """Compare while holding the live build's offset rows (the worker waits a moment): the
+    heads and history rows in SQL, then each run's whole current state (checkpoints are taken
+    at different entries in the two builds, so their checkpoint with its tail folded on)."""
+    projection = folded.name
     with psycopg.connect(settings.pg_address) as conn:
+        use_documents(conn)
         now = _offsets(conn, projection, live, lock=True)
         mine = _offsets(conn, projection, scratch)
         if any(mine.get(tp, -1) != o for tp, o in now.items()):
@@ -517,6 +552,8 @@ def _compare_if_level(
                 _HISTORY_DIFF, (projection, live, projection, scratch, limit)
             ).fetchall()
         ]
+        if not differences:
+            differences = _whole_state_differences(conn, folded, live, scratch, limit)
         return Verdict(
             projection,
             live,

@@ -7,7 +7,7 @@ projection rows and its offsets commit together or not at all.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,8 @@ import orjson
 from psycopg import AsyncConnection, Connection
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
-from projectors.base import HistoryRow
+from projectors.base import HistoryRow, Projection, refold
+from schemas.codec import LedgerCodec
 
 TopicPartition = tuple[str, int]
 
@@ -34,6 +35,13 @@ class RunRow:
     # document was not fetched and ``state`` is None.
     cached: bool = False
     source: TopicPartition | None = None  # where the run's entries come from
+    # ``state`` is a checkpoint as of checkpoint_seq; the entries applied since (the tail) are
+    # in ``tail_payloads`` (fetched with the state only, so empty when ``cached``)
+    checkpoint_seq: int = 0
+    checkpoint_bytes: int = 0
+    tail_count: int = 0
+    tail_bytes: int = 0
+    tail_payloads: dict[int, bytes] = field(default_factory=dict)
 
 
 BuildKey = tuple[str, str]  # (projection, build)
@@ -130,6 +138,10 @@ def _as_is(document: bytes) -> bytes:
     return document
 
 
+def _document(doc: bytes | None) -> Jsonb:
+    return Jsonb(to_jsonb_text(doc or b"{}"), dumps=_as_is)
+
+
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [[r[i] for r in rows] for i in range(width)]
 
@@ -192,18 +204,46 @@ async def load_runs(
         await cur.execute(
             "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, "
             "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq, "
-            's.topic, s."partition" '
+            's.topic, s."partition", coalesce(s.checkpoint_seq, s.applied_seq), '
+            "s.checkpoint_bytes, s.tail_count, s.tail_bytes "
             "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
             "AS k(projection, build, run_id, seq) USING (projection, build, run_id)",
             columns,
         )
         waiting = False
-        for proj, build, run_id, fleet_id, seq, held, state, hit, t, p in await cur.fetchall():
+        tails: list[tuple[str, str, str]] = []
+        for (
+            proj,
+            build,
+            run_id,
+            fleet_id,
+            seq,
+            held,
+            state,
+            hit,
+            t,
+            p,
+            ck,
+            ck_bytes,
+            n,
+            size,
+        ) in await cur.fetchall():
             source = None if t is None or p is None else (t, p)
             out[(proj, build)][run_id] = RunRow(
-                run_id, fleet_id, seq, tuple(held), state, {}, hit, source
+                run_id, fleet_id, seq, tuple(held), state, {}, hit, source, ck, ck_bytes, n, size
             )
             waiting = waiting or bool(held)
+            if n and not hit:
+                tails.append((proj, build, run_id))
+        if tails:
+            await cur.execute(
+                "SELECT t.projection, t.build, t.run_id, t.sequence_no, t.payload "
+                "FROM al_tail t JOIN unnest(%s::text[], %s::text[], %s::text[]) "
+                "AS k(projection, build, run_id) USING (projection, build, run_id)",
+                _columns(tails, 3),
+            )
+            for proj, build, run_id, seq, payload in await cur.fetchall():
+                out[(proj, build)][run_id].tail_payloads[seq] = bytes(payload)
         if waiting:
             await cur.execute(
                 "SELECT h.projection, h.build, h.run_id, h.sequence_no, h.payload "
@@ -218,18 +258,26 @@ async def load_runs(
 
 @dataclass
 class RunWrite:
-    """A run's new row, plus the held entries to add and to drop."""
+    """A run's new row, plus the held entries to add and to drop.
+
+    With ``state`` (a new checkpoint, as of ``applied_seq``) the run's tail is cleared;
+    without, the checkpoint stays and ``tail`` (the entries applied now) is added to its tail.
+    """
 
     run_id: str
     fleet_id: str
     applied_seq: int
     held: tuple[int, ...]
     gaps: list[tuple[int, int]]
-    state: bytes | None  # the projection's JSON document
+    state: bytes | None  # the projection's whole JSON document, when checkpointed now
+    head: bytes | None = None  # what readers are given (None: the state)
     hold: dict[int, bytes] = field(default_factory=dict)
     release: list[int] = field(default_factory=list)
     history: list[HistoryRow] = field(default_factory=list)
     source: TopicPartition | None = None
+    tail: dict[int, bytes] = field(default_factory=dict)
+    tail_count: int = 0  # the tail's size after this write
+    tail_bytes: int = 0
 
 
 async def write_runs(
@@ -239,32 +287,80 @@ async def write_runs(
     flat = [(proj, build, w) for (proj, build), ws in writes.items() for w in ws]
     if not flat:
         return
+    checkpoints = [(proj, build, w) for proj, build, w in flat if w.state is not None]
+    tails = [(proj, build, w) for proj, build, w in flat if w.state is None]
     async with conn.cursor() as cur:
-        await cur.executemany(
-            "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, held, "
-            'gaps, state, topic, "partition", updated_at) '
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now()) "
-            "ON CONFLICT (projection, build, run_id) DO UPDATE SET "
-            "applied_seq = EXCLUDED.applied_seq, held = EXCLUDED.held, gaps = EXCLUDED.gaps, "
-            "state = EXCLUDED.state, topic = coalesce(al_run_state.topic, EXCLUDED.topic), "
-            '"partition" = coalesce(al_run_state."partition", EXCLUDED."partition"), '
-            "updated_at = now()",
-            [
-                (
-                    proj,
-                    build,
-                    w.run_id,
-                    w.fleet_id,
-                    w.applied_seq,
-                    list(w.held),
-                    Jsonb([list(g) for g in w.gaps]),
-                    Jsonb(to_jsonb_text(w.state or b"{}"), dumps=_as_is),
-                    w.source[0] if w.source else None,
-                    w.source[1] if w.source else None,
+        if checkpoints:
+            await cur.executemany(
+                "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, "
+                'held, gaps, state, head, topic, "partition", checkpoint_seq, checkpoint_bytes, '
+                "tail_count, tail_bytes, updated_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, now()) "
+                "ON CONFLICT (projection, build, run_id) DO UPDATE SET "
+                "applied_seq = EXCLUDED.applied_seq, held = EXCLUDED.held, gaps = EXCLUDED.gaps, "
+                "state = EXCLUDED.state, head = EXCLUDED.head, "
+                "topic = coalesce(al_run_state.topic, EXCLUDED.topic), "
+                '"partition" = coalesce(al_run_state."partition", EXCLUDED."partition"), '
+                "checkpoint_seq = EXCLUDED.checkpoint_seq, "
+                "checkpoint_bytes = EXCLUDED.checkpoint_bytes, tail_count = 0, tail_bytes = 0, "
+                "updated_at = now()",
+                [
+                    (
+                        proj,
+                        build,
+                        w.run_id,
+                        w.fleet_id,
+                        w.applied_seq,
+                        list(w.held),
+                        Jsonb([list(g) for g in w.gaps]),
+                        _document(w.state),
+                        _document(w.head if w.head is not None else w.state),
+                        w.source[0] if w.source else None,
+                        w.source[1] if w.source else None,
+                        w.applied_seq,
+                        len(w.state or b""),
+                    )
+                    for proj, build, w in checkpoints
+                ],
+            )
+            cleared = [(p, b, w.run_id) for p, b, w in checkpoints]
+            await cur.execute(
+                "DELETE FROM al_tail t USING unnest(%s::text[], %s::text[], %s::text[]) "
+                "AS k(projection, build, run_id) WHERE t.projection = k.projection "
+                "AND t.build = k.build AND t.run_id = k.run_id",
+                _columns(cleared, 3),
+            )
+        if tails:  # the row exists: a run's first write is a checkpoint
+            await cur.executemany(
+                "UPDATE al_run_state SET applied_seq = %s, held = %s, gaps = %s, head = %s, "
+                "tail_count = %s, tail_bytes = %s, updated_at = now() "
+                "WHERE projection = %s AND build = %s AND run_id = %s",
+                [
+                    (
+                        w.applied_seq,
+                        list(w.held),
+                        Jsonb([list(g) for g in w.gaps]),
+                        _document(w.head),
+                        w.tail_count,
+                        w.tail_bytes,
+                        proj,
+                        build,
+                        w.run_id,
+                    )
+                    for proj, build, w in tails
+                ],
+            )
+            appended = [
+                (proj, build, w.run_id, seq, payload)
+                for proj, build, w in tails
+                for seq, payload in w.tail.items()
+            ]
+            if appended:
+                await cur.executemany(
+                    "INSERT INTO al_tail (projection, build, run_id, sequence_no, payload) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    appended,
                 )
-                for proj, build, w in flat
-            ],
-        )
         holds = [
             (proj, build, w.run_id, seq, payload)
             for proj, build, w in flat
@@ -328,9 +424,9 @@ async def live_build(conn: AsyncConnection[Any], projection: str) -> str | None:
 async def iter_states(
     conn: AsyncConnection[Any], projection: str, build: str
 ) -> list[tuple[str, int, tuple[int, ...], list[list[int]], bytes | None]]:
-    """Every run's (run_id, applied_seq, held, gaps, JSON state) of a build, to refill Redis."""
+    """Every run's (run_id, applied_seq, held, gaps, JSON head) of a build, to refill Redis."""
     cur = await conn.execute(
-        "SELECT run_id, applied_seq, held, gaps, state::text FROM al_run_state "
+        "SELECT run_id, applied_seq, held, gaps, coalesce(head, state)::text FROM al_run_state "
         "WHERE projection = %s AND build = %s ORDER BY run_id",
         (projection, build),
     )
@@ -338,3 +434,41 @@ async def iter_states(
         (r, s, tuple(h), g, from_jsonb_text(st.encode()) if st and st != "{}" else None)
         for r, s, h, g, st in await cur.fetchall()
     ]
+
+
+# --- reading a run's current state -------------------------------------------------------------
+
+_CURRENT = (
+    "SELECT s.run_id, s.applied_seq, s.gaps, s.state, s.tail_count FROM al_run_state s "
+    "WHERE s.projection = %s AND s.build = %s"
+)
+
+
+def current_documents(
+    conn: Connection[Any],
+    projection: Projection[Any],
+    build: str,
+    run_ids: Sequence[str] | None = None,
+) -> Iterator[tuple[str, int, list[list[int]], dict[str, Any]]]:
+    """Each run's (run_id, applied_seq, gaps, whole current state document) of a build, by
+    run id: its checkpoint with the tail folded on (the connection must :func:`use_documents`).
+    """
+    codec = LedgerCodec()
+    sql = _CURRENT
+    params: list[Any] = [projection.name, build]
+    if run_ids is not None:
+        sql += " AND s.run_id = ANY(%s)"
+        params.append(list(run_ids))
+    with conn.cursor(name="al_current") if run_ids is None else conn.cursor() as cur:
+        cur.execute(sql + " ORDER BY s.run_id", params)
+        for run_id, applied_seq, gaps, doc, tail_count in cur:
+            if tail_count:
+                tail = conn.execute(
+                    "SELECT payload FROM al_tail WHERE projection = %s AND build = %s "
+                    "AND run_id = %s ORDER BY sequence_no",
+                    (projection.name, build, run_id),
+                ).fetchall()
+                state = projection.from_doc(doc) if doc else None
+                state = refold(projection, state, (codec.decode(bytes(p)) for (p,) in tail))
+                doc = orjson.loads(projection.to_json(state)) if state is not None else {}
+            yield run_id, applied_seq, gaps, doc

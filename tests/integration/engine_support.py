@@ -15,7 +15,10 @@ from aiokafka import AIOKafkaProducer
 
 from infra.migrate import migrate
 from infra.settings import Settings
+from projectors import registry
+from projectors.base import Projection
 from projectors.run_stats import RunStatsProjection
+from projectors.stores.postgres import current_documents, use_documents
 from projectors.stores.redis import RedisViewStore
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
@@ -96,7 +99,7 @@ def run_rows(env: Env) -> dict[str, dict[str, Any]]:
     """The build's run rows, as plain values (for row-by-row comparison)."""
     with psycopg.connect(env.settings.pg_address) as conn:
         rows = conn.execute(
-            "SELECT run_id, applied_seq, held, gaps, state FROM al_run_state "
+            "SELECT run_id, applied_seq, held, gaps, coalesce(head, state) FROM al_run_state "
             "WHERE projection = 'run-stats' AND build = %s",
             (env.build,),
         ).fetchall()
@@ -123,3 +126,21 @@ def same_views(rows: dict[str, dict[str, Any]], views: dict[str, tuple[int, Any]
     expected = {r: (v["applied_seq"], json.loads(json.dumps(v["state"]))) for r, v in rows.items()}
     got = {r: (seq, doc["state"]) for r, (seq, doc) in views.items()}
     return got == expected
+
+
+def current_states(
+    dsn: str, projection: str | Projection[Any], build: str | None = None
+) -> dict[str, tuple[int, Any]]:
+    """run_id -> (applied_seq, whole current state document) of a build (the live one by
+    default): each run's checkpoint with its tail folded on, as readers see it."""
+    folded = registry.projection(projection) if isinstance(projection, str) else projection
+    with psycopg.connect(dsn) as conn:
+        use_documents(conn)
+        if build is None:
+            row = conn.execute(
+                "SELECT build FROM al_live WHERE projection = %s", (folded.name,)
+            ).fetchone()
+            if row is None:
+                return {}
+            build = str(row[0])
+        return {r: (s, d) for r, s, _g, d in current_documents(conn, folded, build)}

@@ -227,7 +227,8 @@ async def test_a_fold_that_raises_dead_letters_the_entry_and_moves_on(services: 
     with psycopg.connect(env.settings.pg_address) as conn:
         rows: dict[str, dict[str, int]] = dict(
             conn.execute(
-                "SELECT run_id, state FROM al_run_state WHERE projection = 'fragile-stats' "
+                "SELECT run_id, coalesce(head, state) FROM al_run_state "
+                "WHERE projection = 'fragile-stats' "
                 "AND build = %s",
                 (env.build,),
             ).fetchall()

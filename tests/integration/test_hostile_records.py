@@ -11,7 +11,6 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
@@ -19,7 +18,6 @@ from aiokafka import AIOKafkaProducer
 from infra.settings import Settings
 from projectors.registry import all_projections
 from projectors.run_stats import RunStats, RunStatsProjection
-from projectors.stores.postgres import use_documents
 from projectors.stores.redis import RedisViewStore
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerValidationError
@@ -39,7 +37,7 @@ from streams.publisher import SequenceBook, prepare
 from streams.simulate import simulate
 from streams.source import drain
 from streams.topics import ledger_topic
-from tests.integration.engine_support import Env, make_env, produce_raw, run_rows
+from tests.integration.engine_support import Env, current_states, make_env, produce_raw, run_rows
 
 pytestmark = pytest.mark.integration
 
@@ -75,13 +73,8 @@ async def _drain_all(env: Env, timeout_s: float = 120) -> None:
 
 
 def _states(env: Env, projection: str) -> dict[str, Any]:
-    with psycopg.connect(env.settings.pg_address) as conn:
-        use_documents(conn)
-        rows = conn.execute(
-            "SELECT run_id, state FROM al_run_state WHERE projection = %s AND build = %s",
-            (projection, env.build),
-        ).fetchall()
-    return dict(rows)
+    found = current_states(env.settings.pg_address, projection, env.build)
+    return {r: doc for r, (_seq, doc) in found.items()}
 
 
 async def test_nul_bytes_in_tool_output_are_stored_and_shown_losslessly(

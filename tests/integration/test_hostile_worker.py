@@ -194,7 +194,8 @@ def _good_rows(d: PrivateDeployment, runs: set[str]) -> dict[str, tuple[int, int
     """run-stats of the good runs: (applied_seq, entries counted, held)."""
     with psycopg.connect(d.settings.pg_address) as conn:
         rows = conn.execute(
-            "SELECT run_id, applied_seq, (state->>'entries')::int, held FROM al_run_state "
+            "SELECT run_id, applied_seq, (coalesce(head, state)->>'entries')::int, held "
+            "FROM al_run_state "
             "JOIN al_live USING (projection, build) WHERE projection = 'run-stats' "
             "AND run_id = ANY(%s)",
             (sorted(runs),),

@@ -23,18 +23,13 @@ from streams.engine import Engine, Target
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
 from streams.source import drain
-from tests.integration.engine_support import make_env
+from tests.integration.engine_support import current_states, make_env
 
 pytestmark = pytest.mark.integration
 
 
 def _stored(pg_dsn: str, projection: str, build: str) -> dict[str, dict[str, Any]]:
-    with psycopg.connect(pg_dsn) as conn:
-        rows = conn.execute(
-            "SELECT run_id, state FROM al_run_state WHERE projection = %s AND build = %s",
-            (projection, build),
-        ).fetchall()
-    return {r: s for r, s in rows}
+    return {r: doc for r, (_seq, doc) in current_states(pg_dsn, projection, build).items()}
 
 
 async def test_pipeline_equals_in_memory_fold(services: Settings) -> None:

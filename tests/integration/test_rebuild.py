@@ -37,6 +37,7 @@ from streams.deployment import PrivateDeployment
 from streams.publisher import AsyncPublisher
 from streams.rebuild import Start, create_build, list_builds, run_build, swap, verify
 from streams.simulate import simulate_runs
+from tests.integration.engine_support import current_states
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +57,7 @@ class Deployment(PrivateDeployment):
 
     def states(self, name: str, build: str | None = None) -> dict[str, tuple[int, Any]]:
         """run_id -> (applied_seq, state) of a build (the live one by default)."""
-        with psycopg.connect(self.settings.pg_address) as conn:
-            rows = conn.execute(
-                "SELECT run_id, applied_seq, state FROM al_run_state s "
-                "WHERE projection = %s AND build = coalesce(%s, "
-                "(SELECT build FROM al_live l WHERE l.projection = s.projection))",
-                (name, build),
-            ).fetchall()
-        return {r: (s, st) for r, s, st in rows}
+        return current_states(self.settings.pg_address, name, build)
 
     def wait_applied(
         self, runs: Runs, names: tuple[str, ...] = NAMES, timeout_s: float = 120

@@ -25,6 +25,7 @@ from streams.engine import Engine, Target
 from streams.simulate import simulate
 from streams.source import drain
 from streams.topics import ledger_topic
+from tests.integration.engine_support import current_states
 
 pytestmark = pytest.mark.integration
 
@@ -53,16 +54,20 @@ class Deployment(PrivateDeployment):
         with psycopg.connect(self.settings.pg_address) as conn:
             if build is None:
                 rows = conn.execute(
-                    "SELECT projection, run_id, fleet_id, applied_seq, held, gaps, state "
+                    "SELECT projection, run_id, fleet_id, applied_seq, held, gaps "
                     "FROM al_run_state JOIN al_live USING (projection, build)"
                 ).fetchall()
             else:
                 rows = conn.execute(
-                    "SELECT projection, run_id, fleet_id, applied_seq, held, gaps, state "
+                    "SELECT projection, run_id, fleet_id, applied_seq, held, gaps "
                     "FROM al_run_state WHERE build = %s",
                     (build,),
                 ).fetchall()
-        return {(r[0], r[1]): r[2:] for r in rows}
+        whole = {
+            name: current_states(self.settings.pg_address, name, build)
+            for name in {r[0] for r in rows}
+        }
+        return {(r[0], r[1]): (*r[2:], whole[r[0]][r[1]][1]) for r in rows}
 
 
 @pytest.fixture

@@ -8,11 +8,14 @@ import pytest
 
 from projectors.base import fold_all
 from projectors.diff_timelines import (
+    KEEP_ROWS,
+    KEEP_SNAPSHOTS,
     DiffFlag,
     DiffTimeline,
     DiffTimelinesProjection,
     FlagKind,
     TimelineRow,
+    with_all_rows,
 )
 from schemas.factory import (
     EntryBuilder,
@@ -595,10 +598,45 @@ def test_history_has_one_row_per_snapshot() -> None:
     v = verifier(b, VerificationStatus.FAILED)
     state = fold(b.entries[:1])
     after = projection.fold(state, s1)
-    [row] = projection.history(state, after, s1)
+    made = projection.history(state, after, s1)
+    [row] = [r for r in made if r.kind == "diff"]
     assert (row.kind, row.key, row.seq) == ("diff", s1.entry_id, 2)
     assert row.doc["files"][0]["path"] == "src/a.py"
-    assert projection.history(after, projection.fold(after, v), v) == []
+    # and its timeline row, final at once, numbered in the run (the start was row 0)
+    assert [(r.kind, r.key, r.seq) for r in made if r.kind == "row"] == [("row", "00000001", 2)]
+    later = projection.history(after, projection.fold(after, v), v)
+    assert [(r.kind, r.key) for r in later] == [("row", "00000002")]
+
+
+def test_a_long_run_keeps_a_window_of_rows_and_every_row_once_in_history() -> None:
+    """Rows leave the state after KEEP_ROWS newer ones; each final row is a history row once,
+    a tool call's when its result comes (even after its request left the window)."""
+    projection = DiffTimelinesProjection()
+    b = started()
+    b.add(EntryKind.TOOL_CALL_REQUEST, (tool_call("call-slow", b.time(len(b.entries) + 1)),))
+    for i in range(KEEP_ROWS + 10):
+        snap(b, file(f"src/f{i}.py"))
+    b.add(EntryKind.TOOL_CALL_RESULT, (tool_result("call-slow"),))
+    state: DiffTimeline | None = None
+    history = []
+    for e in b.entries:
+        before = state
+        state = projection.initial(e) if state is None else state
+        state = projection.fold(state, e)
+        history += projection.history(before, state, e)
+    assert state is not None
+    assert len(state.rows) == KEEP_ROWS and state.rows_total == KEEP_ROWS + 12
+    rows = [h for h in history if h.kind == "row"]
+    assert sorted(h.key for h in rows) == [f"{n:08d}" for n in range(KEEP_ROWS + 12)]
+    slow = next(h for h in rows if h.key == "00000001")
+    assert slow.doc["status"] == "SUCCEEDED" and slow.doc["detail"]["tool_call_id"] == "call-slow"
+    assert len(state.snapshots) == KEEP_SNAPSHOTS and state.summary.snapshots == KEEP_ROWS + 10
+    # what a reader assembles: every row in run order, the same as while the call was open
+    whole = with_all_rows(state, [(int(h.key), h.doc) for h in rows])
+    assert [r.seq for r in whole.rows] == sorted(r.seq for r in whole.rows)
+    assert len(whole.rows) == KEEP_ROWS + 12
+    open_now = with_all_rows(state.model_copy(update={"open_calls": {}}), [])
+    assert open_now.rows == ()  # no history given, no open call: nothing
 
 
 def test_doc_round_trip() -> None:
@@ -617,7 +655,7 @@ def test_doc_round_trip() -> None:
 
 def test_projection_identity() -> None:
     projection = DiffTimelinesProjection()
-    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 1, False)
+    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 2, False)
 
 
 # --- simulator runs -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from schemas.models import (
     VerificationPart,
     VerificationStatus,
 )
-from streams.simulate import INJECTION, OUTCOMES, simulate, simulate_runs
+from streams.simulate import INJECTION, OUTCOMES, run_length, simulate, simulate_runs
 
 T = TypeVar("T")
 
@@ -91,3 +91,51 @@ def test_realistic_material_is_present() -> None:
 
     kinds = {e.kind for e in entries}
     assert {EntryKind.APPROVAL_DECISION, EntryKind.COMPACTION, EntryKind.ERROR_EVENT} <= kinds
+
+
+# --- long runs ----------------------------------------------------------------------------------
+
+
+def test_runs_of_a_fixed_length_are_that_long_gapless_and_end() -> None:
+    for run in simulate_runs(1, 3, seed=5, entries_per_run=600):
+        assert 570 <= len(run) <= 630  # about: the story after the middle varies by outcome
+        assert [e.sequence_no for e in run] == list(range(1, len(run) + 1))
+        assert run[-1].kind is EntryKind.RUN_FINISHED and run[-1].run_status is not None
+        assert all(b.occurred_at < a.occurred_at for b, a in pairwise(run))
+
+
+def test_a_long_run_compacts_and_each_call_sees_the_history_since_the_last_compaction() -> None:
+    [run] = list(simulate_runs(1, 1, seed=8, entries_per_run=3_000))
+    by_id = {e.entry_id: e for e in run}
+    compactions = [e for e in run if e.kind is EntryKind.COMPACTION]
+    assert len(compactions) >= 3, "a real agent compacts a 3,000-entry run several times"
+    kept = {EntryKind.SYSTEM_INSTRUCTION, EntryKind.ORG_POLICY, EntryKind.USER_TASK}
+    kept |= {EntryKind.REPOSITORY_INSTRUCTION, EntryKind.COMPACTION}
+    through = 0
+    for e in run:
+        if e.kind is EntryKind.COMPACTION:
+            through = int(e.metadata["replaces_through_seq"])
+        if e.kind is not EntryKind.CONTEXT_PROJECTED:
+            continue
+        [part] = [p for p in e.parts if isinstance(p, ContextItemsPart)]
+        seen = [by_id[i.source_entry_id] for i in part.items if i.source_entry_id]
+        assert seen, "every call sees something"
+        assert all(s.sequence_no < e.sequence_no for s in seen)
+        assert all(s.sequence_no > through or s.kind in kept for s in seen)
+        newest = max(s.sequence_no for s in seen)
+        visible = [
+            x for x in run[newest : e.sequence_no - 1] if x.visibility.value == "MODEL_VISIBLE"
+        ]
+        assert not visible, "nothing model-visible since the last item is left out"
+
+
+def test_the_real_length_profile_has_real_agents_shape() -> None:
+    lengths = [run_length("real", i) or 0 for i in range(1_000)]
+    ordered = sorted(lengths)
+    assert 130 <= ordered[500] <= 170  # median ~150
+    assert sum(n > 500 for n in lengths) >= 100  # >= 10% over 500
+    assert sum(n > 3_000 for n in lengths) >= 10  # >= 1% over 3,000
+    assert min(lengths) >= 30 and max(lengths) <= 20_000
+    runs = list(simulate_runs(1, 20, seed=3, length_profile="real"))
+    assert [len(r) >= (run_length("real", i) or 0) - 25 for i, r in enumerate(runs)] == [True] * 20
+    assert run_length("short", 7) is None
