@@ -594,6 +594,7 @@ class Engine:
         tail_bytes = (row.tail_bytes if row else 0) + sum(map(len, applied.values()))
         due = (
             row is None
+            or (stored is None and state is not None)  # begun by an entry the tail does not keep
             or finished
             or tail_count >= self.checkpoint_tail_entries
             or tail_bytes >= max(self.checkpoint_min_bytes, CHECKPOINT_RATIO * row.checkpoint_bytes)
