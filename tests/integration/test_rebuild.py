@@ -406,7 +406,9 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     mine = {(b["projection"], b["build"]): b for b in listed}
     assert mine[("diff-timelines", old)]["live"] and not mine[("diff-timelines", new)]["live"]
     assert mine[("diff-timelines", new)]["runs"] == len(runs)
-    ambiguous = _cli(d, "rebuild", "drop", old)  # every projection has a build of that name
+    shared = d.live("run-stats")  # cost-metrics and failure-classifications have one so named
+    assert shared == d.live("cost-metrics")
+    ambiguous = _cli(d, "rebuild", "drop", shared)
     assert ambiguous.returncode == 2 and "PROJECTION/BUILD" in ambiguous.stderr
     refused = _cli(d, "rebuild", "drop", f"diff-timelines/{old}")
     assert refused.returncode == 2 and "is live" in refused.stderr
