@@ -501,10 +501,22 @@ class ContextItem(_Record):
 
 
 class ContextItemsPart(_Record):
-    """The manifest of what a model call saw."""
+    """The manifest of what a model call saw: the whole item list, or (v2) a delta of the run's
+    previous manifest (``base_entry_id``): its items without ``removed_items``, then ``items``."""
 
     type: Literal["context_items"] = "context_items"
     items: tuple[ContextItem, ...]
+    base_entry_id: Id | None = None
+    removed_items: tuple[Count, ...] = ()
+
+    @field_validator("removed_items")
+    @classmethod
+    def _removed_of_a_base(cls, value: tuple[int, ...], info: ValidationInfo) -> Any:
+        if value and info.data.get("base_entry_id") is None:
+            raise ValueError("removed_items needs a base_entry_id")
+        if len(set(value)) != len(value):
+            raise ValueError("removed_items lists a position twice")
+        return value
 
 
 class ProposedFact(_Record):

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -24,8 +25,9 @@ from aiokafka.errors import KafkaError
 
 from infra.settings import Settings
 from schemas.codec import LedgerCodec
+from schemas.context_delta import Previous, delta_part, resolve
 from schemas.errors import AgentLedgerError, LedgerValidationError
-from schemas.models import LedgerEntry
+from schemas.models import ContextItem, ContextItemsPart, EntryKind, LedgerEntry
 from streams.admin import create_fleet_topics
 from streams.contract import MAX_CLOCK_AHEAD
 from streams.redaction import redact_entry
@@ -113,6 +115,48 @@ class Prepared:
         return Encoded(self.entry.fleet_id, self.topic, self.key, self.value, self.headers)
 
 
+class ContextBook:
+    """The last context manifest sent per run (its entry id and whole item list), for the newest
+    ``runs`` runs; runs that ended are forgotten."""
+
+    def __init__(self, runs: int = 4096) -> None:
+        self.runs = runs
+        self.last: OrderedDict[str, Previous] = OrderedDict()
+
+    def copy(self) -> ContextBook:
+        book = ContextBook(self.runs)
+        book.last = OrderedDict(self.last)
+        return book
+
+    def delta(self, entry: LedgerEntry) -> tuple[LedgerEntry, tuple[ContextItem, ...] | None]:
+        """``entry`` with a whole manifest sent as a delta of the run's previous one, and the
+        whole item list it stands for (None: not a manifest this book can follow)."""
+        if entry.kind is not EntryKind.CONTEXT_PROJECTED:
+            return entry, None
+        parts = [p for p in entry.parts if isinstance(p, ContextItemsPart)]
+        if len(parts) != 1 or len(entry.parts) != 1:
+            return entry, None
+        previous = self.last.get(entry.run_id)
+        whole, problem = resolve(previous, parts)
+        if problem is not None:
+            return entry, None
+        if previous is None or parts[0].base_entry_id is not None:
+            return entry, whole
+        part = delta_part(previous[0], previous[1], whole)
+        return entry.model_copy(update={"parts": (part,)}), whole
+
+    def sent(self, entry: LedgerEntry, manifest: Previous | None) -> None:
+        if entry.run_status is not None:
+            self.last.pop(entry.run_id, None)
+        elif manifest is not None:
+            self.last[entry.run_id] = manifest
+            self.last.move_to_end(entry.run_id)
+            while len(self.last) > self.runs:
+                self.last.popitem(last=False)
+        elif entry.kind is EntryKind.CONTEXT_PROJECTED:
+            self.last.pop(entry.run_id, None)  # one it cannot follow: the next one goes whole
+
+
 def traceparent(trace_id: str, span_id: str) -> bytes:
     return f"00-{trace_id}-{span_id}-01".encode()
 
@@ -123,6 +167,7 @@ def prepare(
     codec: LedgerCodec,
     settings: Settings,
     now: datetime | None = None,
+    transform: Callable[[LedgerEntry], LedgerEntry] | None = None,
 ) -> Prepared:
     """Validate, redact, number and encode one entry. Pure apart from the sequence book peek
     (and the clock, read once when ``now`` is not given)."""
@@ -139,6 +184,8 @@ def prepare(
         )
     # Redaction first: it refuses ids that hold a secret, before any message names the run.
     entry = redact_entry(entry)
+    if transform is not None:  # on the redacted entry, as it will be sent
+        entry = transform(entry)
     book.peek(entry)
     value = codec.encode(entry)
     if len(value) > settings.max_entry_bytes:
@@ -160,7 +207,11 @@ class AsyncPublisher:
     """Publish ledger entries with an idempotent producer. Use as ``async with``."""
 
     def __init__(
-        self, settings: Settings, codec: LedgerCodec | None = None, create_topics: bool = True
+        self,
+        settings: Settings,
+        codec: LedgerCodec | None = None,
+        create_topics: bool = True,
+        context_deltas: bool = True,
     ) -> None:
         self.settings = settings
         self.codec = codec or LedgerCodec()
@@ -168,6 +219,11 @@ class AsyncPublisher:
         self._create_topics = create_topics
         self._fleets_ready: set[str] = set()
         self._producer: AIOKafkaProducer | None = None
+        # Context manifests go as deltas of the run's previous one this publisher sent (schema
+        # v2): a long run's ledger grows with its length, not its square. A run this publisher
+        # has not seen (another process, a restart) starts with a whole manifest.
+        self.context_deltas = context_deltas
+        self.contexts = ContextBook()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -230,6 +286,7 @@ class AsyncPublisher:
         from what it last published for that run); otherwise it checks the numbers given.
         """
         before = SequenceBook(dict(self.book.last))
+        contexts = self.contexts.copy()
         try:
             staged = [self.stage(entry, assign_sequence) for entry in entries]
             await self.send(staged)
@@ -237,6 +294,7 @@ class AsyncPublisher:
             # Nothing of this batch counts as published: the caller retries the same numbers
             # (a record that did reach the broker is then a duplicate the projections skip).
             self.book = before
+            self.contexts = contexts
             raise
         return [p.entry for p in staged]
 
@@ -246,8 +304,17 @@ class AsyncPublisher:
             entry = entry.model_copy(
                 update={"sequence_no": self.book.last.get(entry.run_id, 0) + 1}
             )
-        p = prepare(entry, self.book, self.codec, self.settings)
+        made: list[Previous] = []
+
+        def as_delta(e: LedgerEntry) -> LedgerEntry:
+            sent, whole = self.contexts.delta(e) if self.context_deltas else (e, None)
+            if whole is not None:
+                made.append((e.entry_id, whole))
+            return sent
+
+        p = prepare(entry, self.book, self.codec, self.settings, transform=as_delta)
         self.book.commit(p.entry.run_id, p.entry.sequence_no)
+        self.contexts.sent(p.entry, made[0] if made else None)
         return p
 
     async def send(self, staged: Sequence[Prepared | Encoded]) -> None:

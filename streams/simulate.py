@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from statistics import NormalDist
 from typing import Any
 
+from schemas.context_delta import Previous, delta_part
 from schemas.factory import sha256_hex
 from schemas.models import (
     Actor,
@@ -144,6 +145,7 @@ class _Run:
     clock: datetime
     entries: list[LedgerEntry] = field(default_factory=list)
     step: int = 0
+    deltas: bool = True  # context manifests as deltas of the previous one (schema v2)
 
     def uid(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -214,6 +216,7 @@ class _Scenario:
         self.window_tokens = 0  # tokens of the context since the last compaction
         self.tokens_of: dict[str, int] = {}  # a model-visible entry's tokens, by entry id
         self._items: dict[str, ContextItem] = {}
+        self.previous: Previous | None = None  # the last manifest sent: deltas are of it
 
     def play(self) -> list[LedgerEntry]:
         o = self.r.outcome
@@ -317,13 +320,17 @@ class _Scenario:
         r = self.r
         provider, model = r.rng.choice(MODELS)
         items = self.context_items()
+        part = ContextItemsPart(items=tuple(items))
+        if self.previous is not None and self.r.deltas:  # as the publisher SDK sends them
+            part = delta_part(self.previous[0], self.previous[1], items)
         ctx = r.add(
             EntryKind.CONTEXT_PROJECTED,
             ActorType.ORCHESTRATOR,
             TrustLevel.PLATFORM_TRUSTED,
             Visibility.AUDIT_ONLY,
-            [ContextItemsPart(items=tuple(items))],
+            [part],
         )
+        self.previous = (ctx.entry_id, tuple(items))
         usage = self.usage(provider, model, purpose, big)
         call = r.add(
             EntryKind.MODEL_CALL,
@@ -895,12 +902,14 @@ def simulate_runs(
     *,
     entries_per_run: int | None = None,
     length_profile: str = "short",
+    context_deltas: bool = True,
 ) -> Iterator[list[LedgerEntry]]:
     """Each run's entries, run after run, fleet after fleet.
 
     ``entries_per_run`` makes every run about that long; ``length_profile="real"`` draws each
     run's length from real agents' (see :func:`run_length`); by default runs tell the short
-    story (~30 entries).
+    story (~30 entries). Context manifests after a run's first are deltas of the previous one
+    (schema v2), unless ``context_deltas`` is False.
     """
     if entries_per_run is not None and length_profile != "short":
         raise ValueError("give entries_per_run or a length profile, not both")
@@ -918,6 +927,7 @@ def simulate_runs(
                 session_id=f"sess-{run_id[:8]}",
                 outcome=OUTCOMES[(i + f) % len(OUTCOMES)],
                 clock=start,
+                deltas=context_deltas,
             )
             length = entries_per_run or run_length(length_profile, i)
             yield _Scenario(run, TASKS[(i + f) % len(TASKS)], length).play()
@@ -930,11 +940,17 @@ def simulate(
     *,
     entries_per_run: int | None = None,
     length_profile: str = "short",
+    context_deltas: bool = True,
 ) -> list[LedgerEntry]:
     return [
         e
         for run in simulate_runs(
-            fleets, runs, seed, entries_per_run=entries_per_run, length_profile=length_profile
+            fleets,
+            runs,
+            seed,
+            entries_per_run=entries_per_run,
+            length_profile=length_profile,
+            context_deltas=context_deltas,
         )
         for e in run
     ]

@@ -7,6 +7,7 @@ from itertools import pairwise
 from typing import TypeVar
 
 from schemas.codec import LedgerCodec
+from schemas.context_delta import Previous, resolve
 from schemas.models import (
     ContextItemsPart,
     DiffPart,
@@ -112,13 +113,19 @@ def test_a_long_run_compacts_and_each_call_sees_the_history_since_the_last_compa
     kept = {EntryKind.SYSTEM_INSTRUCTION, EntryKind.ORG_POLICY, EntryKind.USER_TASK}
     kept |= {EntryKind.REPOSITORY_INSTRUCTION, EntryKind.COMPACTION}
     through = 0
+    previous: Previous | None = None
+    deltas = 0
     for e in run:
         if e.kind is EntryKind.COMPACTION:
             through = int(e.metadata["replaces_through_seq"])
         if e.kind is not EntryKind.CONTEXT_PROJECTED:
             continue
-        [part] = [p for p in e.parts if isinstance(p, ContextItemsPart)]
-        seen = [by_id[i.source_entry_id] for i in part.items if i.source_entry_id]
+        parts = [p for p in e.parts if isinstance(p, ContextItemsPart)]
+        deltas += parts[0].base_entry_id is not None
+        whole, problem = resolve(previous, parts)
+        assert problem is None
+        previous = (e.entry_id, whole)
+        seen = [by_id[i.source_entry_id] for i in whole if i.source_entry_id]
         assert seen, "every call sees something"
         assert all(s.sequence_no < e.sequence_no for s in seen)
         assert all(s.sequence_no > through or s.kind in kept for s in seen)
@@ -127,6 +134,7 @@ def test_a_long_run_compacts_and_each_call_sees_the_history_since_the_last_compa
             x for x in run[newest : e.sequence_no - 1] if x.visibility.value == "MODEL_VISIBLE"
         ]
         assert not visible, "nothing model-visible since the last item is left out"
+    assert deltas >= 300, "manifests after a run's first are deltas of the previous one"
 
 
 def test_the_real_length_profile_has_real_agents_shape() -> None:
