@@ -40,9 +40,9 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict, assert_never
+from typing import Any, Literal, TypedDict, assert_never
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped, metadata_count
 from projectors.trust import INSTRUCTION_TRUST, may_instruct, model_visible, offered
@@ -309,14 +309,19 @@ class ContextManifest(_Frozen):
     call_fingerprint: str | None = None  # a recorded call without a response id: its usage
 
 
-class PrefixKey(_Frozen):
-    """An item's identity and size, all a stable-prefix comparison needs."""
+# An item's identity and size, all a stable-prefix comparison needs: (item kind, source entry
+# id, sha256, tool call id, tokens). A plain tuple: a next turn builds one per item.
+PrefixKey = tuple[str, str | None, str, str | None, int]
 
-    item_kind: ContextItemKind
-    source_entry_id: str | None
-    sha256: str
-    tool_call_id: str | None
-    tokens: int
+
+def _prefix_key_of(value: Any) -> Any:
+    """A stored key as a tuple (states before v4 kept them as objects)."""
+    if isinstance(value, dict):
+        return tuple(
+            value.get(k)
+            for k in ("item_kind", "source_entry_id", "sha256", "tool_call_id", "tokens")
+        )
+    return value
 
 
 class ContextState(_Frozen):
@@ -341,6 +346,12 @@ class ContextState(_Frozen):
     model_calls_without_context: tuple[str, ...] = ()
     # The next turn as it stood at the last model call: what a prefix cache holds now.
     prefix_basis: tuple[PrefixKey, ...] = ()
+
+    @field_validator("prefix_basis", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> Any:
+        return tuple(_prefix_key_of(v) for v in value) if isinstance(value, list | tuple) else value
+
     next_turn: ContextManifest | None = None
 
 
@@ -965,8 +976,14 @@ def _breakpoints(items: Sequence[ManifestItem], basis: Sequence[PrefixKey]) -> t
     if head:
         points.add(head[-1])
     shared = 0
-    for old, new in zip(basis, prefix_keys(items), strict=False):
-        if old != new:
+    for old, new in zip(basis, items, strict=False):
+        if old != (
+            new.item_kind.value,
+            new.source_entry_id,
+            new.sha256,
+            new.tool_call_id,
+            new.tokens,
+        ):
             break
         shared += 1
     if shared:
@@ -1203,38 +1220,52 @@ def _dropped(item: ManifestItem, reason: str) -> DroppedItem:
 def _truncate(
     groups: list[_Group], budget: ContextBudget
 ) -> tuple[list[_Group], list[DroppedItem], tuple[str, ...]]:
-    """Drop the lowest-priority unprotected groups (oldest first among equals) until in budget."""
-    kept, dropped = list(groups), list[DroppedItem]()
+    """Drop the lowest-priority unprotected groups (oldest first among equals) until in budget;
+    over the total, the newest turns yield too (never the hard groups)."""
+    gone: set[int] = set()
+    dropped: list[DroppedItem] = []
     limits: list[tuple[str | None, int]] = [*budget.sections.items(), (None, budget.total_tokens)]
+    over: list[str] = []
+    by_section: dict[int, dict[str | None, int]] = {}
+    for g in groups:  # each group's tokens per section, and in all (None), summed once
+        counts: dict[str | None, int] = {None: 0}
+        for i in g.items:
+            counts[i.section] = counts.get(i.section, 0) + i.tokens
+            counts[None] += i.tokens
+        by_section[id(g)] = counts
     for section, limit in limits:
         reason = f"over the {section} budget" if section else "over the total budget"
-        while sum(g.tokens(section) for g in kept) > limit:
-            victims = [g for g in kept if not g.protected and g.tokens(section) > 0]
-            if not victims and section is None:  # the total is a hard limit: recent turns yield
-                victims = [g for g in kept if not g.hard and g.tokens() > 0]
-            if not victims:
-                break
-            victim = min(victims, key=lambda g: (g.priority, g.order))
-            kept.remove(victim)
-            dropped.extend(_dropped(i, reason) for i in victim.items)
-    over = tuple(
-        section or "total"
-        for section, limit in limits
-        if sum(g.tokens(section) for g in kept) > limit
-    )  # what is still over once everything that could go went
-    return kept, dropped, over
+        size = {id(g): by_section[id(g)].get(section, 0) for g in groups if id(g) not in gone}
+        total = sum(size.values())
+        if total <= limit:
+            continue
+        first = [g for g in groups if id(g) in size and not g.protected and size[id(g)] > 0]
+        then = (
+            []
+            if section is not None
+            else [
+                g
+                for g in groups
+                if id(g) in size and g.protected and not g.hard and size[id(g)] > 0
+            ]
+        )
+        for candidates in (first, then):
+            for victim in sorted(candidates, key=lambda g: (g.priority, g.order)):
+                if total <= limit:
+                    break
+                gone.add(id(victim))
+                total -= size[id(victim)]
+                dropped.extend(_dropped(i, reason) for i in victim.items)
+    kept = [g for g in groups if id(g) not in gone]
+    for section, limit in limits:  # what is still over once everything that could go went
+        if sum(by_section[id(g)].get(section, 0) for g in kept) > limit:
+            over.append(section or "total")
+    return kept, dropped, tuple(over)
 
 
 def prefix_keys(items: Sequence[ManifestItem]) -> tuple[PrefixKey, ...]:
     return tuple(
-        PrefixKey.model_construct(
-            item_kind=i.item_kind,
-            source_entry_id=i.source_entry_id,
-            sha256=i.sha256,
-            tool_call_id=i.tool_call_id,
-            tokens=i.tokens,
-        )
-        for i in items
+        (i.item_kind.value, i.source_entry_id, i.sha256, i.tool_call_id, i.tokens) for i in items
     )
 
 
@@ -1244,7 +1275,7 @@ def stable_prefix_tokens(before: Sequence[PrefixKey], after: Sequence[PrefixKey]
     for old, new in zip(before, after, strict=False):
         if old != new:
             break
-        total += new.tokens
+        total += new[4]
     return capped(total)
 
 

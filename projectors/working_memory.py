@@ -34,7 +34,7 @@ supersedes the older one, which keeps ``superseded_by``. A passing verifier chec
 the verifier entry as evidence; a failing one opens a problem that a later pass of the same check
 closes, and either outcome supersedes older facts about that check (its ``check:<id>`` key, or a
 fact/problem keyed by the check's name or short test name, e.g. "test_last_page fails"). The
-current memory keeps the newest 16 superseded facts, closed problems and rejected claims (counting
+current memory keeps the newest 8 superseded facts, closed problems and rejected claims (counting
 the older ones, which stay in the snapshot versions that had them), so its size stays bounded.
 
 Other rules. The latest USER_TASK text is the goal; ASSISTANT_RESPONSE ``metadata["plan"]`` (a
@@ -198,7 +198,7 @@ _CONTENT_FIELDS = (
 
 class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     name = "working-memory"
-    # 4: the newest 16 retired items of each kind kept (long runs).
+    # 4: the newest 8 retired items of each kind kept (long runs).
     # 2: failed/neutral evidence supports no unclear or success claim. 3: model-visible entries
     # only; untrusted tasks are not the goal; a failure among a success claim's refs defeats it;
     # reads support no success; failure claims open problems; a check's pass closes what
@@ -241,7 +241,7 @@ def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
     return fold_all(WorkingMemoryProjection(), prefix)
 
 
-KEEP_RETIRED = 16
+KEEP_RETIRED = 8
 
 
 def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:

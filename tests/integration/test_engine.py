@@ -168,11 +168,14 @@ async def test_redrive_after_the_fix_applies_once(services: Settings) -> None:
     """Entries written with a schema this deployment does not know yet are dead-lettered; once
     the new version is in the catalog, redrive sends them back and they are applied, once."""
     env = await make_env(services)
-    v1 = json.loads((AVSC_DIR / "ledger_entry.v1.avsc").read_text())
-    v2 = copy.deepcopy(v1)
-    v2["fields"].append({"name": "priority", "type": "int", "default": 0, "doc": "test field"})
-    newer = CATALOG.with_version(v2, 2)
-    writer_v2 = LedgerCodec(newer, writer_version=2)
+    now = CATALOG.current.version
+    current = json.loads((AVSC_DIR / f"ledger_entry.v{now}.avsc").read_text())
+    ahead_schema = copy.deepcopy(current)
+    ahead_schema["fields"].append(
+        {"name": "priority", "type": "int", "default": 0, "doc": "test field"}
+    )
+    newer = CATALOG.with_version(ahead_schema, now + 1)
+    writer_v2 = LedgerCodec(newer, writer_version=now + 1)
     run = simulate(1, 1, seed=3)
     ahead = [writer_v2.encode_record(to_avro(e) | {"priority": 1}) for e in run[5:]]
     await produce_raw(env, [*run[:5], *ahead], key=run[0].run_id.encode())
@@ -181,7 +184,7 @@ async def test_redrive_after_the_fix_applies_once(services: Settings) -> None:
     assert stats.dead_lettered == len(run) - 5
     assert run_rows(env)[run[0].run_id]["applied_seq"] == 5
 
-    fixed = LedgerCodec(newer, reader_version=1)
+    fixed = LedgerCodec(newer, reader_version=now)
     report = await redrive(env.settings, env.fleets, codec=fixed)
     assert report.redriven == len(run) - 5 and not report.still_bad
     again = await redrive(env.settings, env.fleets, codec=fixed)

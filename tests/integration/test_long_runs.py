@@ -74,8 +74,9 @@ async def test_a_long_run_writes_each_row_once_and_batches_that_do_not_grow(
         assert not [k for k, n in tail.items() if n > 1], f"{p.name}: an entry in the tail twice"
 
         # A batch writes its head (bounded by configuration), its new entries (the tail) and
-        # its new history rows: per entry, entries 2,300-3,000 cost what entries 300-1,000
-        # did (a state document rewritten every batch would cost ~4x as much there).
+        # its new history rows: per entry, entries 2,300-3,000 cost what entries 1,000-1,700
+        # did (a state document rewritten every batch would cost ~2x as much there, and ~4x
+        # against entries 300-1,000).
         def per_entry(lo: int, hi: int, writes: list[Any] = mine) -> float:
             total = sum(
                 len(w.head or b"")
@@ -87,22 +88,19 @@ async def test_a_long_run_writes_each_row_once_and_batches_that_do_not_grow(
             )
             return total / (hi - lo)
 
-        early, late = per_entry(300, 1000), per_entry(LENGTH - 700, LENGTH)
+        early, late = per_entry(1000, 1700), per_entry(LENGTH - 700, LENGTH)
         assert late <= 1.5 * early, f"{p.name}: {early:.0f} -> {late:.0f} B per entry"
 
-        # Checkpoints (the whole state) add about 1/CHECKPOINT_RATIO of what the tails cost
-        # (a little more: the state grew since the checkpoint the tail is compared with),
-        # besides the first (at the run's first batch) and the last (when it ended).
+        # Checkpoints (the whole state) add about 1/CHECKPOINT_RATIO of what the tails cost,
+        # besides the first (the run's first batch) and the last (when it ended): one is
+        # written once the tail since the previous holds CHECKPOINT_RATIO times its bytes (the
+        # state may have grown meanwhile, up to its bound: the last term).
         checkpoints = [len(w.state) for _, ws in mine for w in ws if w.state is not None]
         assert len(checkpoints) >= 2, f"{p.name}: a checkpoint at the start and at the end"
         tails = sum(sum(map(len, w.tail.values())) for _, ws in mine for w in ws)
         between = sum(checkpoints[1:-1])
-        assert between <= 1.5 * tails / CHECKPOINT_RATIO + checkpoint_min, (
-            p.name,
-            between,
-            tails,
-            checkpoints[:12],
-        )
+        bound = 1.5 * tails / CHECKPOINT_RATIO + checkpoint_min + 2 * max(checkpoints)
+        assert between <= bound, (p.name, between, tails, checkpoints[:12])
         assert [w.state is not None for w in mine[-1][1]] == [True], "the ended run checkpoints"
 
     # The whole state readers get is the fold of the run, and so is each Redis view's head.

@@ -793,3 +793,14 @@ def test_a_context_budget_override_merges_its_sections_into_the_defaults(
     assert isinstance(plain, ContextManifestsProjection) and plain.budget == defaults
     with pytest.raises(ValueError, match="JSON object"):
         ContextBudget.from_overrides("[1, 2]")
+
+
+def test_a_state_stored_before_v4_loads_its_prefix_keys() -> None:
+    old = {"item_kind": "SUMMARY", "source_entry_id": None, "sha256": "ab", "tool_call_id": None}
+    doc = {
+        "run_id": "r",
+        "fleet_id": "f",
+        "prefix_basis": [{**old, "tokens": 3}, ["DIFF", "e", "cd", None, 4]],
+    }
+    state = ContextManifestsProjection().from_doc(doc)
+    assert state.prefix_basis == (("SUMMARY", None, "ab", None, 3), ("DIFF", "e", "cd", None, 4))
