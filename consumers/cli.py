@@ -260,13 +260,24 @@ def bench(
         bool, typer.Option("--quick", help="small N: exercises the code only")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    mix: Annotated[
+        str, typer.Option(help="run lengths of the traffic: 'real' (as real agents') or 'short'")
+    ] = "real",
+    entries: Annotated[
+        int | None, typer.Option(help="entries for the ingest and rebuild figures")
+    ] = None,
 ) -> None:
     """Measure throughput and latency, each beside a baseline measured in the same run."""
     from streams.bench import run_bench
+    from streams.simulate import LENGTH_PROFILES
 
+    if mix not in LENGTH_PROFILES:
+        raise typer.BadParameter(f"known mixes: {', '.join(LENGTH_PROFILES)}")
+    if entries is not None and entries < 1000:
+        raise typer.BadParameter("--entries takes at least 1,000")
     settings = _settings()
     local.up(settings, Console(quiet=True))
-    report = asyncio.run(run_bench(settings, quick))
+    report = asyncio.run(run_bench(settings, quick, mix, entries))
     if as_json:
         print(report.as_json())
         return

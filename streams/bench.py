@@ -19,7 +19,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -40,6 +40,16 @@ from streams.source import Progress, topic_partitions
 from streams.topics import ledger_topic
 
 FLEETS = ["fleet-01", "fleet-02"]
+
+
+@dataclass
+class _Mix:
+    """The run-length profile every figure's traffic is drawn from (``simulate``'s)."""
+
+    value: str = "real"
+
+
+MIX = _Mix()  # set by run_bench for the whole run
 
 
 @dataclass
@@ -111,7 +121,7 @@ async def hot_path(
     every hot view reflects each entry for ``seconds``."""
     s = d.settings
     hot = [p.name for p in all_projections() if p.hot]
-    runs = simulate_runs(len(FLEETS), 100_000, seed=int(time.time()))
+    runs = simulate_runs(len(FLEETS), 100_000, seed=int(time.time()), length_profile=MIX.value)
     pending: dict[str, list[tuple[int, float]]] = {}
     latencies: list[float] = []
     acks: list[float] = []
@@ -216,7 +226,7 @@ async def _publish_raw(d: PrivateDeployment, entries_wanted: int, seed: int = 99
     await producer.start()
     sent = 0
     try:
-        for run in simulate_runs(len(FLEETS), 10_000_000, seed=seed):
+        for run in simulate_runs(len(FLEETS), 10_000_000, seed=seed, length_profile=MIX.value):
             for e in run:
                 topic = ledger_topic(d.settings.topic_prefix, e.fleet_id)
                 await producer.send(topic, codec.encode(e), key=e.run_id.encode())
@@ -399,7 +409,7 @@ async def _await_applied(
 
 def _take_runs(entries: int, seed: int) -> Iterator[list[LedgerEntry]]:
     count = 0
-    for run in simulate_runs(len(FLEETS), 10_000_000, seed):
+    for run in simulate_runs(len(FLEETS), 10_000_000, seed, length_profile=MIX.value):
         if count >= entries:
             return
         count += len(run)
@@ -499,7 +509,7 @@ class Sizes:
     rebuild_processes: int
     ingest_workers: int
     long_lengths: tuple[int, ...] = (30, 300)
-    long_entries: int = 600  # per length (at least one run)
+    long_entries: int = 300  # per length (at least one run)
 
 
 CORES = os.cpu_count() or 1
@@ -507,12 +517,21 @@ QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES), min(2, CORES))
 FULL = Sizes(1000.0, 30.0, 1_000_000, 4, 3_000, 1_000_000, CORES, CORES, bench_long.LENGTHS, 3_000)
 
 
-async def run_bench(settings: Settings, quick: bool) -> BenchReport:
+async def run_bench(
+    settings: Settings, quick: bool, mix: str = "real", entries: int | None = None
+) -> BenchReport:
+    """Every figure; traffic drawn from ``mix`` (a simulate length profile: ``real`` by
+    default, ``short`` for the ~30-entry story); ``entries`` replaces the ingest and rebuild
+    sizes."""
     sizes = QUICK if quick else FULL
+    if entries is not None:
+        sizes = replace(sizes, ingest_entries=entries, rebuild_entries=entries)
+    MIX.value = mix
     report = BenchReport(
         machine=machine_info(),
         settings={
             "quick": quick,
+            "mix": mix,
             **asdict(sizes),
             "projections": [p.name for p in all_projections()],
         },

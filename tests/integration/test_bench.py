@@ -8,6 +8,7 @@ import math
 import pytest
 
 from infra.settings import Settings
+from projectors.registry import all_projections
 from streams.bench import QUICK, run_bench
 
 pytestmark = pytest.mark.integration
@@ -34,6 +35,10 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
     assert figures["rebuild: entries replayed"].value >= QUICK.rebuild_entries
     assert figures["worker RSS peak (largest worker)"].value > 0
     assert figures["PostgreSQL bytes per million entries"].value > 0
+    for p in all_projections():  # long runs: each figure beside its value at 30-entry runs
+        for measure in ("CPU per entry", "bytes written per entry"):
+            figure = figures[f"long runs: {p.name} {measure}, 300-entry runs"]
+            assert figure.value > 0 and figure.baseline is not None and figure.baseline > 0
     document = json.loads(report.as_json())
     assert document["machine"]["cpus"] >= 1
     assert document["settings"]["rebuild_entries"] == QUICK.rebuild_entries
