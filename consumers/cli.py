@@ -6,7 +6,7 @@ import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -329,7 +329,7 @@ def context(
     """A run's next-turn context manifest, or the manifest recorded for one model call."""
     from consumers.render import print_manifest
     from consumers.views import NotFoundError, history_row, live_state
-    from projectors.context_manifests import ContextManifest, render
+    from projectors.context_manifests import ContextManifest, render, resolve_manifest
 
     settings = _settings()
     try:
@@ -337,7 +337,17 @@ def context(
             view = live_state(settings, "context-manifests", run_id)
             doc = view["state"]["next_turn"]
         else:
-            doc = history_row(settings, "context-manifests", run_id, "manifest", call)["state"]
+            row = history_row(settings, "context-manifests", run_id, "manifest", call)["state"]
+
+            def fetch(key: str) -> dict[str, Any] | None:
+                try:
+                    found = history_row(settings, "context-manifests", run_id, "manifest", key)
+                except NotFoundError:
+                    return None
+                state: dict[str, Any] = found["state"]
+                return state
+
+            doc = resolve_manifest(row, fetch)
     except NotFoundError as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(code=1) from None

@@ -38,7 +38,7 @@ import html
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, assert_never
 
@@ -388,13 +388,30 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     def history(
         self, before: ContextState | None, after: ContextState, entry: LedgerEntry
     ) -> list[HistoryRow]:
-        """Every recorded manifest, once, under its id (the model call's entry id when known)."""
+        """Every recorded manifest, once, under its id (the model call's entry id when known).
+
+        A row's items are a delta of the run's previous row (``items_delta``: its key, the
+        positions it no longer has, the items it adds), and every MANIFEST_FULL_EVERY-th
+        recorded manifest is whole: a long run writes what each call added, not the whole
+        window again. :func:`resolve_manifest` gives a row's whole manifest back.
+        """
         known = {m.manifest_id for m in before.manifests} if before is not None else set()
-        return [
-            HistoryRow("manifest", m.manifest_id, entry.sequence_no, m.model_dump(mode="json"))
-            for m in after.manifests
-            if m.manifest_id not in known
-        ]
+        base = before.manifests[-1] if before is not None and before.manifests else None
+        whole = (after.manifests_recorded - 1) % MANIFEST_FULL_EVERY == 0
+        rows = []
+        for m in after.manifests:
+            if m.manifest_id in known:
+                continue
+            doc = m.model_dump(mode="json", exclude={"items"})
+            if base is None or (whole and entry.kind is EntryKind.CONTEXT_PROJECTED):
+                doc["items"] = [i.model_dump(mode="json") for i in m.items]
+            else:
+                removed, kept = _positions_delta(base.items, m.items)
+                added = [i.model_dump(mode="json") for i in m.items[kept:]]
+                doc["items_delta"] = {"base": base.manifest_id, "removed": removed, "added": added}
+            rows.append(HistoryRow("manifest", m.manifest_id, entry.sequence_no, doc))
+            base = m
+        return rows
 
     def fold(self, state: ContextState, entry: LedgerEntry) -> ContextState:
         state = _seen(state, entry)
@@ -414,6 +431,41 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             state.pool, self.budget, state.last_sequence_no, state.prefix_basis, state.memory
         )
         return state.model_copy(update={"next_turn": turn})
+
+
+MANIFEST_FULL_EVERY = 16
+
+
+def _positions_delta(base: Sequence[Any], items: Sequence[Any]) -> tuple[list[int], int]:
+    """The positions of ``base`` that ``items`` drops, and how many of ``items`` are ``base``'s
+    kept ones in order (the rest are added after them)."""
+    removed: list[int] = []
+    kept = 0
+    for n, item in enumerate(base):
+        if kept < len(items) and items[kept] == item:
+            kept += 1
+        else:
+            removed.append(n)
+    return removed, kept
+
+
+def resolve_manifest(
+    row: dict[str, Any], fetch: Callable[[str], dict[str, Any] | None], hops: int = 256
+) -> dict[str, Any]:
+    """A recorded manifest's history row as the whole manifest: a delta row's items are its base
+    row's (resolved the same way, through ``fetch(key)``) without the removed positions, then
+    the added ones."""
+    delta = row.get("items_delta")
+    if delta is None:
+        return row
+    base = fetch(delta["base"]) if hops > 0 else None
+    if base is None:
+        raise LookupError(f"manifest row {delta['base']} (the base of a delta) is missing")
+    items = resolve_manifest(base, fetch, hops - 1).get("items", [])
+    removed = set(delta["removed"])
+    whole = {k: v for k, v in row.items() if k != "items_delta"}
+    whole["items"] = [i for n, i in enumerate(items) if n not in removed] + delta["added"]
+    return whole
 
 
 def estimate_tokens(text: str) -> int:

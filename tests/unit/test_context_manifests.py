@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 
@@ -804,3 +805,34 @@ def test_a_state_stored_before_v4_loads_its_prefix_keys() -> None:
     }
     state = ContextManifestsProjection().from_doc(doc)
     assert state.prefix_basis == (("SUMMARY", None, "ab", None, 3), ("DIFF", "e", "cd", None, 4))
+
+
+def test_recorded_manifest_rows_are_deltas_that_resolve_to_the_whole_manifest() -> None:
+    """A long run's manifest rows hold what each call added; resolved, each is the manifest."""
+    from projectors.context_manifests import MANIFEST_FULL_EVERY, resolve_manifest
+    from streams.simulate import simulate_runs
+
+    projection = ContextManifestsProjection()
+    [run] = list(simulate_runs(1, 1, 12, entries_per_run=800))
+    state: Any = None
+    truth: dict[str, dict[str, object]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for e in run:
+        before = state
+        state = projection.initial(e) if state is None else state
+        state = projection.fold(state, e)
+        known = {m.manifest_id for m in before.manifests} if before is not None else set()
+        for m in state.manifests:
+            if m.manifest_id not in known:
+                truth[m.manifest_id] = m.model_dump(mode="json")
+        for h in projection.history(before, state, e):
+            assert h.kind == "manifest" and h.key not in rows, "each row once"
+            rows[h.key] = h.doc
+    assert rows.keys() == truth.keys() and len(rows) > 2 * MANIFEST_FULL_EVERY
+    for key, row in rows.items():
+        assert resolve_manifest(row, rows.get) == truth[key], key
+    deltas = [r for r in rows.values() if "items_delta" in r]
+    assert len(deltas) >= len(rows) * 0.8
+    written = sum(len(json.dumps(r)) for r in rows.values())
+    whole = sum(len(json.dumps(t)) for t in truth.values())
+    assert written * 4 < whole, (written, whole)
