@@ -858,8 +858,10 @@ def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
             continue  # the same response reported again (once per content block)
         if response is not None:
             seen = {**seen, response: entry.sequence_no}
-            if len(seen) > KEEP_RESPONSES:
-                seen = dict(list(seen.items())[-KEEP_RESPONSES:])
+            if len(seen) > KEEP_RESPONSES:  # the newest by seq, not by key order (jsonb
+                # reorders object keys, so a reloaded state's order is not its insertion order)
+                newest = sorted(seen.items(), key=lambda kv: (kv[1], kv[0]))[-KEEP_RESPONSES:]
+                seen = dict(newest)
         rows.append(_model_row(entry, part))
     if not rows:
         return {}

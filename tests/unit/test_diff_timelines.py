@@ -8,6 +8,7 @@ import pytest
 
 from projectors.base import fold_all
 from projectors.diff_timelines import (
+    KEEP_RESPONSES,
     KEEP_ROWS,
     KEEP_SNAPSHOTS,
     DiffFlag,
@@ -691,3 +692,20 @@ def test_simulated_runs_keep_the_invariants() -> None:
             assert gaming.path.startswith("tests/")
             assert summary.files_changed == summary.files_touched - 1
     assert any(len([e for e in r if e.kind is EntryKind.DIFF_SNAPSHOT]) == 4 for r in runs)
+
+
+def test_the_responses_kept_do_not_depend_on_key_order_after_a_reload() -> None:
+    """jsonb reorders object keys: the responses a long run keeps are the newest by seq."""
+    projection = DiffTimelinesProjection()
+    b = started()
+    for i in range(KEEP_RESPONSES + 40):
+        b.add(EntryKind.MODEL_CALL, (model_usage(response_id=f"resp-{(i * 7919) % 1000:04d}-{i}"),))
+    straight = fold(b.entries, projection)
+    state = fold(b.entries[:150], projection)
+    doc = projection.to_doc(state)
+    doc["model_responses"] = dict(sorted(doc["model_responses"].items()))  # not by insertion
+    reloaded = projection.from_doc(json.loads(json.dumps(doc)))
+    for e in b.entries[150:]:
+        reloaded = projection.fold(reloaded, e)
+    assert len(straight.model_responses) == KEEP_RESPONSES
+    assert reloaded.model_responses == straight.model_responses
