@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped, metadata_count
 from projectors.trust import INSTRUCTION_TRUST, may_instruct, model_visible, offered
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
-from schemas.context_delta import resolve
+from schemas.context_delta import positions_delta, resolve
 from schemas.models import (
     ArtifactRef,
     ArtifactRefPart,
@@ -406,7 +406,7 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             if base is None or (whole and entry.kind is EntryKind.CONTEXT_PROJECTED):
                 doc["items"] = [i.model_dump(mode="json") for i in m.items]
             else:
-                removed, kept = _positions_delta(base.items, m.items)
+                removed, kept = positions_delta(base.items, m.items)
                 added = [i.model_dump(mode="json") for i in m.items[kept:]]
                 doc["items_delta"] = {"base": base.manifest_id, "removed": removed, "added": added}
             rows.append(HistoryRow("manifest", m.manifest_id, entry.sequence_no, doc))
@@ -434,19 +434,6 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
 
 
 MANIFEST_FULL_EVERY = 16
-
-
-def _positions_delta(base: Sequence[Any], items: Sequence[Any]) -> tuple[list[int], int]:
-    """The positions of ``base`` that ``items`` drops, and how many of ``items`` are ``base``'s
-    kept ones in order (the rest are added after them)."""
-    removed: list[int] = []
-    kept = 0
-    for n, item in enumerate(base):
-        if kept < len(items) and items[kept] == item:
-            kept += 1
-        else:
-            removed.append(n)
-    return removed, kept
 
 
 def resolve_manifest(

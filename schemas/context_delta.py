@@ -10,11 +10,27 @@ manifest it stands for, so both kinds fold to the same result.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from schemas.models import ContextItem, ContextItemsPart
 
+T = TypeVar("T")
+
 # The run's previous manifest: (its CONTEXT_PROJECTED entry id, its whole item list).
 Previous = tuple[str, tuple[ContextItem, ...]]
+
+
+def positions_delta(base: Sequence[T], items: Sequence[T]) -> tuple[list[int], int]:
+    """The positions of ``base`` that ``items`` drops, and how many of ``items`` are ``base``'s
+    kept ones in order (the rest are added after them)."""
+    removed: list[int] = []
+    kept = 0
+    for n, item in enumerate(base):
+        if kept < len(items) and items[kept] == item:
+            kept += 1
+        else:
+            removed.append(n)
+    return removed, kept
 
 
 def delta_part(
@@ -23,13 +39,7 @@ def delta_part(
     """``items`` (a whole manifest) as a delta of ``base`` (the manifest of ``base_entry_id``):
     the base's items it no longer has, then what it appends. Falls back to the whole list
     when that is no longer (the items were reordered, say)."""
-    removed: list[int] = []
-    kept = 0
-    for i, item in enumerate(base):
-        if kept < len(items) and items[kept] == item:
-            kept += 1
-        else:
-            removed.append(i)
+    removed, kept = positions_delta(base, items)
     appended = tuple(items[kept:])
     if kept == 0:  # nothing shared: the whole list is no longer
         return ContextItemsPart(items=tuple(items))
