@@ -21,15 +21,15 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-import redis.asyncio as aioredis
 import redis.exceptions
 from aiokafka.errors import KafkaError
-from psycopg import AsyncConnection
 
 from projectors.base import HistoryRow, Projection, refold
 from projectors.ordering import missing_ranges, plan_run
-from projectors.stores import postgres as pg
-from projectors.stores.redis import RedisViewStore, RunView
+from projectors.stores import contract as pg
+from projectors.stores.contract import RunView, Store, StoreTransaction, ViewStore
+from projectors.stores.postgres import PostgresStore
+from projectors.stores.redis import RedisViewStore
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
 from schemas.models import LedgerEntry
@@ -148,8 +148,8 @@ class Engine:
     def __init__(
         self,
         targets: Sequence[Target],
-        pg_dsn: str,
-        redis_url: str | None,
+        store: str | Store,
+        views: str | ViewStore | None,
         dead_letters: DeadLetterSink,
         codec: LedgerCodec | None = None,
         telemetry: Telemetry | None = None,
@@ -175,8 +175,12 @@ class Engine:
         self.checkpoint_min_bytes = checkpoint_min_bytes
         # Called with each committed batch's run writes (the bench counts their bytes).
         self.write_observer: Callable[[dict[pg.BuildKey, list[pg.RunWrite]]], None] | None = None
-        self.pg_dsn = pg_dsn
-        self.redis_url = redis_url
+        # The store contract (projectors/stores/contract.py): a PostgreSQL DSN or a Store; the
+        # views: a Redis URL, a ViewStore, or None for no views.
+        self.store: Store = PostgresStore(store) if isinstance(store, str) else store
+        self._views_url = views if isinstance(views, str) else None
+        self._views: ViewStore | None = None if isinstance(views, str) else views
+        self.has_views = views is not None
         self.dead_letters = dead_letters
         self.codec = codec or LedgerCodec()
         self.telemetry = telemetry or Telemetry.disabled()
@@ -206,23 +210,18 @@ class Engine:
         # an object kept is as good as one parsed again.
         self.state_cache_runs = state_cache_runs
         self._states: dict[pg.BuildKey, OrderedDict[str, tuple[int, Any]]] = {}
-        self._conns: dict[str, AsyncConnection[Any]] = {}
         self._deferred: asyncio.Task[None] | None = None
         self._offset_rows: set[pg.OffsetKey] = set()
         self._hot_idle = asyncio.Event()  # no hot phase running (deferred analytics wait)
         self._hot_idle.set()  # al_offsets rows known to be committed
-        self._redis: aioredis.Redis | None = None
-        self._views: RedisViewStore | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, live: bool = False) -> None:
         """Record the builds, then refill Redis from PostgreSQL (views a crash left behind)."""
-        conn = await self._pg()
-        async with conn.transaction():
-            for t in self.targets:
-                await pg.ensure_build(conn, t.name, t.build, t.projection.version, live)
-        if self.redis_url is not None:
+        for t in self.targets:
+            await self.store.ensure_build(t.name, t.build, t.projection.version, live)
+        if self.has_views:
             await self._retrying(self.refill_views, "refilling Redis views")
             await self._retrying(self.publish_live_pointers, "publishing live builds to Redis")
 
@@ -290,12 +289,10 @@ class Engine:
         try:
             await self.flush()
         finally:
-            for conn in self._conns.values():
-                await conn.close()
-            self._conns.clear()
-        if self._redis is not None:
-            await self._redis.aclose()
-            self._redis = self._views = None
+            await self.store.close()
+        if self._views is not None and self._views_url is not None:  # made here: closed here
+            await self._views.close()
+            self._views = None
 
     # -- positions -------------------------------------------------------------------------
 
@@ -303,18 +300,16 @@ class Engine:
         """Where to resume each partition: the lowest next offset over all targets (-1: none)."""
 
         async def read() -> dict[TopicPartition, int]:
-            # Its own connection: a rebalance asks while a batch may be using the others.
-            conn = await self._pg("positions")
+            # Its own lane: a rebalance asks while a batch may be using the others.
             topics = sorted({t for t, _ in partitions})
             result = {tp: -1 for tp in partitions}
             first = True
             for target in self.targets:
-                stored = await pg.read_offsets(conn, target.name, target.build, topics)
+                stored = await self.store.read_positions(target.name, target.build, topics)
                 for tp in partitions:
                     next_offset = stored.get(tp, -1) + 1 if tp in stored else 0
                     result[tp] = next_offset if first else min(result[tp], next_offset)
                 first = False
-            await conn.rollback()
             return result
 
         return await self._retrying(read, "reading stored offsets", "positions")
@@ -376,7 +371,7 @@ class Engine:
             except _LiveMoved as exc:
                 self._follow(exc.moved)
                 current = [self._current(t) for t in current]
-        if self.redis_url is not None and views:
+        if self.has_views and views:
             await self._retrying(lambda: self._write_views(views), "writing Redis views")
 
     def _follow(self, moved: dict[str, str]) -> None:
@@ -403,17 +398,16 @@ class Engine:
         totals: BatchStats,
     ) -> dict[Target, list[RunView]]:
         stats = BatchStats()
-        conn = await self._pg(lane)
         views: dict[Target, list[RunView]] = {}
         last: dict[TopicPartition, int] = {}
         for r in records:
             last[r.tp] = max(last.get(r.tp, -1), r.offset)
         partitions = sorted(last)
         keys = [(t.name, t.build) for t in targets]
-        async with conn.transaction():
-            stored = await pg.lock_offsets(conn, keys, partitions, self._offset_rows)
+        async with self.store.transaction(lane) as tx:
+            stored = await tx.lock_positions(keys, partitions, self._offset_rows)
             if self.follow_live:
-                live = await pg.live_builds(conn, [t.name for t in targets])
+                live = await tx.live_builds([t.name for t in targets])
                 moved = {
                     t.name: live[t.name] for t in targets if live.get(t.name, t.build) != t.build
                 }
@@ -432,7 +426,7 @@ class Engine:
             poison = [
                 p for p in self._poison(fresh_by_target, decoded) if p.record.key_tp not in sent
             ]
-            results = await self._apply(lane, conn, fresh_by_target, decoded, stats)
+            results = await self._apply(lane, tx, fresh_by_target, decoded, stats)
             seen = {p.record.key_tp for p in poison} | sent
             for result in results.values():  # each target refuses the same record: send it once
                 for p in result.poison:
@@ -445,11 +439,10 @@ class Engine:
                 sent.update(p.record.key_tp for p in poison)
                 stats.dead_lettered = len(poison)
             with self.telemetry.span("postgres.write", targets=len(results)):
-                async with conn.pipeline():  # one round trip for every statement
-                    await pg.write_runs(
-                        conn, {(t.name, t.build): r.writes for t, r in results.items()}
-                    )
-                    await pg.save_offsets(conn, {key: last for key in keys})
+                await tx.write(
+                    {(t.name, t.build): r.writes for t, r in results.items()},
+                    {key: last for key in keys},
+                )
             for target, result in results.items():
                 stats.runs_written += len(result.writes)
                 if target.projection.hot and result.views:
@@ -494,7 +487,7 @@ class Engine:
     async def _apply(
         self,
         lane: str,
-        conn: AsyncConnection[Any],
+        tx: StoreTransaction,
         fresh_by_target: dict[Target, list[SourceRecord]],
         decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError],
         stats: BatchStats,
@@ -507,8 +500,8 @@ class Engine:
             arriving_by_target[target] = by_fresh[id(fresh)]
         wanted = {(t.name, t.build): sorted(a) for t, a in arriving_by_target.items()}
         kept = self._kept(wanted)  # taken now: what the positions sent to PostgreSQL name
-        rows = await pg.load_runs(
-            conn, wanted, {key: {r: seq for r, (seq, _s) in ks.items()} for key, ks in kept.items()}
+        rows = await tx.load_states(
+            wanted, {key: {r: seq for r, (seq, _s) in ks.items()} for key, ks in kept.items()}
         )
         if lane != "hot":  # folding blocks the loop: never in the middle of a hot phase
             await self._hot_idle.wait()
@@ -676,12 +669,10 @@ class Engine:
 
     async def publish_live_pointers(self, lane: str = "hot") -> None:
         """Mirror PostgreSQL's live pointer into Redis for the targets that are live."""
-        conn = await self._pg(lane)
         store = await self._view_store()
         for target in self.targets:
-            if await pg.live_build(conn, target.name) == target.build:
+            if await self.store.live_build(target.name, lane) == target.build:
                 await store.set_live(target.name, target.build)
-        await conn.rollback()
 
     async def refill_views(self) -> None:
         """Write every hot target's views from PostgreSQL (CAS: never backwards), mark ready."""
@@ -694,7 +685,7 @@ class Engine:
         """Refill the hot builds whose views Redis lost (flushed, restarted) while no batch came
         to notice; returns how many were refilled. For a timer: safe beside running batches
         (its own PostgreSQL connection; CAS writes never move a view backwards)."""
-        if self.redis_url is None:
+        if not self.has_views:
             return 0
         hot = [t for t in self.targets if t.projection.hot]
 
@@ -710,13 +701,9 @@ class Engine:
 
         return await self._retrying(check, "checking Redis views", "refill")
 
-    async def _refill(self, store: RedisViewStore, target: Target, lane: str = "hot") -> None:
-        conn = await self._pg(lane)
-        rows = await pg.iter_states(conn, target.name, target.build)
-        await conn.rollback()
-        views = [
-            RunView(run_id, seq, len(held), gaps, state) for run_id, seq, held, gaps, state in rows
-        ]
+    async def _refill(self, store: ViewStore, target: Target, lane: str = "hot") -> None:
+        heads = await self.store.heads(target.name, target.build, lane)
+        views = [RunView(h.run_id, h.applied_seq, len(h.held), h.gaps, h.head) for h in heads]
         for start in range(0, len(views), 2000):
             await store.write(target.name, target.build, views[start : start + 2000])
         await store.mark_ready(target.name, target.build)
@@ -725,21 +712,10 @@ class Engine:
 
     # -- connections and retries -----------------------------------------------------------
 
-    async def _pg(self, lane: str = "hot") -> AsyncConnection[Any]:
-        conn = self._conns.get(lane)
-        if conn is None or conn.closed:
-            conn = await psycopg.AsyncConnection.connect(self.pg_dsn, connect_timeout=5)
-            pg.use_documents(conn)
-            self._conns[lane] = conn
-        return conn
-
-    async def _view_store(self) -> RedisViewStore:
+    async def _view_store(self) -> ViewStore:
         if self._views is None:
-            assert self.redis_url is not None
-            self._redis = aioredis.Redis.from_url(
-                self.redis_url, socket_timeout=5, socket_connect_timeout=5
-            )
-            self._views = RedisViewStore(self._redis, self.redis_prefix)
+            assert self._views_url is not None
+            self._views = RedisViewStore.connect(self._views_url, self.redis_prefix)
         return self._views
 
     async def _retrying(self, step: Callable[[], Awaitable[T]], what: str, lane: str = "hot") -> T:
@@ -752,15 +728,9 @@ class Engine:
                     "%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay
                 )
                 self.telemetry.count("retries", 1, step=what)
-                await self._reset_connections(lane)
+                await self.store.reset(lane)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
-
-    async def _reset_connections(self, lane: str) -> None:
-        conn = self._conns.pop(lane, None)
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
 
 
 def _by_run(

@@ -6,9 +6,10 @@ projection rows and its offsets commit together or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -16,35 +17,28 @@ from psycopg import AsyncConnection, Connection
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from projectors.base import HistoryRow, Projection, refold
+from projectors.stores.contract import (
+    BuildKey,
+    OffsetKey,
+    RunRow,
+    RunWrite,
+    StoredHead,
+    TopicPartition,
+)
 from schemas.codec import LedgerCodec
 
-TopicPartition = tuple[str, int]
+__all__ = [
+    "BuildKey",
+    "OffsetKey",
+    "PostgresStore",
+    "RunRow",
+    "RunWrite",
+    "TopicPartition",
+    "from_jsonb_text",
+    "to_jsonb_text",
+    "use_documents",
+]
 
-
-@dataclass
-class RunRow:
-    """One run's stored position and state for one projection build."""
-
-    run_id: str
-    fleet_id: str
-    applied_seq: int
-    held: tuple[int, ...]
-    state: dict[str, Any] | None
-    held_payloads: dict[int, bytes] = field(default_factory=dict)
-    # The caller's cached state is current (stored applied_seq equals the cached one): the
-    # document was not fetched and ``state`` is None.
-    cached: bool = False
-    source: TopicPartition | None = None  # where the run's entries come from
-    # ``state`` is a checkpoint as of checkpoint_seq; the entries applied since (the tail) are
-    # in ``tail_payloads`` (fetched with the state only, so empty when ``cached``)
-    checkpoint_seq: int = 0
-    checkpoint_bytes: int = 0
-    tail_count: int = 0
-    tail_bytes: int = 0
-    tail_payloads: dict[int, bytes] = field(default_factory=dict)
-
-
-BuildKey = tuple[str, str]  # (projection, build)
 
 # jsonb cannot hold U+0000, and real tool output has NULs (binary files, terminal codes). Stored
 # documents therefore spell a NUL as the private-use character U+E000 followed by "0", and a
@@ -92,9 +86,6 @@ def use_documents(conn: AsyncConnection[Any] | Connection[Any]) -> None:
     """Make this connection read and write jsonb documents as this module stores them."""
     set_json_loads(_loads, conn)
     set_json_dumps(_dumps, conn)
-
-
-OffsetKey = tuple[str, str, str, int]  # (projection, build, topic, partition)
 
 
 async def lock_offsets(
@@ -254,30 +245,6 @@ async def load_runs(
             for proj, build, run_id, seq, payload in await cur.fetchall():
                 out[(proj, build)][run_id].held_payloads[seq] = bytes(payload)
     return out
-
-
-@dataclass
-class RunWrite:
-    """A run's new row, plus the held entries to add and to drop.
-
-    With ``state`` (a new checkpoint, as of ``applied_seq``) the run's tail is cleared;
-    without, the checkpoint stays and ``tail`` (the entries applied now) is added to its tail.
-    """
-
-    run_id: str
-    fleet_id: str
-    applied_seq: int
-    held: tuple[int, ...]
-    gaps: list[tuple[int, int]]
-    state: bytes | None  # the projection's whole JSON document, when checkpointed now
-    head: bytes | None = None  # what readers are given (None: the state)
-    hold: dict[int, bytes] = field(default_factory=dict)
-    release: list[int] = field(default_factory=list)
-    history: list[HistoryRow] = field(default_factory=list)
-    source: TopicPartition | None = None
-    tail: dict[int, bytes] = field(default_factory=dict)
-    tail_count: int = 0  # the tail's size after this write
-    tail_bytes: int = 0
 
 
 async def write_runs(
@@ -472,3 +439,146 @@ def current_documents(
                 state = refold(projection, state, (codec.decode(bytes(p)) for (p,) in tail))
                 doc = orjson.loads(projection.to_json(state)) if state is not None else {}
             yield run_id, applied_seq, gaps, doc
+
+
+# --- the store contract on PostgreSQL ----------------------------------------------------------
+
+
+class PostgresTransaction:
+    """:class:`~projectors.stores.contract.StoreTransaction` on one connection's transaction."""
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    async def lock_positions(
+        self,
+        builds: Sequence[BuildKey],
+        partitions: Sequence[TopicPartition],
+        known: Collection[OffsetKey] = frozenset(),
+    ) -> dict[BuildKey, dict[TopicPartition, int]]:
+        return await lock_offsets(self.conn, builds, partitions, known)
+
+    async def live_builds(self, projections: Sequence[str]) -> dict[str, str]:
+        return await live_builds(self.conn, projections)
+
+    async def load_states(
+        self,
+        wanted: Mapping[BuildKey, Sequence[str]],
+        cached: Mapping[BuildKey, Mapping[str, int]] | None = None,
+    ) -> dict[BuildKey, dict[str, RunRow]]:
+        return await load_runs(self.conn, wanted, cached)
+
+    async def write(
+        self,
+        writes: Mapping[BuildKey, Sequence[RunWrite]],
+        positions: Mapping[BuildKey, Mapping[TopicPartition, int]],
+    ) -> None:
+        async with self.conn.pipeline():  # one round trip for every statement
+            await write_runs(self.conn, dict(writes))
+            await save_offsets(self.conn, {k: dict(v) for k, v in positions.items()})
+
+
+class PostgresStore:
+    """:class:`~projectors.stores.contract.Store` on PostgreSQL.
+
+    The store owns its connections, one per lane (the hot batches, the analytics batches,
+    position reads during a rebalance, view refills), each made on first use and after
+    :meth:`reset`; a lane's work runs one transaction at a time, lanes concurrently.
+    """
+
+    def __init__(self, dsn: str, connect_timeout: float = 5) -> None:
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self._conns: dict[str, AsyncConnection[Any]] = {}
+
+    async def connection(self, lane: str = "hot") -> AsyncConnection[Any]:
+        conn = self._conns.get(lane)
+        if conn is None or conn.closed:
+            conn = await AsyncConnection.connect(
+                self.dsn, connect_timeout=int(self.connect_timeout)
+            )
+            use_documents(conn)
+            self._conns[lane] = conn
+        return conn
+
+    @asynccontextmanager
+    async def transaction(self, lane: str = "hot") -> AsyncIterator[PostgresTransaction]:
+        conn = await self.connection(lane)
+        async with conn.transaction():
+            yield PostgresTransaction(conn)
+
+    async def _read(self, lane: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        conn = await self.connection(lane)
+        try:
+            cur = await conn.execute(sql, params)
+            return list(await cur.fetchall())
+        finally:
+            await conn.rollback()
+
+    async def read_positions(
+        self, projection: str, build: str, topics: Iterable[str], lane: str = "positions"
+    ) -> dict[TopicPartition, int]:
+        conn = await self.connection(lane)
+        try:
+            return await read_offsets(conn, projection, build, topics)
+        finally:
+            await conn.rollback()
+
+    async def ensure_build(
+        self, projection: str, build: str, version: int, live: bool, lane: str = "hot"
+    ) -> None:
+        conn = await self.connection(lane)
+        async with conn.transaction():
+            await ensure_build(conn, projection, build, version, live)
+
+    async def live_build(self, projection: str, lane: str = "hot") -> str | None:
+        sql = "SELECT build FROM al_live WHERE projection = %s"
+        rows = await self._read(lane, sql, (projection,))
+        return str(rows[0][0]) if rows else None
+
+    async def set_live(self, projection: str, build: str, lane: str = "hot") -> None:
+        conn = await self.connection(lane)
+        async with conn.transaction():
+            await conn.execute(
+                "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT (projection) "
+                "DO UPDATE SET build = EXCLUDED.build, swapped_at = now()",
+                (projection, build),
+            )
+
+    async def heads(self, projection: str, build: str, lane: str = "hot") -> list[StoredHead]:
+        conn = await self.connection(lane)
+        try:
+            rows = await iter_states(conn, projection, build)
+        finally:
+            await conn.rollback()
+        return [StoredHead(r, s, h, g, st) for r, s, h, g, st in rows]
+
+    async def history(
+        self, projection: str, build: str, key: str, lane: str = "hot"
+    ) -> list[HistoryRow]:
+        rows = await self._read(
+            lane,
+            "SELECT kind, key, seq, doc FROM al_history WHERE projection = %s AND build = %s "
+            "AND run_id = %s ORDER BY seq, kind, key",
+            (projection, build, key),
+        )
+        return [HistoryRow(kind, k, seq, doc) for kind, k, seq, doc in rows]
+
+    async def tail(self, projection: str, build: str, key: str, lane: str = "hot") -> list[bytes]:
+        rows = await self._read(
+            lane,
+            "SELECT payload FROM al_tail WHERE projection = %s AND build = %s AND run_id = %s "
+            "ORDER BY sequence_no",
+            (projection, build, key),
+        )
+        return [bytes(p) for (p,) in rows]
+
+    async def reset(self, lane: str) -> None:
+        conn = self._conns.pop(lane, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def close(self) -> None:
+        for lane in list(self._conns):
+            await self.reset(lane)

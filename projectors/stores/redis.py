@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+
+from projectors.stores.contract import RunView, view_doc, view_version
+
+__all__ = ["RedisViewStore", "RunView", "view_version"]
 
 CAS_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'ver')
@@ -24,32 +26,6 @@ if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'ver', ARGV[1], 'seq', ARGV[2], 'doc', ARGV[3])
 return 1
 """
-
-
-def view_version(applied_seq: int, held: int) -> int:
-    """Monotonic per run: the applied sequence first, then how many entries wait behind a gap.
-
-    Held entries only grow while ``applied_seq`` stands still and are released only when it
-    moves, so a newer view always has a greater version.
-    """
-    return applied_seq * (1 << 20) + min(held, (1 << 20) - 1)
-
-
-@dataclass(frozen=True)
-class RunView:
-    """What Redis serves for one run: its state and how complete it is."""
-
-    run_id: str
-    applied_seq: int
-    held: int
-    gaps: list[list[int]]
-    state: bytes | None  # the projection's JSON document
-
-
-def _view_doc(view: RunView) -> bytes:
-    """``{"applied_seq", "gaps", "state"}`` as JSON, the state spliced in without re-encoding."""
-    head = orjson.dumps({"applied_seq": view.applied_seq, "gaps": view.gaps})
-    return head[:-1] + b',"state":' + (view.state or b"null") + b"}"
 
 
 def delete_matching(client: SyncRedis, pattern: str, chunk: int = 1000) -> int:
@@ -80,6 +56,14 @@ class RedisViewStore:
         self.prefix = prefix
         self._cas = client.register_script(CAS_SCRIPT)
 
+    @classmethod
+    def connect(cls, url: str, prefix: str = "al") -> RedisViewStore:
+        """A store on its own client (closed by :meth:`close`)."""
+        return cls(Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), prefix)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
     async def write(self, projection: str, build: str, views: Iterable[RunView]) -> int:
         """CAS-write views in one pipeline; returns how many moved forward."""
         _, moved = await self._write([(projection, build, views)])
@@ -108,7 +92,7 @@ class RedisViewStore:
                 args: list[int | bytes] = [
                     view_version(v.applied_seq, v.held),
                     v.applied_seq,
-                    _view_doc(v),
+                    view_doc(v),
                 ]
                 await self._cas(keys=[key], args=args, client=pipe)
                 issued += 1

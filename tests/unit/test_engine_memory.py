@@ -1,0 +1,253 @@
+"""The engine on the in-memory store contract: no Kafka, PostgreSQL or Redis.
+
+The same engine code that the integration tests run on real services; here each rule of the
+batch (exactly once, held gaps, poison, retries, checkpoints and tails, lost views, a moved live
+pointer) is checked in milliseconds. The store contract test class (tests/contract) holds the
+in-memory store to PostgreSQL's behaviour.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from projectors.base import Projection, fold_all, refold
+from projectors.registry import all_projections
+from projectors.run_stats import RunStatsProjection
+from projectors.stores.memory import MemoryStore, MemoryViewStore
+from schemas.codec import LedgerCodec
+from schemas.factory import EntryBuilder
+from schemas.models import EntryKind, LedgerEntry
+from streams.engine import Engine, Poison, SourceRecord, Target
+from streams.simulate import simulate
+from streams.topics import ledger_topic
+
+CODEC = LedgerCodec()
+BUILD = "b1"
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.sent: list[Poison] = []
+
+    async def send(self, poison: Sequence[Poison]) -> None:
+        self.sent.extend(poison)
+
+
+class Topic:
+    """A one-partition topic per fleet, offsets counted as Kafka would."""
+
+    def __init__(self) -> None:
+        self.next: dict[str, int] = {}
+
+    def records(self, items: Sequence[LedgerEntry | tuple[str, bytes]]) -> list[SourceRecord]:
+        out = []
+        for item in items:
+            if isinstance(item, LedgerEntry):
+                fleet, key, value = item.fleet_id, item.run_id.encode(), CODEC.encode(item)
+            else:
+                fleet, value = item
+                key = b"k"
+            topic = ledger_topic("t", fleet)
+            offset = self.next.get(topic, 0)
+            self.next[topic] = offset + 1
+            out.append(SourceRecord(topic, 0, offset, key, value))
+        return out
+
+
+def _engine(
+    store: MemoryStore,
+    views: MemoryViewStore | None = None,
+    projections: Sequence[Projection[Any]] | None = None,
+    **options: Any,
+) -> tuple[Engine, ListSink]:
+    sink = ListSink()
+    targets = [Target(p, BUILD) for p in (projections or [RunStatsProjection()])]
+    return Engine(targets, store, views, sink, max_backoff_s=0.01, **options), sink
+
+
+async def _whole(store: MemoryStore, projection: Projection[Any], run_id: str) -> bytes:
+    """A run's whole current state as a reader gets it: its checkpoint, its tail folded on."""
+    async with store.transaction() as tx:
+        row = (await tx.load_states({(projection.name, BUILD): [run_id]}))[
+            (projection.name, BUILD)
+        ][run_id]
+    state = projection.from_doc(row.state) if row.state else None
+    tail = [CODEC.decode(p) for _, p in sorted(row.tail_payloads.items())]
+    state = refold(projection, state, tail)
+    return projection.to_json(state) if state is not None else b""
+
+
+def _runs(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
+    runs: dict[str, list[LedgerEntry]] = {}
+    for e in entries:
+        runs.setdefault(e.run_id, []).append(e)
+    return runs
+
+
+async def test_every_projection_equals_its_pure_fold_in_any_batching() -> None:
+    entries = simulate(2, 6, seed=3)
+    projections = all_projections()
+    store = MemoryStore()
+    engine, sink = _engine(store, projections=projections)
+    await engine.start(live=True)
+    records = Topic().records(entries)
+    rng = random.Random(7)
+    at = 0
+    while at < len(records):  # batches of random sizes, as the consumer hands them over
+        size = rng.randint(1, 40)
+        await engine.process(records[at : at + size])
+        at += size
+    await engine.close()
+    assert sink.sent == []
+    for run_id, run in _runs(entries).items():
+        for projection in projections:
+            expected = fold_all(projection, run)
+            assert expected is not None
+            got = await _whole(store, projection, run_id)
+            assert orjson.loads(got) == orjson.loads(projection.to_json(expected)), (
+                projection.name,
+                run_id,
+            )
+
+
+async def test_redelivery_changes_nothing_and_positions_hold() -> None:
+    entries = simulate(1, 3, seed=5)
+    store = MemoryStore()
+    engine, _ = _engine(store)
+    await engine.start(live=True)
+    records = Topic().records(entries)
+    first = await engine.process(records)
+    before = {r: await _whole(store, RunStatsProjection(), r) for r in _runs(entries)}
+    again = await engine.process(records)
+    assert first.applied == len(entries) and again.applied == 0
+    assert again.redelivered == len(entries)
+    assert {r: await _whole(store, RunStatsProjection(), r) for r in before} == before
+    tp = records[0].tp
+    assert await engine.positions([tp]) == {tp: len(records)}
+
+
+async def test_duplicates_once_and_gaps_held_then_released() -> None:
+    b = EntryBuilder("run-gappy")
+    run = [b.add(EntryKind.USER_TASK) for _ in range(6)]
+    store, views = MemoryStore(), MemoryViewStore()
+    engine, _ = _engine(store, views)
+    await engine.start(live=True)
+    topic = Topic()
+    stats = await engine.process(topic.records([run[0], run[1], run[1], run[4], run[5]]))
+    assert (stats.applied, stats.duplicates, stats.held) == (2, 1, 2)
+    view = await views.read("run-stats", BUILD, "run-gappy")
+    assert view is not None and view[0] == 2 and view[1]["gaps"] == [[3, 4]]
+    stats = await engine.process(topic.records([run[3], run[2]]))
+    assert stats.applied == 4
+    state = orjson.loads(await _whole(store, RunStatsProjection(), "run-gappy"))
+    assert state["entries"] == 6
+    view = await views.read("run-stats", BUILD, "run-gappy")
+    assert view is not None and view[0] == 6 and view[1]["gaps"] == []
+
+
+async def test_poison_is_dead_lettered_with_its_bytes_and_the_rest_applied() -> None:
+    entries = simulate(1, 2, seed=9)
+    store = MemoryStore()
+    engine, sink = _engine(store)
+    await engine.start(live=True)
+    garbage = b"\x00garbage\xff"
+    mixed: list[LedgerEntry | tuple[str, bytes]] = [entries[0], ("fleet-01", garbage)]
+    mixed += entries[1:]
+    stats = await engine.process(Topic().records(mixed))
+    assert stats.applied == len(entries) and stats.dead_lettered == 1
+    assert [p.record.value for p in sink.sent] == [garbage]
+    assert sink.sent[0].error_class and sink.sent[0].message
+
+
+async def test_a_failed_commit_is_retried_and_applied_once() -> None:
+    entries = simulate(1, 2, seed=11)
+    store = MemoryStore()
+    engine, _ = _engine(store)
+    await engine.start(live=True)
+    store.fail_next = psycopg.OperationalError("connection lost")
+    stats = await engine.process(Topic().records(entries))
+    assert stats.applied == len(entries)
+    for run_id, run in _runs(entries).items():
+        assert orjson.loads(await _whole(store, RunStatsProjection(), run_id))["entries"] == len(
+            run
+        )
+
+
+async def test_a_long_run_checkpoints_and_a_cold_engine_continues_it_exactly() -> None:
+    """Tails and checkpoints: a new engine (no cached states) folds the checkpoint and its tail
+    and ends where one that kept the state all along ends."""
+    entries = simulate(1, 1, seed=13, entries_per_run=400)
+    projections = all_projections()
+    records = Topic().records(entries)
+    kept_store, cold_store = MemoryStore(), MemoryStore()
+    kept, _ = _engine(kept_store, projections=projections, checkpoint_min_bytes=4096)
+    await kept.start(live=True)
+    for at in range(0, len(records), 10):
+        await kept.process(records[at : at + 10])
+    for at in range(0, len(records), 10):  # a new engine every batch: always cold
+        cold, _ = _engine(
+            cold_store, projections=projections, checkpoint_min_bytes=4096, state_cache_runs=0
+        )
+        await cold.process(records[at : at + 10])
+    run_id = entries[0].run_id
+    for projection in projections:
+        assert await _whole(cold_store, projection, run_id) == await _whole(
+            kept_store, projection, run_id
+        ), projection.name
+    assert len(await cold_store.tail("working-memory", BUILD, run_id)) < len(entries)
+
+
+async def test_views_lost_are_refilled_and_never_move_back() -> None:
+    entries = simulate(1, 2, seed=17)
+    store, views = MemoryStore(), MemoryViewStore()
+    engine, _ = _engine(store, views)
+    await engine.start(live=True)
+    topic = Topic()
+    records = topic.records(entries)
+    await engine.process(records[:-1])
+    views.flush()  # Redis restarted without persistence
+    await engine.process(records[-1:])
+    for run_id, run in _runs(entries).items():
+        found = await views.read_live("run-stats", run_id)
+        assert found is not None and found[0] == len(run)
+    assert await engine.check_views() == 0  # nothing lost since
+
+
+async def test_the_live_worker_follows_a_swapped_build() -> None:
+    entries = simulate(1, 2, seed=19)
+    store = MemoryStore()
+    engine, _ = _engine(store, follow_live=True)
+    await engine.start(live=True)
+    records = Topic().records(entries)
+    await engine.process(records[:5])
+    await store.ensure_build("run-stats", "b2", RunStatsProjection().version, live=False)
+    await store.set_live("run-stats", "b2")
+    await engine.process(records[5:])
+    assert engine.targets[0].build == "b2"
+    positions = await store.read_positions("run-stats", "b2", [records[0].topic])
+    assert positions == {records[0].tp: records[-1].offset}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_a_fold_failure_dead_letters_the_entry_and_the_run_goes_on(seed: int) -> None:
+    class Fragile(RunStatsProjection):
+        def fold(self, state: Any, entry: LedgerEntry) -> Any:
+            if entry.sequence_no == 2:
+                raise ValueError("this projection cannot take entry 2")
+            return super().fold(state, entry)
+
+    entries = simulate(1, 1, seed=seed)
+    store = MemoryStore()
+    engine, sink = _engine(store, projections=[Fragile()])
+    await engine.start(live=True)
+    stats = await engine.process(Topic().records(entries))
+    assert stats.applied == len(entries)
+    assert [p.error_class for p in sink.sent] == ["ProjectionFoldError"]
+    state = orjson.loads(await _whole(store, Fragile(), entries[0].run_id))
+    assert state["entries"] == len(entries) - 1
