@@ -14,10 +14,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal, LiteralString
+from typing import Any, Literal
 
 import psycopg
-from psycopg import sql
 
 from consumers.views import NotFoundError, live_states
 from infra.settings import Settings
@@ -26,19 +25,12 @@ from projectors.diff_timelines import DiffTimeline, TimelineRow, with_all_rows
 from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
 from projectors.registry import projection
-from projectors.stores.postgres import use_documents
+from projectors.stores import postgres_ops as ops
 from schemas.errors import AgentLedgerError
 
 Dimension = Literal["run", "fleet", "model", "purpose", "day"]
 DIMENSIONS: tuple[Dimension, ...] = ("run", "fleet", "model", "purpose", "day")
 ANALYTICS = ("diff-timelines", "cost-metrics", "failure-classifications")
-_KEYS: dict[Dimension, LiteralString] = {
-    "run": "run_id",
-    "fleet": "fleet_id",
-    "model": "provider || '/' || model",
-    "purpose": "purpose",
-    "day": "day::text",
-}
 
 
 class AnalyticsViewsMissingError(AgentLedgerError):
@@ -70,33 +62,12 @@ def usd(value: Decimal | None) -> str | None:
 @contextmanager
 def _connect(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
     try:
-        with psycopg.connect(settings.pg_address) as conn:
-            use_documents(conn)
+        with ops.connect(settings.pg_address) as conn:
             yield conn
     except psycopg.errors.UndefinedTable as exc:
         raise AnalyticsViewsMissingError(
             f"{exc.diag.message_primary}: run `agentledger infra up` to apply the migrations"
         ) from None
-
-
-def _filters(
-    fleet: str | None, since: datetime | None, run_ids: Sequence[str] | None, time_column: str
-) -> tuple[sql.Composable, dict[str, Any]]:
-    """A WHERE clause (possibly empty) and its parameters."""
-    clauses: list[sql.Composable] = []
-    params: dict[str, Any] = {}
-    if fleet is not None:
-        clauses.append(sql.SQL("fleet_id = %(fleet)s"))
-        params["fleet"] = fleet
-    if since is not None:
-        clauses.append(sql.SQL("{} >= %(since)s").format(sql.Identifier(time_column)))
-        params["since"] = since
-    if run_ids is not None:
-        clauses.append(sql.SQL("run_id = ANY(%(runs)s)"))
-        params["runs"] = list(run_ids)
-    if not clauses:
-        return sql.SQL(""), params
-    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses), params
 
 
 # -- costs ---------------------------------------------------------------------------------
@@ -144,28 +115,6 @@ class CostReport:
         }
 
 
-_COSTS: LiteralString = """
-SELECT {key} AS key,
-       count(*) AS calls,
-       count(*) FILTER (WHERE status <> 'OK') AS failed_calls,
-       coalesce(sum(input_tokens), 0) AS input_tokens,
-       coalesce(sum(cached_input_tokens), 0) AS cached_input_tokens,
-       coalesce(sum(output_tokens), 0) AS output_tokens,
-       coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens,
-       round(avg(latency_ms))::bigint AS avg_latency_ms,
-       coalesce(sum(cost_usd), 0) AS cost_usd,
-       count(*) FILTER (WHERE unpriced) AS unpriced_calls,
-       count(provider_reported_cost_usd) AS reported_calls,
-       coalesce(sum(provider_reported_cost_usd), 0) AS provider_reported_cost_usd,
-       count(*) FILTER (WHERE cost_disagreement) AS cost_disagreements,
-       GROUPING({key}) AS is_total
-FROM al_cost_calls
-{where}
-GROUP BY GROUPING SETS (({key}), ())
-ORDER BY is_total, key
-"""
-
-
 def cost_report(
     settings: Settings,
     by: Dimension = "model",
@@ -174,10 +123,8 @@ def cost_report(
     run_ids: Sequence[str] | None = None,
 ) -> CostReport:
     """Counted model calls of the live cost-metrics build rolled up by ``by``, with a total."""
-    where, params = _filters(fleet, since, run_ids, "occurred_at")
-    query = sql.SQL(_COSTS).format(key=sql.SQL(_KEYS[by]), where=where)
     with _connect(settings) as conn:
-        found = conn.execute(query, params).fetchall()
+        found = ops.cost_rollup(conn, by, fleet, since, run_ids)
         budgets = _budgets(conn, [str(r[0]) for r in found if not r[-1]]) if by == "run" else {}
     rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
     total = next(_cost_row(r, None, key="total") for r in found if r[-1])
@@ -187,12 +134,7 @@ def cost_report(
 def _budgets(
     conn: psycopg.Connection[Any], run_ids: list[str]
 ) -> dict[str, tuple[str, Decimal | None, bool]]:
-    rows = conn.execute(
-        "SELECT run_id, fleet_id, task_budget_usd, over_budget FROM al_cost_runs "
-        "WHERE run_id = ANY(%s)",
-        (run_ids,),
-    ).fetchall()
-    return {r[0]: (r[1], r[2], bool(r[3])) for r in rows}
+    return {r: (f, b, o) for r, f, b, o in ops.run_budgets(conn, run_ids)}
 
 
 def _cost_row(
@@ -258,21 +200,6 @@ class FailureReport:
         }
 
 
-_FAILURES: LiteralString = """
-SELECT fleet_id, failure_class,
-       count(*) FILTER (WHERE final) AS final,
-       count(*) FILTER (WHERE NOT final AND updated_at >= now() - %(stall)s) AS provisional,
-       count(*) FILTER (WHERE NOT final AND updated_at < now() - %(stall)s) AS stalled,
-       count(*) FILTER (WHERE repair_loop) AS repair_loops,
-       count(*) AS runs,
-       GROUPING(fleet_id, failure_class) AS is_total
-FROM al_failures
-{where}
-GROUP BY GROUPING SETS ((fleet_id, failure_class), ())
-ORDER BY is_total, fleet_id, failure_class
-"""
-
-
 def failure_report(
     settings: Settings,
     fleet: str | None = None,
@@ -282,10 +209,8 @@ def failure_report(
 ) -> FailureReport:
     """Runs of the live failure-classifications build by fleet and class (``since``: runs whose
     last entry is at or after it)."""
-    where, params = _filters(fleet, since, run_ids, "last_at")
-    params["stall"] = _minutes(stalled_after_minutes)
     with _connect(settings) as conn:
-        found = conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall()
+        found = ops.failure_rollup(conn, fleet, since, run_ids, _minutes(stalled_after_minutes))
     rows = [FailureCount(*r[:7]) for r in found if not r[-1]]
     total = next(FailureCount("total", "total", *r[2:7]) for r in found if r[-1])
     return FailureReport(stalled_after_minutes, rows, total)
@@ -317,18 +242,15 @@ class RunFailure:
 def run_failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> RunFailure:
     """One run's diagnosis; raises NotFoundError when the live build has none."""
     with _connect(settings) as conn:
-        row = conn.execute(
-            "SELECT s.run_id, s.updated_at, s.updated_at < now() - %s FROM al_run_state s "
-            "JOIN al_live l USING (projection, build) "
-            "WHERE s.projection = 'failure-classifications' AND s.run_id = %s",
-            (_minutes(stalled_after_minutes), run_id),
-        ).fetchone()
+        row = ops.live_run_written(
+            conn, "failure-classifications", run_id, _minutes(stalled_after_minutes)
+        )
     found = live_states(settings, "failure-classifications", [run_id])
     if row is None or run_id not in found:
         raise NotFoundError(f"no failure-classifications for run {run_id} in the live build")
     diagnosis = projection("failure-classifications", settings).from_doc(found[run_id]["state"])
     assert isinstance(diagnosis, RunDiagnosis)
-    return RunFailure(diagnosis, row[1], bool(row[2]) and not diagnosis.finished)
+    return RunFailure(diagnosis, row[0], row[1] and not diagnosis.finished)
 
 
 # -- timeline ------------------------------------------------------------------------------
@@ -353,11 +275,7 @@ def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
         if view is not None:
             found.append((name, view["state"], view["applied_seq"], view["gaps"]))
     with _connect(settings) as conn:
-        calls = conn.execute(
-            "SELECT call_key, response_id, entry_id, cost_usd, unpriced FROM al_cost_calls "
-            "WHERE run_id = %s ORDER BY seq, call_key",
-            (run_id,),
-        ).fetchall()
+        calls = ops.run_cost_calls(conn, run_id)
     states = {str(r[0]): r[1:] for r in found}
     if "diff-timelines" not in states:
         raise NotFoundError(f"no diff-timelines for run {run_id} in the live build")
@@ -371,11 +289,7 @@ def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
         assert isinstance(found_diagnosis, RunDiagnosis)
         diagnosis = found_diagnosis
     with _connect(settings) as conn:
-        final = conn.execute(
-            "SELECT h.key, h.doc FROM al_history h JOIN al_live l USING (projection, build) "
-            "WHERE h.projection = 'diff-timelines' AND h.run_id = %s AND h.kind = 'row'",
-            (run_id,),
-        ).fetchall()
+        final = ops.live_history_rows(conn, "diff-timelines", run_id, "row")
     timeline = with_all_rows(
         DiffTimeline.model_validate(timeline_doc), [(int(k), d) for k, d in final]
     )
@@ -549,12 +463,7 @@ def runs_applied(
     """How many runs every one of ``projections`` (live builds) has applied up to the
     expected sequence number."""
     with _connect(settings) as conn:
-        rows = conn.execute(
-            "SELECT s.run_id, s.applied_seq FROM al_run_state s "
-            "JOIN al_live l USING (projection, build) "
-            "WHERE s.projection = ANY(%s) AND s.run_id = ANY(%s)",
-            (list(projections), list(expected)),
-        ).fetchall()
+        rows = ops.live_applied(conn, projections, list(expected))
     done: dict[str, int] = {}
     for run_id, seq in rows:
         if seq >= expected[run_id]:

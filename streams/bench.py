@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer
 
 from infra.settings import Settings
 from projectors.registry import all_projections
+from projectors.stores import postgres_ops as ops
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
@@ -279,24 +280,16 @@ class _ProcessSampler:
 
 def _applied_everywhere(dsn: str) -> int:
     """Entries every live projection has applied (the least advanced one's count)."""
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT s.projection, coalesce(sum(applied_seq), 0) FROM al_run_state s "
-            "JOIN al_live l USING (projection, build) GROUP BY s.projection"
-        ).fetchall()
-    if len(rows) < len(all_projections()):
+    with ops.connect(dsn) as conn:
+        totals = ops.live_applied_totals(conn)
+    if len(totals) < len(all_projections()):
         return 0
-    return min(int(r[1]) for r in rows)
+    return min(totals.values())
 
 
 def _db_bytes(dsn: str) -> int:
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-    return int(row[0]) if row else 0
+    with ops.connect(dsn) as conn:
+        return ops.database_bytes(conn)
 
 
 async def ingest(d: PrivateDeployment, entries: int, publishers: int, workers: int) -> list[Figure]:

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
 from infra.settings import Settings
+from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
 from streams.contract import fleet_of as ledger_fleet
@@ -224,11 +224,8 @@ async def read_dead_letters(settings: Settings, fleets: Sequence[str]) -> list[D
 
 
 async def redriven_sources(settings: Settings) -> set[tuple[str, int, int]]:
-    async with await psycopg.AsyncConnection.connect(settings.pg_address) as conn:
-        cur = await conn.execute(
-            "SELECT source_topic, source_partition, source_offset FROM al_dlq_redriven"
-        )
-        return {(t, p, o) for t, p, o in await cur.fetchall()}
+    async with ops.connect_async(settings.pg_address) as conn:
+        return await ops.redriven_sources(conn)
 
 
 @dataclass
@@ -254,7 +251,7 @@ async def redrive(
     )
     await producer.start()
     try:
-        async with await psycopg.AsyncConnection.connect(settings.pg_address) as conn:
+        async with ops.connect_async(settings.pg_address) as conn:
             for letter in letters:
                 if letter.source in done:
                     report.already += 1
@@ -274,11 +271,7 @@ async def redrive(
                 await producer.send_and_wait(  # keyed by run id: a wrong key was one reason
                     letter.source_topic, letter.value, key=entry.run_id.encode(), headers=headers
                 )
-                await conn.execute(
-                    "INSERT INTO al_dlq_redriven (source_topic, source_partition, source_offset) "
-                    "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                    letter.source,
-                )
+                await ops.mark_redriven(conn, letter.source)
                 await conn.commit()
                 report.redriven += 1
     finally:

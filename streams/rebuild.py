@@ -28,11 +28,11 @@ import psycopg
 import redis
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
-from psycopg.types.json import Jsonb
 
 from infra.settings import Settings
 from projectors.base import Projection
-from projectors.stores.postgres import current_documents, use_documents
+from projectors.stores import postgres_ops as ops
+from projectors.stores.postgres import current_documents
 from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
@@ -111,27 +111,19 @@ async def create_build(
 ) -> str:
     """Record a new build of ``projection`` and its starting offsets; returns its name."""
     offsets = await _start_offsets(settings, start)
-    with psycopg.connect(settings.pg_address) as conn:
+    with ops.connect(settings.pg_address) as conn:
         build = _next_name(conn, projection, origin)
-        conn.execute(
-            "INSERT INTO al_builds (projection, build, version, origin, start_spec, "
-            "whole_runs_only, inputs) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (
-                projection.name,
-                build,
-                projection.version,
-                origin,
-                start.describe(),
-                start.partial,
-                Jsonb(projection_inputs(projection)),
-            ),
+        ops.insert_build(
+            conn,
+            projection.name,
+            build,
+            projection.version,
+            origin,
+            start.describe(),
+            start.partial,
+            projection_inputs(projection),
+            offsets,
         )
-        with conn.cursor() as cur:
-            cur.executemany(
-                'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
-                "VALUES (%s, %s, %s, %s, %s)",
-                [(projection.name, build, t, p, o) for (t, p), o in sorted(offsets.items())],
-            )
     return build
 
 
@@ -139,13 +131,7 @@ def _next_name(conn: psycopg.Connection[Any], projection: Projection[Any], origi
     if origin != "rebuild":
         return f"{origin}-{uuid.uuid4().hex[:8]}"
     prefix = f"v{projection.version}-"
-    names = [
-        str(r[0])
-        for r in conn.execute(
-            "SELECT build FROM al_builds WHERE projection = %s AND build LIKE %s",
-            (projection.name, prefix + "%"),
-        ).fetchall()
-    ]
+    names = ops.build_names(conn, projection.name, prefix)
     numbers = [int(n[len(prefix) :]) for n in names if n[len(prefix) :].isdigit()]
     return f"{prefix}{max(numbers, default=1) + 1}"
 
@@ -308,22 +294,15 @@ def _swap_if_caught_up(settings: Settings, projection: str, build: str) -> tuple
 
     Returns the previous live build (None if there was none), or False when not caught up.
     """
-    with psycopg.connect(settings.pg_address) as conn:
-        row = conn.execute(
-            "SELECT build FROM al_live WHERE projection = %s FOR UPDATE", (projection,)
-        ).fetchone()
-        live = None if row is None else str(row[0])
+    with ops.connect(settings.pg_address) as conn:
+        live = ops.lock_live(conn, projection)
         if live is not None:
-            locked = _offsets(conn, projection, live, lock=True)
-            mine = _offsets(conn, projection, build)
+            locked = ops.offsets(conn, projection, live, lock=True)
+            mine = ops.offsets(conn, projection, build)
             if any(mine.get(tp, -1) < o for tp, o in locked.items()):
                 conn.rollback()
                 return False, live
-        conn.execute(
-            "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT (projection) "
-            "DO UPDATE SET build = EXCLUDED.build, swapped_at = now()",
-            (projection, build),
-        )
+        ops.point_live(conn, projection, build)
     return True, live
 
 
@@ -340,19 +319,8 @@ def drop(settings: Settings, projection: str, build: str) -> None:
     info = build_info(settings, projection, build)
     if info.live:
         raise RebuildError(f"{projection} build {build} is live; swap another build in first")
-    with psycopg.connect(settings.pg_address) as conn:
-        for table in (
-            "al_run_state",
-            "al_history",
-            "al_held",
-            "al_tail",
-            "al_offsets",
-            "al_builds",
-        ):
-            conn.execute(
-                f"DELETE FROM {table} WHERE projection = %s AND build = %s",
-                (projection, build),
-            )
+    with ops.connect(settings.pg_address) as conn:
+        ops.delete_build(conn, projection, build)
 
     client = redis.Redis.from_url(settings.redis_address)
     try:
@@ -362,17 +330,8 @@ def drop(settings: Settings, projection: str, build: str) -> None:
 
 
 def list_builds(settings: Settings, projection: str | None = None) -> list[BuildInfo]:
-    with psycopg.connect(settings.pg_address) as conn:
-        rows = conn.execute(
-            "SELECT b.projection, b.build, b.version, b.created_at, b.origin, b.start_spec, "
-            "l.build IS NOT NULL, b.inputs, "
-            "(SELECT count(*) FROM al_run_state s WHERE s.projection = b.projection "
-            " AND s.build = b.build) "
-            "FROM al_builds b LEFT JOIN al_live l USING (projection, build) "
-            "WHERE %s::text IS NULL OR b.projection = %s "
-            "ORDER BY b.projection, b.created_at",
-            (projection, projection),
-        ).fetchall()
+    with ops.connect(settings.pg_address) as conn:
+        rows = ops.build_rows(conn, projection)
         return [
             BuildInfo(
                 projection=p,
@@ -383,7 +342,7 @@ def list_builds(settings: Settings, projection: str | None = None) -> list[Build
                 start=st,
                 live=bool(live),
                 runs=int(n),
-                offsets=_offsets(conn, p, b),
+                offsets=ops.offsets(conn, p, b),
                 inputs=dict(inp or {}),
             )
             for p, b, v, c, o, st, live, inp, n in rows
@@ -408,24 +367,11 @@ def find_build(settings: Settings, name: str) -> BuildInfo:
 
 
 def live_offsets(settings: Settings, projection: str) -> tuple[str, dict[TP, int]]:
-    with psycopg.connect(settings.pg_address) as conn:
-        row = conn.execute(
-            "SELECT build FROM al_live WHERE projection = %s", (projection,)
-        ).fetchone()
-        if row is None:
+    with ops.connect(settings.pg_address) as conn:
+        live = ops.live_build(conn, projection)
+        if live is None:
             raise RebuildError(f"{projection} has no live build yet (start a worker first)")
-        return str(row[0]), _offsets(conn, projection, str(row[0]))
-
-
-def _offsets(
-    conn: psycopg.Connection[Any], projection: str, build: str, lock: bool = False
-) -> dict[TP, int]:
-    rows = conn.execute(
-        'SELECT topic, partition, "offset" FROM al_offsets WHERE projection = %s AND build = %s '
-        "ORDER BY topic, partition" + (" FOR UPDATE" if lock else ""),
-        (projection, build),
-    ).fetchall()
-    return {(str(t), int(p)): int(o) for t, p, o in rows}
+        return live, ops.offsets(conn, projection, live)
 
 
 # -- verifying -------------------------------------------------------------------------------
@@ -446,43 +392,10 @@ class Verdict:
         return not self.differences and self.live_digest == self.scratch_digest
 
 
-# Canonical digests: jsonb prints keys in one order, so equal documents give equal text.
-_DIGEST = (
-    "SELECT count(*), coalesce(md5(string_agg(run_id || ':' || applied_seq || ':' || "
-    "md5(coalesce(head, state)::text), ',' ORDER BY run_id)), '') FROM al_run_state "
-    "WHERE projection = %s AND build = %s"
-)
-_STATE_DIFF = (
-    "SELECT coalesce(a.run_id, b.run_id), a.run_id IS NULL, b.run_id IS NULL FROM "
-    "(SELECT run_id, applied_seq, md5(coalesce(head, state)::text) h FROM al_run_state "
-    " WHERE projection = %s AND build = %s) a FULL JOIN "
-    "(SELECT run_id, applied_seq, md5(coalesce(head, state)::text) h FROM al_run_state "
-    " WHERE projection = %s AND build = %s) b USING (run_id) "
-    "WHERE a.h IS DISTINCT FROM b.h OR a.applied_seq IS DISTINCT FROM b.applied_seq "
-    "ORDER BY 1 LIMIT %s"
-)
-_HISTORY_DIFF = (
-    "SELECT coalesce(a.run_id, b.run_id), coalesce(a.kind, b.kind), coalesce(a.key, b.key) FROM "
-    "(SELECT run_id, kind, key, md5(doc::text) h FROM al_history "
-    " WHERE projection = %s AND build = %s) a FULL JOIN "
-    "(SELECT run_id, kind, key, md5(doc::text) h FROM al_history "
-    " WHERE projection = %s AND build = %s) b USING (run_id, kind, key) "
-    "WHERE a.h IS DISTINCT FROM b.h ORDER BY 1, 2, 3 LIMIT %s"
-)
-
-
 def _whole_state_differences(
     conn: psycopg.Connection[Any], folded: Projection[Any], live: str, scratch: str, limit: int
 ) -> list[str]:
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT a.run_id FROM al_run_state a JOIN al_run_state b USING (projection, run_id) "
-            "WHERE a.projection = %s AND a.build = %s AND b.build = %s AND "
-            "(a.tail_count > 0 OR b.tail_count > 0 OR md5(a.state::text) <> md5(b.state::text)) "
-            "ORDER BY 1",
-            (folded.name, live, scratch),
-        )
-        suspects = [r for (r,) in cur.fetchall()]
+    suspects = ops.whole_state_suspects(conn, folded.name, live, scratch)
     out = []
     for start in range(0, len(suspects), 500):
         ids = suspects[start : start + 500]
@@ -525,14 +438,13 @@ def _compare_if_level(
     heads and history rows in SQL, then each run's whole current state (checkpoints are taken
     at different entries in the two builds, so their checkpoint with its tail folded on)."""
     projection = folded.name
-    with psycopg.connect(settings.pg_address) as conn:
-        use_documents(conn)
-        now = _offsets(conn, projection, live, lock=True)
-        mine = _offsets(conn, projection, scratch)
+    with ops.connect(settings.pg_address) as conn:
+        now = ops.offsets(conn, projection, live, lock=True)
+        mine = ops.offsets(conn, projection, scratch)
         if any(mine.get(tp, -1) != o for tp, o in now.items()):
             return None
-        runs, live_digest = conn.execute(_DIGEST, (projection, live)).fetchone() or (0, "")
-        _, scratch_digest = conn.execute(_DIGEST, (projection, scratch)).fetchone() or (0, "")
+        runs, live_digest = ops.build_digest(conn, projection, live)
+        _, scratch_digest = ops.build_digest(conn, projection, scratch)
         differences = [
             f"run {run}: "
             + (
@@ -542,15 +454,13 @@ def _compare_if_level(
                 if no_replay
                 else "state differs"
             )
-            for run, no_live, no_replay in conn.execute(
-                _STATE_DIFF, (projection, live, projection, scratch, limit)
-            ).fetchall()
+            for run, no_live, no_replay in ops.head_differences(
+                conn, projection, live, scratch, limit
+            )
         ]
         differences += [
             f"run {run}: history {kind} {key} differs"
-            for run, kind, key in conn.execute(
-                _HISTORY_DIFF, (projection, live, projection, scratch, limit)
-            ).fetchall()
+            for run, kind, key in ops.history_differences(conn, projection, live, scratch, limit)
         ]
         if not differences:
             differences = _whole_state_differences(conn, folded, live, scratch, limit)

@@ -21,12 +21,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
 from infra.settings import Settings
 from projectors.base import Projection, fold_all
+from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.json_form import from_json_text, to_json_text
@@ -58,15 +58,11 @@ def partition_for(key: bytes, partitions: int) -> int:
 
 def run_fleet(settings: Settings, run_id: str) -> str:
     """The fleet of a run, from any live build that has seen it."""
-    with psycopg.connect(settings.pg_address) as conn:
-        row = conn.execute(
-            "SELECT s.fleet_id FROM al_run_state s JOIN al_live l USING (projection, build) "
-            "WHERE s.run_id = %s LIMIT 1",
-            (run_id,),
-        ).fetchone()
-    if row is None:
+    with ops.connect(settings.pg_address) as conn:
+        fleet = ops.live_fleet_of(conn, run_id)
+    if fleet is None:
         raise ReplayPackageError(f"run {run_id} is in no live projection")
-    return str(row[0])
+    return fleet
 
 
 async def locate(

@@ -10,7 +10,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, LiteralString
 
 import orjson
 from psycopg import AsyncConnection, Connection
@@ -382,8 +382,15 @@ async def live_builds(conn: AsyncConnection[Any], projections: Sequence[str]) ->
     return {p: b for p, b in await cur.fetchall()}
 
 
+LIVE_BUILD: LiteralString = "SELECT build FROM al_live WHERE projection = %s"
+POINT_LIVE: LiteralString = (
+    "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT (projection) "
+    "DO UPDATE SET build = EXCLUDED.build, swapped_at = now()"
+)
+
+
 async def live_build(conn: AsyncConnection[Any], projection: str) -> str | None:
-    cur = await conn.execute("SELECT build FROM al_live WHERE projection = %s", (projection,))
+    cur = await conn.execute(LIVE_BUILD, (projection,))
     row = await cur.fetchone()
     return None if row is None else str(row[0])
 
@@ -532,18 +539,13 @@ class PostgresStore:
             await ensure_build(conn, projection, build, version, live)
 
     async def live_build(self, projection: str, lane: str = "hot") -> str | None:
-        sql = "SELECT build FROM al_live WHERE projection = %s"
-        rows = await self._read(lane, sql, (projection,))
+        rows = await self._read(lane, LIVE_BUILD, (projection,))
         return str(rows[0][0]) if rows else None
 
     async def set_live(self, projection: str, build: str, lane: str = "hot") -> None:
         conn = await self.connection(lane)
         async with conn.transaction():
-            await conn.execute(
-                "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT (projection) "
-                "DO UPDATE SET build = EXCLUDED.build, swapped_at = now()",
-                (projection, build),
-            )
+            await conn.execute(POINT_LIVE, (projection, build))
 
     async def heads(self, projection: str, build: str, lane: str = "hot") -> list[StoredHead]:
         conn = await self.connection(lane)

@@ -1,0 +1,442 @@
+"""PostgreSQL beyond the batch: readers, roll-ups, builds, verification, dead-letter bookkeeping.
+
+With :mod:`projectors.stores.postgres` (what the engine writes in a batch) this is all the SQL
+on AgentLedger's tables: the CLI, analytics, rebuilds, replay packages and the bench call these
+functions, never SQL of their own. "The live build" is the join below, written once. (Infra
+keeps the SQL that makes and migrates databases; the bench's naive baseline keeps its own
+table.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import datetime, timedelta
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, use_documents
+
+TopicPartition = tuple[str, int]
+
+# A run's rows in the build readers follow.
+LIVE_STATE: LiteralString = "al_run_state s JOIN al_live l USING (projection, build)"
+LIVE_HISTORY: LiteralString = "al_history h JOIN al_live l USING (projection, build)"
+
+
+@contextmanager
+def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A reader's connection, reading documents as the store wrote them; commits on exit."""
+    with psycopg.connect(dsn) as conn:
+        use_documents(conn)
+        yield conn
+
+
+@asynccontextmanager
+async def connect_async(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        use_documents(conn)
+        yield conn
+
+
+# -- the live build ------------------------------------------------------------------------
+
+
+def live_build(conn: psycopg.Connection[Any], projection: str) -> str | None:
+    row = conn.execute(LIVE_BUILD, (projection,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def live_history_at(
+    conn: psycopg.Connection[Any], projection: str, run_id: str, kind: str, seq: int
+) -> tuple[Any, int, str] | None:
+    """(doc, seq, key) of the newest live history row of ``kind`` at or before ``seq``."""
+    row = conn.execute(
+        f"SELECT h.doc, h.seq, h.key FROM {LIVE_HISTORY} "
+        "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s AND h.seq <= %s "
+        "ORDER BY h.seq DESC, h.key DESC LIMIT 1",
+        (projection, run_id, kind, seq),
+    ).fetchone()
+    return None if row is None else (row[0], int(row[1]), str(row[2]))
+
+
+def live_history_row(
+    conn: psycopg.Connection[Any], projection: str, run_id: str, kind: str, key: str
+) -> tuple[Any, int] | None:
+    """(doc, seq) of one live history row."""
+    row = conn.execute(
+        f"SELECT h.doc, h.seq FROM {LIVE_HISTORY} "
+        "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s AND h.key = %s",
+        (projection, run_id, kind, key),
+    ).fetchone()
+    return None if row is None else (row[0], int(row[1]))
+
+
+def live_history_rows(
+    conn: psycopg.Connection[Any], projection: str, run_id: str, kind: str
+) -> list[tuple[str, Any]]:
+    """(key, doc) of every live history row of ``kind`` of a run."""
+    rows = conn.execute(
+        f"SELECT h.key, h.doc FROM {LIVE_HISTORY} "
+        "WHERE h.projection = %s AND h.run_id = %s AND h.kind = %s ORDER BY h.seq, h.key",
+        (projection, run_id, kind),
+    ).fetchall()
+    return [(str(k), d) for k, d in rows]
+
+
+def live_run_written(
+    conn: psycopg.Connection[Any], projection: str, run_id: str, stall: timedelta
+) -> tuple[datetime, bool] | None:
+    """When the live build last wrote the run, and whether that is longer ago than ``stall``."""
+    row = conn.execute(
+        f"SELECT s.updated_at, s.updated_at < now() - %s FROM {LIVE_STATE} "
+        "WHERE s.projection = %s AND s.run_id = %s",
+        (stall, projection, run_id),
+    ).fetchone()
+    return None if row is None else (row[0], bool(row[1]))
+
+
+def live_applied(
+    conn: psycopg.Connection[Any], projections: Sequence[str], run_ids: Sequence[str]
+) -> list[tuple[str, int]]:
+    """(run_id, applied_seq) of these runs in each of these projections' live builds."""
+    rows = conn.execute(
+        f"SELECT s.run_id, s.applied_seq FROM {LIVE_STATE} "
+        "WHERE s.projection = ANY(%s) AND s.run_id = ANY(%s)",
+        (list(projections), list(run_ids)),
+    ).fetchall()
+    return [(str(r), int(s)) for r, s in rows]
+
+
+def live_applied_totals(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Entries applied per projection's live build (summed over its runs)."""
+    rows = conn.execute(
+        f"SELECT s.projection, coalesce(sum(s.applied_seq), 0) FROM {LIVE_STATE} "
+        "GROUP BY s.projection"
+    ).fetchall()
+    return {str(p): int(n) for p, n in rows}
+
+
+def live_fleet_of(conn: psycopg.Connection[Any], run_id: str) -> str | None:
+    """The fleet of a run, from any live build that has seen it."""
+    row = conn.execute(
+        f"SELECT s.fleet_id FROM {LIVE_STATE} WHERE s.run_id = %s LIMIT 1", (run_id,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def database_bytes(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return int(row[0]) if row else 0
+
+
+# -- analytics roll-ups (over the views of infra/migrations/005_analytics_views.sql) ---------
+
+COST_KEYS: dict[str, LiteralString] = {
+    "run": "run_id",
+    "fleet": "fleet_id",
+    "model": "provider || '/' || model",
+    "purpose": "purpose",
+    "day": "day::text",
+}
+
+_COSTS: LiteralString = """
+SELECT {key} AS key,
+       count(*) AS calls,
+       count(*) FILTER (WHERE status <> 'OK') AS failed_calls,
+       coalesce(sum(input_tokens), 0) AS input_tokens,
+       coalesce(sum(cached_input_tokens), 0) AS cached_input_tokens,
+       coalesce(sum(output_tokens), 0) AS output_tokens,
+       coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens,
+       round(avg(latency_ms))::bigint AS avg_latency_ms,
+       coalesce(sum(cost_usd), 0) AS cost_usd,
+       count(*) FILTER (WHERE unpriced) AS unpriced_calls,
+       count(provider_reported_cost_usd) AS reported_calls,
+       coalesce(sum(provider_reported_cost_usd), 0) AS provider_reported_cost_usd,
+       count(*) FILTER (WHERE cost_disagreement) AS cost_disagreements,
+       GROUPING({key}) AS is_total
+FROM al_cost_calls
+{where}
+GROUP BY GROUPING SETS (({key}), ())
+ORDER BY is_total, key
+"""
+
+_FAILURES: LiteralString = """
+SELECT fleet_id, failure_class,
+       count(*) FILTER (WHERE final) AS final,
+       count(*) FILTER (WHERE NOT final AND updated_at >= now() - %(stall)s) AS provisional,
+       count(*) FILTER (WHERE NOT final AND updated_at < now() - %(stall)s) AS stalled,
+       count(*) FILTER (WHERE repair_loop) AS repair_loops,
+       count(*) AS runs,
+       GROUPING(fleet_id, failure_class) AS is_total
+FROM al_failures
+{where}
+GROUP BY GROUPING SETS ((fleet_id, failure_class), ())
+ORDER BY is_total, fleet_id, failure_class
+"""
+
+
+def _filters(
+    fleet: str | None, since: datetime | None, run_ids: Sequence[str] | None, time_column: str
+) -> tuple[sql.Composable, dict[str, Any]]:
+    """A WHERE clause (possibly empty) and its parameters."""
+    clauses: list[sql.Composable] = []
+    params: dict[str, Any] = {}
+    if fleet is not None:
+        clauses.append(sql.SQL("fleet_id = %(fleet)s"))
+        params["fleet"] = fleet
+    if since is not None:
+        clauses.append(sql.SQL("{} >= %(since)s").format(sql.Identifier(time_column)))
+        params["since"] = since
+    if run_ids is not None:
+        clauses.append(sql.SQL("run_id = ANY(%(runs)s)"))
+        params["runs"] = list(run_ids)
+    if not clauses:
+        return sql.SQL(""), params
+    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses), params
+
+
+def cost_rollup(
+    conn: psycopg.Connection[Any],
+    by: str,
+    fleet: str | None,
+    since: datetime | None,
+    run_ids: Sequence[str] | None,
+) -> list[tuple[Any, ...]]:
+    """Counted calls by ``by`` (a key of :data:`COST_KEYS`), then the total row (last column:
+    is_total)."""
+    where, params = _filters(fleet, since, run_ids, "occurred_at")
+    query = sql.SQL(_COSTS).format(key=sql.SQL(COST_KEYS[by]), where=where)
+    return list(conn.execute(query, params).fetchall())
+
+
+def run_budgets(
+    conn: psycopg.Connection[Any], run_ids: Sequence[str]
+) -> list[tuple[str, str, Any, bool]]:
+    """(run_id, fleet_id, task_budget_usd, over_budget) of these runs."""
+    rows = conn.execute(
+        "SELECT run_id, fleet_id, task_budget_usd, over_budget FROM al_cost_runs "
+        "WHERE run_id = ANY(%s)",
+        (list(run_ids),),
+    ).fetchall()
+    return [(str(r), str(f), b, bool(o)) for r, f, b, o in rows]
+
+
+def failure_rollup(
+    conn: psycopg.Connection[Any],
+    fleet: str | None,
+    since: datetime | None,
+    run_ids: Sequence[str] | None,
+    stall: timedelta,
+) -> list[tuple[Any, ...]]:
+    """Runs by fleet and failure class, then the total row (last column: is_total)."""
+    where, params = _filters(fleet, since, run_ids, "last_at")
+    params["stall"] = stall
+    return list(conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall())
+
+
+def run_cost_calls(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[Any, ...]]:
+    """(call_key, response_id, entry_id, cost_usd, unpriced) of a run's counted calls."""
+    return list(
+        conn.execute(
+            "SELECT call_key, response_id, entry_id, cost_usd, unpriced FROM al_cost_calls "
+            "WHERE run_id = %s ORDER BY seq, call_key",
+            (run_id,),
+        ).fetchall()
+    )
+
+
+# -- builds --------------------------------------------------------------------------------
+
+
+def ensure_live_build(
+    conn: psycopg.Connection[Any], projection: str, build: str, version: int
+) -> tuple[str, int]:
+    """Record ``build`` and make it live if the projection has no live build; returns the live
+    build and the code version that made it."""
+    conn.execute(
+        "INSERT INTO al_builds (projection, build, version) VALUES (%s, %s, %s) "
+        "ON CONFLICT DO NOTHING",
+        (projection, build, version),
+    )
+    conn.execute(
+        "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        (projection, build),
+    )
+    row = conn.execute(
+        "SELECT l.build, b.version FROM al_live l "
+        "JOIN al_builds b USING (projection, build) WHERE projection = %s",
+        (projection,),
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+def insert_build(
+    conn: psycopg.Connection[Any],
+    projection: str,
+    build: str,
+    version: int,
+    origin: str,
+    start_spec: str,
+    whole_runs_only: bool,
+    inputs: dict[str, Any],
+    offsets: dict[TopicPartition, int],
+) -> None:
+    """Record a new build and the offsets it starts after."""
+    conn.execute(
+        "INSERT INTO al_builds (projection, build, version, origin, start_spec, "
+        "whole_runs_only, inputs) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        (projection, build, version, origin, start_spec, whole_runs_only, Jsonb(inputs)),
+    )
+    with conn.cursor() as cur:
+        cur.executemany(
+            'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
+            "VALUES (%s, %s, %s, %s, %s)",
+            [(projection, build, t, p, o) for (t, p), o in sorted(offsets.items())],
+        )
+
+
+def build_names(conn: psycopg.Connection[Any], projection: str, prefix: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT build FROM al_builds WHERE projection = %s AND build LIKE %s",
+        (projection, prefix + "%"),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def delete_build(conn: psycopg.Connection[Any], projection: str, build: str) -> None:
+    """Every row of a build: its runs, their rows, its offsets, the build itself."""
+    for table in ("al_run_state", "al_history", "al_held", "al_tail", "al_offsets", "al_builds"):
+        conn.execute(
+            sql.SQL("DELETE FROM {} WHERE projection = %s AND build = %s").format(
+                sql.Identifier(table)
+            ),
+            (projection, build),
+        )
+
+
+def build_rows(conn: psycopg.Connection[Any], projection: str | None) -> list[tuple[Any, ...]]:
+    """(projection, build, version, created_at, origin, start_spec, live, inputs, runs) of
+    every build (of one projection), oldest first."""
+    return list(
+        conn.execute(
+            "SELECT b.projection, b.build, b.version, b.created_at, b.origin, b.start_spec, "
+            "l.build IS NOT NULL, b.inputs, "
+            "(SELECT count(*) FROM al_run_state s WHERE s.projection = b.projection "
+            " AND s.build = b.build) "
+            "FROM al_builds b LEFT JOIN al_live l USING (projection, build) "
+            "WHERE %s::text IS NULL OR b.projection = %s "
+            "ORDER BY b.projection, b.created_at",
+            (projection, projection),
+        ).fetchall()
+    )
+
+
+def offsets(
+    conn: psycopg.Connection[Any], projection: str, build: str, lock: bool = False
+) -> dict[TopicPartition, int]:
+    """A build's stored offsets (with ``lock``, locked until the transaction ends)."""
+    query = (
+        'SELECT topic, partition, "offset" FROM al_offsets WHERE projection = %s AND build = %s '
+        "ORDER BY topic, partition"
+    )
+    rows = conn.execute(query + (" FOR UPDATE" if lock else ""), (projection, build)).fetchall()
+    return {(str(t), int(p)): int(o) for t, p, o in rows}
+
+
+def lock_live(conn: psycopg.Connection[Any], projection: str) -> str | None:
+    """The live build, its pointer locked until the transaction ends."""
+    row = conn.execute(
+        "SELECT build FROM al_live WHERE projection = %s FOR UPDATE", (projection,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def point_live(conn: psycopg.Connection[Any], projection: str, build: str) -> None:
+    conn.execute(POINT_LIVE, (projection, build))
+
+
+# -- verification: two builds compared ------------------------------------------------------
+
+# Canonical digests: jsonb prints keys in one order, so equal documents give equal text.
+_DIGEST: LiteralString = (
+    "SELECT count(*), coalesce(md5(string_agg(run_id || ':' || applied_seq || ':' || "
+    "md5(coalesce(head, state)::text), ',' ORDER BY run_id)), '') FROM al_run_state "
+    "WHERE projection = %s AND build = %s"
+)
+_STATE_DIFF: LiteralString = (
+    "SELECT coalesce(a.run_id, b.run_id), a.run_id IS NULL, b.run_id IS NULL FROM "
+    "(SELECT run_id, applied_seq, md5(coalesce(head, state)::text) h FROM al_run_state "
+    " WHERE projection = %s AND build = %s) a FULL JOIN "
+    "(SELECT run_id, applied_seq, md5(coalesce(head, state)::text) h FROM al_run_state "
+    " WHERE projection = %s AND build = %s) b USING (run_id) "
+    "WHERE a.h IS DISTINCT FROM b.h OR a.applied_seq IS DISTINCT FROM b.applied_seq "
+    "ORDER BY 1 LIMIT %s"
+)
+_HISTORY_DIFF: LiteralString = (
+    "SELECT coalesce(a.run_id, b.run_id), coalesce(a.kind, b.kind), coalesce(a.key, b.key) FROM "
+    "(SELECT run_id, kind, key, md5(doc::text) h FROM al_history "
+    " WHERE projection = %s AND build = %s) a FULL JOIN "
+    "(SELECT run_id, kind, key, md5(doc::text) h FROM al_history "
+    " WHERE projection = %s AND build = %s) b USING (run_id, kind, key) "
+    "WHERE a.h IS DISTINCT FROM b.h ORDER BY 1, 2, 3 LIMIT %s"
+)
+
+
+def build_digest(conn: psycopg.Connection[Any], projection: str, build: str) -> tuple[int, str]:
+    """(runs, digest of every run's position and head) of a build."""
+    row = conn.execute(_DIGEST, (projection, build)).fetchone()
+    return (int(row[0]), str(row[1])) if row else (0, "")
+
+
+def head_differences(
+    conn: psycopg.Connection[Any], projection: str, a: str, b: str, limit: int
+) -> list[tuple[str, bool, bool]]:
+    """(run_id, missing in a, missing in b) of runs whose position or head differ."""
+    rows = conn.execute(_STATE_DIFF, (projection, a, projection, b, limit)).fetchall()
+    return [(str(r), bool(x), bool(y)) for r, x, y in rows]
+
+
+def history_differences(
+    conn: psycopg.Connection[Any], projection: str, a: str, b: str, limit: int
+) -> list[tuple[str, str, str]]:
+    """(run_id, kind, key) of history rows that differ (or exist in one build only)."""
+    rows = conn.execute(_HISTORY_DIFF, (projection, a, projection, b, limit)).fetchall()
+    return [(str(r), str(k), str(key)) for r, k, key in rows]
+
+
+def whole_state_suspects(
+    conn: psycopg.Connection[Any], projection: str, a: str, b: str
+) -> list[str]:
+    """Runs whose whole states may differ although their heads agree: a tail in either build
+    or checkpoints that differ."""
+    rows = conn.execute(
+        "SELECT a.run_id FROM al_run_state a JOIN al_run_state b USING (projection, run_id) "
+        "WHERE a.projection = %s AND a.build = %s AND b.build = %s AND "
+        "(a.tail_count > 0 OR b.tail_count > 0 OR md5(a.state::text) <> md5(b.state::text)) "
+        "ORDER BY 1",
+        (projection, a, b),
+    ).fetchall()
+    return [str(r) for (r,) in rows]
+
+
+# -- dead letters --------------------------------------------------------------------------
+
+
+async def redriven_sources(conn: psycopg.AsyncConnection[Any]) -> set[tuple[str, int, int]]:
+    cur = await conn.execute(
+        "SELECT source_topic, source_partition, source_offset FROM al_dlq_redriven"
+    )
+    return {(str(t), int(p), int(o)) for t, p, o in await cur.fetchall()}
+
+
+async def mark_redriven(conn: psycopg.AsyncConnection[Any], source: tuple[str, int, int]) -> None:
+    await conn.execute(
+        "INSERT INTO al_dlq_redriven (source_topic, source_partition, source_offset) "
+        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+        source,
+    )
