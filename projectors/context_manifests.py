@@ -499,7 +499,17 @@ def _record(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> C
         previous = (state.last_context_id, state.last_context_items)
     parts = [p for p in entry.parts if isinstance(p, ContextItemsPart)]
     whole, problem = resolve(previous, parts)
-    items = [_recorded_item(item, flagged) for item in whole]
+    # A delta's kept items are the previous manifest's own objects: their recorded form is too
+    known: dict[int, ManifestItem] = {}
+    last = state.manifests[-1] if state.manifests else None
+    previous_items = state.last_context_items
+    if (
+        last is not None
+        and last.context_entry_id == state.last_context_id
+        and len(last.items) == len(previous_items)
+    ):
+        known = {id(c): m for c, m in zip(previous_items, last.items, strict=True)}
+    items = [_recorded_item(item, flagged, known.get(id(item))) for item in whole]
     bad = () if problem is None else (Violation(code=BAD_DELTA, item_index=-1, detail=problem),)
     manifest = ContextManifest(
         kind="recorded",
@@ -521,10 +531,13 @@ def _record(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> C
     )
 
 
-def _recorded_item(item: ContextItem, flagged: set[str]) -> ManifestItem:
-    data = item.model_dump()
+def _recorded_item(
+    item: ContextItem, flagged: set[str], known: ManifestItem | None = None
+) -> ManifestItem:
     flags = ("instruction-like",) if item.source_entry_id in flagged else ()
-    return ManifestItem(**data, flags=flags)
+    if known is not None and known.flags == flags:
+        return known
+    return ManifestItem(**item.model_dump(), flags=flags)
 
 
 def _violations(items: Sequence[ManifestItem], state: ContextState) -> Iterable[Violation]:
@@ -591,17 +604,20 @@ class _Totals(TypedDict):
 
 
 def _totals(items: Sequence[ManifestItem]) -> _Totals:
+    # (token counts are never negative: capping the sums once is capping every partial sum)
     by_section: dict[str, int] = {}
-    by_trust: dict[str, int] = {}
+    by_trust: dict[TrustLevel, int] = {}
+    total = 0
     for item in items:
+        tokens = item.tokens
+        total += tokens
         section = item.section or "unsectioned"
-        by_section[section] = capped(by_section.get(section, 0) + item.tokens)
-        trust = item.trust_level.value
-        by_trust[trust] = capped(by_trust.get(trust, 0) + item.tokens)
+        by_section[section] = by_section.get(section, 0) + tokens
+        by_trust[item.trust_level] = by_trust.get(item.trust_level, 0) + tokens
     return _Totals(
-        total_tokens=capped(sum(i.tokens for i in items)),
-        tokens_by_section=by_section,
-        tokens_by_trust=by_trust,
+        total_tokens=capped(total),
+        tokens_by_section={k: capped(v) for k, v in by_section.items()},
+        tokens_by_trust={k.value: capped(v) for k, v in by_trust.items()},
     )
 
 
@@ -1037,7 +1053,10 @@ def _single(item: ManifestItem, order: int, protected: bool = False, hard: bool 
 def _group(
     items: tuple[ManifestItem, ...], order: int, protected: bool, hard: bool = False
 ) -> _Group:
-    marked = tuple(i.model_copy(update={"protected": protected}) for i in items)
+    marked = tuple(
+        i if i.protected == protected else i.model_copy(update={"protected": protected})
+        for i in items
+    )
     priority = max(_PRIORITY.get(i.item_kind, 10) for i in items)
     return _Group(items=marked, priority=priority, order=order, protected=protected, hard=hard)
 
@@ -1207,7 +1226,23 @@ def _windowed(
     return out
 
 
+# Placeholders already made, by (item, reason): a result older than the window is replaced on
+# every next turn until it leaves the window; making it once is enough (a pure function's memo).
+_PLACEHOLDERS: dict[tuple[ManifestItem, str], ManifestItem] = {}
+_PLACEHOLDERS_KEPT = 4096
+
+
 def _placeholder(item: ManifestItem, why: str) -> ManifestItem:
+    key = (item, why)
+    made = _PLACEHOLDERS.get(key)
+    if made is None:
+        if len(_PLACEHOLDERS) >= _PLACEHOLDERS_KEPT:
+            _PLACEHOLDERS.clear()
+        made = _PLACEHOLDERS[key] = _make_placeholder(item, why)
+    return made
+
+
+def _make_placeholder(item: ManifestItem, why: str) -> ManifestItem:
     handles = "".join(f"\n{artifact_handle(ref)}" for ref in item.artifact_refs)
     lines = "".join(f"\n{line}" for line in item.key_lines)
     text = (
@@ -1272,12 +1307,16 @@ def _truncate(
             counts[i.section] = counts.get(i.section, 0) + i.tokens
             counts[None] += i.tokens
         by_section[id(g)] = counts
+    totals: dict[str | None, int] = {}  # over the groups not dropped yet
+    for counts in by_section.values():
+        for section, n in counts.items():
+            totals[section] = totals.get(section, 0) + n
     for section, limit in limits:
+        if totals.get(section, 0) <= limit:
+            continue
         reason = f"over the {section} budget" if section else "over the total budget"
         size = {id(g): by_section[id(g)].get(section, 0) for g in groups if id(g) not in gone}
         total = sum(size.values())
-        if total <= limit:
-            continue
         first = [g for g in groups if id(g) in size and not g.protected and size[id(g)] > 0]
         then = (
             []
@@ -1294,10 +1333,12 @@ def _truncate(
                     break
                 gone.add(id(victim))
                 total -= size[id(victim)]
+                for s, n in by_section[id(victim)].items():
+                    totals[s] -= n
                 dropped.extend(_dropped(i, reason) for i in victim.items)
     kept = [g for g in groups if id(g) not in gone]
     for section, limit in limits:  # what is still over once everything that could go went
-        if sum(by_section[id(g)].get(section, 0) for g in kept) > limit:
+        if totals.get(section, 0) > limit:
             over.append(section or "total")
     return kept, dropped, tuple(over)
 

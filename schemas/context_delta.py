@@ -26,7 +26,7 @@ def positions_delta(base: Sequence[T], items: Sequence[T]) -> tuple[list[int], i
     removed: list[int] = []
     kept = 0
     for n, item in enumerate(base):
-        if kept < len(items) and items[kept] == item:
+        if kept < len(items) and (items[kept] is item or items[kept] == item):
             kept += 1
         else:
             removed.append(n)

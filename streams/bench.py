@@ -121,39 +121,12 @@ async def hot_path(
     """Publish at ``rate`` entries/s; after ``warmup`` seconds of that load, time publish ->
     every hot view reflects each entry for ``seconds``."""
     s = d.settings
-    hot = [p.name for p in all_projections() if p.hot]
     runs = simulate_runs(len(FLEETS), 100_000, seed=int(time.time()), length_profile=MIX.value)
-    pending: dict[str, list[tuple[int, float]]] = {}
     latencies: list[float] = []
     acks: list[float] = []
-    client = aioredis.Redis.from_url(s.redis_address)
-    stop = asyncio.Event()
-
-    async def watch() -> None:
-        builds = {t.name: t.build for t in live_targets(s.pg_address) if t.name in hot}
-        while not stop.is_set() or pending:
-            run_ids = list(pending)
-            if run_ids:
-                pipe = client.pipeline(transaction=False)
-                for run_id in run_ids:
-                    for p in hot:
-                        pipe.hget(view_key(s.redis_prefix, p, builds[p], run_id), "seq")
-                seqs = await pipe.execute()
-                now = time.perf_counter()
-                for i, run_id in enumerate(run_ids):
-                    row = seqs[i * len(hot) : (i + 1) * len(hot)]
-                    got = [int(x) if x is not None else 0 for x in row]
-                    seen = min(got)
-                    waiting = pending[run_id]
-                    latencies.extend(now - t for seq, t in waiting if seq <= seen)
-                    rest = [(seq, t) for seq, t in waiting if seq > seen]
-                    if rest:
-                        pending[run_id] = rest
-                    else:
-                        del pending[run_id]
-            await asyncio.sleep(0.002)
-
-    watcher = asyncio.create_task(watch())
+    views = _ViewWatch(s, lambda run_id, latency: latencies.append(latency))
+    pending = views.pending
+    watcher = asyncio.create_task(views.run())
     try:
         async with AsyncPublisher(s) as publisher:
             # Warm-up: one run through the pipeline before the clock starts.
@@ -185,12 +158,12 @@ async def hot_path(
                 delay = started + tick * interval - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-        stop.set()
+        views.stop.set()
         await asyncio.wait_for(watcher, 60)
     finally:
-        stop.set()
+        views.stop.set()
         watcher.cancel()
-        await client.aclose()
+        await views.client.aclose()
     rtt = await _redis_rtt(s.redis_address, 1000)
     ms = 1000.0
     return [
@@ -210,6 +183,141 @@ async def hot_path(
         ),
         Figure("Redis round trip p99", _pct(rtt, 0.99) * ms, "ms"),
         Figure("hot path entries measured", float(len(latencies)), "entries"),
+    ]
+
+
+class _ViewWatch:
+    """Polls the hot views of the runs in ``pending`` (run_id -> [(seq, published at)]) and
+    reports each entry's publish -> every hot view reflects it, once, to ``record``."""
+
+    def __init__(self, s: Settings, record: Callable[[str, float], None]) -> None:
+        self.settings = s
+        self.record = record
+        self.pending: dict[str, list[tuple[int, float]]] = {}
+        self.stop = asyncio.Event()
+        self.client = aioredis.Redis.from_url(s.redis_address)
+        self.hot = [p.name for p in all_projections() if p.hot]
+
+    async def run(self) -> None:
+        s, hot, pending = self.settings, self.hot, self.pending
+        builds = {t.name: t.build for t in live_targets(s.pg_address) if t.name in hot}
+        while not self.stop.is_set() or pending:
+            run_ids = list(pending)
+            if run_ids:
+                pipe = self.client.pipeline(transaction=False)
+                for run_id in run_ids:
+                    for p in hot:
+                        pipe.hget(view_key(s.redis_prefix, p, builds[p], run_id), "seq")
+                seqs = await pipe.execute()
+                now = time.perf_counter()
+                for i, run_id in enumerate(run_ids):
+                    row = seqs[i * len(hot) : (i + 1) * len(hot)]
+                    seen = min(int(x) if x is not None else 0 for x in row)
+                    waiting = pending[run_id]
+                    for seq, t in waiting:
+                        if seq <= seen:
+                            self.record(run_id, now - t)
+                    rest = [(seq, t) for seq, t in waiting if seq > seen]
+                    if rest:
+                        pending[run_id] = rest
+                    else:
+                        del pending[run_id]
+            await asyncio.sleep(0.002)
+
+
+async def long_run_in_flight(
+    d: PrivateDeployment, long_entries: int, long_rate: float, rate: float, worker_pid: int
+) -> list[Figure]:
+    """One run of ``long_entries`` entries published at ``long_rate`` entries/s while other
+    runs (the mix) arrive at ``rate`` entries/s: publish -> hot views for the long run's
+    entries beside the other traffic's, and the worker's RSS over the long run's life."""
+    s = d.settings
+    [long_run] = list(simulate_runs(1, 1, seed=5, entries_per_run=long_entries))
+    long_id = long_run[0].run_id
+    others = simulate_runs(len(FLEETS), 100_000, seed=int(time.time()), length_profile=MIX.value)
+    mine: list[float] = []
+    theirs: list[float] = []
+    views = _ViewWatch(
+        s, lambda run_id, latency: (mine if run_id == long_id else theirs).append(latency)
+    )
+    sampler = _ProcessSampler([worker_pid])
+    watcher = asyncio.create_task(views.run())
+    try:
+        async with AsyncPublisher(s) as publisher:
+            started = time.perf_counter()
+            buffer: list[LedgerEntry] = []
+            tick = 0
+            interval = 0.01  # per tick: the long run's share and the others' share
+            long_at = 0
+            other_debt = 0.0
+            long_debt = 0.0
+            while long_at < len(long_run):
+                long_debt += long_rate * interval
+                other_debt += rate * interval
+                batch: list[LedgerEntry] = []
+                while long_debt >= 1 and long_at < len(long_run):
+                    batch.append(long_run[long_at])
+                    long_at += 1
+                    long_debt -= 1
+                while other_debt >= 1:
+                    if not buffer:
+                        buffer.extend(next(others))
+                    batch.append(buffer.pop(0))
+                    other_debt -= 1
+                if batch:
+                    t0 = time.perf_counter()
+                    await publisher.publish_batch(batch)
+                    for e in batch:
+                        views.pending.setdefault(e.run_id, []).append((e.sequence_no, t0))
+                tick += 1
+                if tick % 50 == 0:
+                    sampler.sample()
+                delay = started + tick * interval - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        views.stop.set()
+        while not watcher.done():
+            sampler.sample()
+            await asyncio.sleep(0.5)
+        await watcher
+    finally:
+        views.stop.set()
+        watcher.cancel()
+        await views.client.aclose()
+    rss = sampler.rss_mb or [float("nan")]
+    third = max(1, len(rss) // 3)
+    ms = 1000.0
+    label = f"{long_entries:,}-entry run in flight"
+    return [
+        Figure(
+            f"{label}: hot path p99 for its views",
+            _pct(mine, 0.99) * ms,
+            "ms",
+            f"other runs' entries, {rate:,.0f}/s, same window",
+            _pct(theirs, 0.99) * ms,
+        ),
+        Figure(
+            f"{label}: hot path p50 for its views",
+            _pct(mine, 0.5) * ms,
+            "ms",
+            "other runs' entries",
+            _pct(theirs, 0.5) * ms,
+        ),
+        Figure(f"{label}: worker RSS peak", max(rss), "MB"),
+        Figure(
+            f"{label}: worker RSS, last third",
+            sum(rss[-third:]) / third,
+            "MB",
+            "first third",
+            sum(rss[:third]) / third,
+        ),
+        Figure(
+            f"{label}: entries of the run measured",
+            float(len(mine)),
+            "entries",
+            "entries in the run",
+            float(len(long_run)),
+        ),
     ]
 
 
@@ -503,11 +611,17 @@ class Sizes:
     ingest_workers: int
     long_lengths: tuple[int, ...] = (30, 300)
     long_entries: int = 300  # per length (at least one run)
+    in_flight_entries: int = 1_000  # the long run in flight beside other traffic
+    in_flight_rate: float = 100.0  # its entries/s
 
 
 CORES = os.cpu_count() or 1
-QUICK = Sizes(1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES), min(2, CORES))
-FULL = Sizes(1000.0, 30.0, 1_000_000, 4, 3_000, 1_000_000, CORES, CORES, bench_long.LENGTHS, 3_000)
+QUICK = Sizes(
+    1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES), min(2, CORES), in_flight_entries=500
+)
+FULL = Sizes(
+    1000.0, 30.0, 1_000_000, 4, 3_000, 1_000_000, CORES, CORES, bench_long.LENGTHS, 3_000, 10_000
+)
 
 
 async def run_bench(
@@ -546,6 +660,15 @@ async def run_bench(
         d.start_worker("worker")
         await asyncio.to_thread(d.wait_partitions, "worker")
         report.figures += await hot_path(d, sizes.hot_rate, sizes.hot_seconds)
+    finally:
+        d.drop()
+    d = await deployment("benchinflight")
+    try:
+        worker = d.start_worker("worker")
+        await asyncio.to_thread(d.wait_partitions, "worker")
+        report.figures += await long_run_in_flight(
+            d, sizes.in_flight_entries, sizes.in_flight_rate, sizes.hot_rate, worker.pid
+        )
     finally:
         d.drop()
     d = await deployment("benchnaive")

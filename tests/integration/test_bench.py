@@ -35,6 +35,12 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
     assert figures["rebuild: entries replayed"].value >= QUICK.rebuild_entries
     assert figures["worker RSS peak (largest worker)"].value > 0
     assert figures["PostgreSQL bytes per million entries"].value > 0
+    in_flight = f"{QUICK.in_flight_entries:,}-entry run in flight"
+    figure = figures[f"{in_flight}: hot path p99 for its views"]
+    assert figure.value > 0 and figure.baseline is not None and figure.baseline > 0
+    measured = figures[f"{in_flight}: entries of the run measured"]
+    assert measured.value == measured.baseline and measured.value >= QUICK.in_flight_entries * 0.9
+    assert figures[f"{in_flight}: worker RSS peak"].value > 0
     for p in all_projections():  # long runs: each figure beside its value at 30-entry runs
         for measure in ("CPU per entry", "bytes written per entry"):
             figure = figures[f"long runs: {p.name} {measure}, 300-entry runs"]

@@ -86,7 +86,8 @@ def deployment(services: Settings, tmp_path: Path) -> Iterator[Deployment]:
 
 
 def _runs(count: int, seed: int) -> Runs:
-    return list(simulate_runs(len(FLEETS), count, seed))
+    # real agents' run lengths (median ~150 entries, some in the thousands)
+    return list(simulate_runs(len(FLEETS), count, seed, length_profile="real"))
 
 
 async def _publish(settings: Settings, runs: Runs, pause_s: float = 0.0) -> None:
