@@ -353,6 +353,10 @@ class ContextState(_Frozen):
         return tuple(_prefix_key_of(v) for v in value) if isinstance(value, list | tuple) else value
 
     next_turn: ContextManifest | None = None
+    # (pool, memory, as_of) at the batch's last model call, until finish makes prefix_basis of
+    # it: only the last call's basis is ever read (by finish), so one next turn is computed
+    # per batch for it, not one per model call. Never stored: finish clears it.
+    basis_source: Any = Field(default=None, exclude=True)
 
 
 class ContextManifestsProjection(ModelProjection[ContextState]):
@@ -419,18 +423,22 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             state = _record(state, entry, self.budget)
         elif entry.kind is EntryKind.MODEL_CALL:
             state = _bind_model_call(state, entry)
-            turn = next_turn(state.pool, self.budget, state.last_sequence_no, memory=state.memory)
-            state = state.model_copy(update={"prefix_basis": prefix_keys(turn.items)})
+            source = (state.pool, state.memory, state.last_sequence_no)
+            state = state.model_copy(update={"basis_source": source})
         elif model_visible(entry):
             state = _admit(state, entry, self.budget)
         return state
 
     def finish(self, state: ContextState) -> ContextState:
         """The next turn, once per batch: a pure function of the folded state."""
-        turn = next_turn(
-            state.pool, self.budget, state.last_sequence_no, state.prefix_basis, state.memory
+        basis = state.prefix_basis
+        if state.basis_source is not None:  # the next turn as it stood at the last model call
+            pool, memory, as_of = state.basis_source
+            basis = prefix_keys(next_turn(pool, self.budget, as_of, memory=memory).items)
+        turn = next_turn(state.pool, self.budget, state.last_sequence_no, basis, state.memory)
+        return state.model_copy(
+            update={"next_turn": turn, "prefix_basis": basis, "basis_source": None}
         )
-        return state.model_copy(update={"next_turn": turn})
 
 
 MANIFEST_FULL_EVERY = 16
