@@ -365,7 +365,8 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # dropped, items counted by what is inlined, memory from model-visible entries only,
     # sanitization, cache breakpoints, compaction signal, error lines kept by placeholders
     # 4: the memory's retired items bounded (long runs)
-    version = 4
+    # 5: manifest rows carry their violations as a delta too, whole every 64th row
+    version = 5
     hot = True
     state_type = ContextState
     # what grows with the run (recorded manifests are history rows) or with the compaction
@@ -395,9 +396,11 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         """Every recorded manifest, once, under its id (the model call's entry id when known).
 
         A row's items are a delta of the run's previous row (``items_delta``: its key, the
-        positions it no longer has, the items it adds), and every MANIFEST_FULL_EVERY-th
-        recorded manifest is whole: a long run writes what each call added, not the whole
-        window again. :func:`resolve_manifest` gives a row's whole manifest back.
+        positions it no longer has, the items it adds), and so are its violations
+        (``violations_delta``: the previous row's it no longer has, the ones it adds); every
+        MANIFEST_FULL_EVERY-th recorded manifest is whole: a long run writes what each call
+        added, not the whole window again. :func:`resolve_manifest` gives a row's whole
+        manifest back.
         """
         known = {m.manifest_id for m in before.manifests} if before is not None else set()
         base = before.manifests[-1] if before is not None and before.manifests else None
@@ -406,13 +409,19 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         for m in after.manifests:
             if m.manifest_id in known:
                 continue
-            doc = m.model_dump(mode="json", exclude={"items"})
+            doc = m.model_dump(mode="json", exclude={"items", "violations"})
             if base is None or (whole and entry.kind is EntryKind.CONTEXT_PROJECTED):
                 doc["items"] = [i.model_dump(mode="json") for i in m.items]
+                doc["violations"] = [v.model_dump(mode="json") for v in m.violations]
             else:
                 removed, kept = positions_delta(base.items, m.items)
                 added = [i.model_dump(mode="json") for i in m.items[kept:]]
                 doc["items_delta"] = {"base": base.manifest_id, "removed": removed, "added": added}
+                removed, kept = positions_delta(base.violations, m.violations)
+                doc["violations_delta"] = {
+                    "removed": removed,
+                    "added": [v.model_dump(mode="json") for v in m.violations[kept:]],
+                }
             rows.append(HistoryRow("manifest", m.manifest_id, entry.sequence_no, doc))
             base = m
         return rows
@@ -441,26 +450,33 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         )
 
 
-MANIFEST_FULL_EVERY = 16
+MANIFEST_FULL_EVERY = 64
 
 
 def resolve_manifest(
     row: dict[str, Any], fetch: Callable[[str], dict[str, Any] | None], hops: int = 256
 ) -> dict[str, Any]:
-    """A recorded manifest's history row as the whole manifest: a delta row's items are its base
-    row's (resolved the same way, through ``fetch(key)``) without the removed positions, then
-    the added ones."""
+    """A recorded manifest's history row as the whole manifest: a delta row's items (and
+    violations) are its base row's (resolved the same way, through ``fetch(key)``) without the
+    removed positions, then the added ones. (Rows written before violations were deltas
+    carry their violations whole.)"""
     delta = row.get("items_delta")
     if delta is None:
         return row
     base = fetch(delta["base"]) if hops > 0 else None
     if base is None:
         raise LookupError(f"manifest row {delta['base']} (the base of a delta) is missing")
-    items = resolve_manifest(base, fetch, hops - 1).get("items", [])
-    removed = set(delta["removed"])
-    whole = {k: v for k, v in row.items() if k != "items_delta"}
-    whole["items"] = [i for n, i in enumerate(items) if n not in removed] + delta["added"]
+    resolved = resolve_manifest(base, fetch, hops - 1)
+    whole = {k: v for k, v in row.items() if k not in ("items_delta", "violations_delta")}
+    whole["items"] = _apply_delta(resolved.get("items", []), delta)
+    if "violations_delta" in row:
+        whole["violations"] = _apply_delta(resolved.get("violations", []), row["violations_delta"])
     return whole
+
+
+def _apply_delta(base: list[Any], delta: dict[str, Any]) -> list[Any]:
+    removed = set(delta["removed"])
+    return [x for n, x in enumerate(base) if n not in removed] + list(delta["added"])
 
 
 def estimate_tokens(text: str) -> int:
