@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from consumers.cli_rebuild import register as register_rebuild
 from infra import local
 from infra.services import ServiceStatus
 from infra.settings import Settings, load_settings
-from schemas.errors import AgentLedgerError
+from schemas.errors import AgentLedgerError, BadArgumentError
+from schemas.models import FLEET_ID_PATTERN
 
 app = typer.Typer(
     no_args_is_help=True, help="AgentLedger: the event-sourced ledger for agent fleets."
@@ -25,11 +29,23 @@ infra_app = typer.Typer(no_args_is_help=True, help="Local Kafka, PostgreSQL and 
 app.add_typer(infra_app, name="infra")
 
 console = Console(stderr=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per message, however long
 
 
 def _settings() -> Settings:
     return load_settings()
+
+
+def _fleet_option(values: list[str] | None) -> list[str] | None:
+    """--fleet values, each checked against the fleet id rules before anything connects."""
+    for value in values or []:
+        if not re.fullmatch(FLEET_ID_PATTERN, value):
+            raise typer.BadParameter(
+                f"{value!r} is not a fleet id (a letter or digit, then up to 99 letters, "
+                "digits, '-' or '_')",
+                param_hint="--fleet",
+            )
+    return values
 
 
 def _print_status(rows: list[ServiceStatus], as_json: bool) -> None:
@@ -75,7 +91,10 @@ app.add_typer(topics_app, name="topics")
 @topics_app.command("create")
 def topics_create(
     fleet: Annotated[
-        list[str] | None, typer.Option("--fleet", help="fleet id (repeatable); default: settings")
+        list[str] | None,
+        typer.Option(
+            "--fleet", help="fleet id (repeatable); default: settings", callback=_fleet_option
+        ),
     ] = None,
 ) -> None:
     """Create each fleet's ledger and dead-letter topics (idempotent)."""
@@ -146,9 +165,11 @@ def publish_cmd(
     file: Annotated[Path, typer.Argument(help="entries in the JSON form, one per line")],
 ) -> None:
     """Publish a JSONL file of entries; invalid lines are reported and not sent."""
-    from rich.markup import escape
 
     from streams.publish_file import publish_file
+
+    if not file.is_file():
+        raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
 
     try:
         report = asyncio.run(publish_file(file, _settings()))
@@ -179,7 +200,8 @@ def _fleets(fleet: list[str] | None) -> list[str]:
 @dlq_app.command("list")
 def dlq_list(
     fleet: Annotated[
-        list[str] | None, typer.Option("--fleet", help="fleet id (repeatable)")
+        list[str] | None,
+        typer.Option("--fleet", help="fleet id (repeatable)", callback=_fleet_option),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -219,7 +241,8 @@ def dlq_list(
 @dlq_app.command("redrive")
 def dlq_redrive(
     fleet: Annotated[
-        list[str] | None, typer.Option("--fleet", help="fleet id (repeatable)")
+        list[str] | None,
+        typer.Option("--fleet", help="fleet id (repeatable)", callback=_fleet_option),
     ] = None,
 ) -> None:
     """Send dead letters that decode now back to their source topic (each at most once)."""
@@ -246,11 +269,13 @@ def worker(
     ] = None,
 ) -> None:
     """Run a projection worker (several form one consumer group and share the partitions)."""
+    from projectors.registry import selected
     from streams.worker import run_worker
 
     settings = _settings()
     if projections is not None:
         settings = settings.model_copy(update={"worker_projections": projections})
+    selected(settings.worker_projections, settings)  # an unknown name: exit 2 before starting
     run_worker(settings, loglevel)
 
 
@@ -307,7 +332,7 @@ def memory(
         else:
             view = history_at(settings, "working-memory", run_id, "snapshot", at)
     except NotFoundError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
     if as_json:
         print(json.dumps(view, indent=2, default=str))
@@ -349,10 +374,10 @@ def context(
 
             doc = resolve_manifest(row, fetch)
     except NotFoundError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
     if doc is None:
-        err.print(f"[red]run {run_id} has no next-turn manifest yet[/]")
+        err.print(f"[red]error:[/] run {escape(run_id)} has no next-turn manifest yet")
         raise typer.Exit(code=1)
     if render_it:
         print(render(ContextManifest.model_validate(doc)))
@@ -375,7 +400,7 @@ def timeline(
     try:
         doc = run_timeline(_settings(), run_id)
     except NotFoundError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
     if as_json:
         print(json.dumps(doc, indent=2, default=str))
@@ -446,7 +471,7 @@ def failures(
         try:
             found = run_failure(settings, run_id, stalled_after)
         except NotFoundError as exc:
-            err.print(f"[red]{exc}[/]")
+            err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
         if as_json:
             print(json.dumps(found.as_json(), indent=2))
@@ -472,11 +497,45 @@ register_rebuild(app)
 
 
 def main() -> None:
+    """Every error is one line on stderr: exit 2 for a bad argument, 1 for anything else (set
+    AGENTLEDGER_DEBUG=1 to get an unexpected error's traceback)."""
+
+    # typer carries its own copy of click: its usage errors are BadParameter's bases
+    bases = typer.BadParameter.__mro__
+    usage_error: type[Exception] = next(c for c in bases if c.__name__ == "UsageError")
+    click_error: type[Exception] = next(c for c in bases if c.__name__ == "ClickException")
     try:
-        app()
-    except AgentLedgerError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        code = app(standalone_mode=False)
+    except usage_error as exc:  # a bad or missing argument or option, an unknown command
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "agentledger"
+        message = exc.format_message()  # type: ignore[attr-defined]
+        if message:  # (a command group given no command has printed its help)
+            err.print(f"[red]error:[/] {escape(message)} (see {where} --help)", soft_wrap=True)
+        raise SystemExit(2) from None
+    except click_error as exc:
+        err.print(f"[red]error:[/] {escape(exc.format_message())}", soft_wrap=True)  # type: ignore[attr-defined]
+        raise SystemExit(exc.exit_code) from None  # type: ignore[attr-defined]
+    except typer.Abort:
+        err.print("[red]aborted[/]")
         raise SystemExit(1) from None
+    except BadArgumentError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(2) from None
+    except AgentLedgerError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(1) from None
+    except Exception as exc:
+        if os.environ.get("AGENTLEDGER_DEBUG"):
+            raise
+        err.print(
+            f"[red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))} "
+            "(AGENTLEDGER_DEBUG=1 shows where)",
+            soft_wrap=True,
+        )
+        raise SystemExit(1) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

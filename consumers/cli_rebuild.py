@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infra.settings import Settings, load_settings
@@ -30,7 +31,7 @@ from streams.rebuild import (
 from streams.source import Progress
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per message, however long
 PROJECTIONS = ", ".join(NAMES)
 
 
@@ -157,7 +158,7 @@ def register(app: typer.Typer) -> None:
             else:
                 console.print(f"make it live: agentledger rebuild swap {p.name}/{new}")
         except (RebuildError, KeyError) as exc:
-            err.print(f"[red]{exc}[/]")
+            err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=2) from None
 
     @app.command("verify")
@@ -180,7 +181,7 @@ def register(app: typer.Typer) -> None:
             try:
                 verdicts.append(asyncio.run(verify(settings, p, _progress(f"verify {p.name}"))))
             except RebuildError as exc:
-                err.print(f"[red]{p.name}: {exc}[/]")
+                err.print(f"[red]error:[/] {p.name}: {escape(str(exc))}")
                 raise typer.Exit(code=2) from None
         if as_json:
             print(
@@ -245,7 +246,7 @@ def register(app: typer.Typer) -> None:
                 f"{topic}[{located[0].partition}])"
             )
         except rp.ReplayPackageError as exc:
-            err.print(f"[red]{exc}[/]")
+            err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
 
 

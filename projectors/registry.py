@@ -13,6 +13,7 @@ from projectors.failure_classifications import FailureClassifications, Taxonomy
 from projectors.pricing import PriceTable
 from projectors.run_stats import RunStatsProjection
 from projectors.working_memory import WorkingMemoryProjection
+from schemas.errors import BadArgumentError
 
 NAMES = (
     "run-stats",
@@ -62,7 +63,7 @@ def selected(spec: str, settings: Settings | None = None) -> list[Projection[Any
             names.add(word)
         elif word:
             known = ", ".join(["all", *GROUPS, *NAMES])
-            raise KeyError(f"no projection or group named {word!r}; known: {known}")
+            raise UnknownProjectionError(f"no projection or group named {word!r}; known: {known}")
     return [p for p in all_projections(settings) if p.name in names]
 
 
@@ -70,4 +71,11 @@ def projection(name: str, settings: Settings | None = None) -> Projection[Any]:
     for p in all_projections(settings):
         if p.name == name:
             return p
-    raise KeyError(f"no projection named {name!r}; known: {', '.join(NAMES)}")
+    raise UnknownProjectionError(f"no projection named {name!r}; known: {', '.join(NAMES)}")
+
+
+class UnknownProjectionError(BadArgumentError, KeyError):
+    """No projection (or group) has this name."""
+
+    def __str__(self) -> str:  # a KeyError would print its message quoted
+        return str(self.args[0]) if self.args else ""

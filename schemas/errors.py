@@ -9,6 +9,11 @@ class AgentLedgerError(Exception):
     retriable = False
 
 
+class BadArgumentError(AgentLedgerError):
+    """A user's argument names nothing that exists or is malformed: the CLI answers with one
+    line and exit code 2."""
+
+
 class SchemaCatalogError(AgentLedgerError):
     """A schema file is invalid or clashes with another version; fix the .avsc before deploying."""
 
