@@ -36,6 +36,17 @@ def _settings() -> Settings:
     return load_settings()
 
 
+def _run(settings: Settings, run_id: str) -> str:
+    """The run a user means: its id, or a prefix only one run id starts with."""
+    from consumers.views import NotFoundError, resolve_run
+
+    try:
+        return resolve_run(settings, run_id)
+    except NotFoundError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(code=1) from None
+
+
 def _fleet_option(values: list[str] | None) -> list[str] | None:
     """--fleet values, each checked against the fleet id rules before anything connects."""
     for value in values or []:
@@ -163,27 +174,49 @@ def simulate_cmd(
 @app.command("publish")
 def publish_cmd(
     file: Annotated[Path, typer.Argument(help="entries in the JSON form, one per line")],
+    partial: Annotated[
+        bool,
+        typer.Option(
+            "--partial", help="send the runs that have no invalid line (default: all or nothing)"
+        ),
+    ] = False,
 ) -> None:
-    """Publish a JSONL file of entries; invalid lines are reported and not sent."""
-
+    """Publish a JSONL file of entries. The whole file is checked first: an invalid line means
+    nothing is sent (or, with --partial, nothing of its run). Sending a file again is harmless:
+    entries the ledger already holds are skipped by the projections as duplicates."""
     from streams.publish_file import publish_file
 
     if not file.is_file():
         raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
-
     try:
-        report = asyncio.run(publish_file(file, _settings()))
+        report = asyncio.run(publish_file(file, _settings(), partial=partial))
     except AgentLedgerError as exc:
         # One line however long (scripts grep for it; rich would wrap at 80 columns in a pipe),
         # and the message verbatim: it quotes addresses and lists in brackets, not markup.
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(code=1) from None
     for number, reason in report.invalid:
-        err.print(f"line {number}: {reason}")
+        err.print(f"line {number}: {escape(reason)}")
     fleets = ", ".join(f"{k}={v}" for k, v in sorted(report.by_fleet.items()))
+    if report.invalid and not partial:
+        console.print(
+            f"nothing sent: {len(report.invalid)} invalid lines; fix them and publish the file "
+            f"again, or --partial to send the runs without one ({report.held_back} valid "
+            f"entries of {len(report.runs_held_back)} runs held back)",
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=2)
+    held = (
+        f"; {report.held_back} valid entries of {len(report.runs_held_back)} runs with an "
+        "invalid line held back"
+        if report.held_back
+        else ""
+    )
     console.print(
         f"published {report.sent} entries ({fleets or 'none'}); "
-        f"{len(report.invalid)} invalid lines not sent"
+        f"{len(report.invalid)} invalid lines not sent{held}. Publishing the file again is "
+        "harmless: entries already on the ledger are skipped as duplicates",
+        soft_wrap=True,
     )
     if report.invalid:
         raise typer.Exit(code=2)
@@ -326,6 +359,7 @@ def memory(
     from consumers.views import NotFoundError, history_at, live_state
 
     settings = _settings()
+    run_id = _run(settings, run_id)
     try:
         if at is None:
             view = live_state(settings, "working-memory", run_id)
@@ -357,6 +391,7 @@ def context(
     from projectors.context_manifests import ContextManifest, render, resolve_manifest
 
     settings = _settings()
+    run_id = _run(settings, run_id)
     try:
         if call is None:
             view = live_state(settings, "context-manifests", run_id)
@@ -397,8 +432,9 @@ def timeline(
     from consumers.render_analytics import print_timeline
     from consumers.views import NotFoundError
 
+    settings = _settings()
     try:
-        doc = run_timeline(_settings(), run_id)
+        doc = run_timeline(settings, _run(settings, run_id))
     except NotFoundError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
@@ -408,7 +444,7 @@ def timeline(
     print_timeline(console, doc)
 
 
-def _since(value: str | None) -> datetime | None:
+def _since(value: str | None, option: str = "--since") -> datetime | None:
     from consumers.analytics import parse_since
 
     if value is None:
@@ -416,7 +452,7 @@ def _since(value: str | None) -> datetime | None:
     try:
         return parse_since(value)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--since") from None
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 @app.command("costs")
@@ -469,7 +505,7 @@ def failures(
     settings = _settings()
     if run_id is not None:
         try:
-            found = run_failure(settings, run_id, stalled_after)
+            found = run_failure(settings, _run(settings, run_id), stalled_after)
         except NotFoundError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
@@ -483,6 +519,105 @@ def failures(
         print(json.dumps(report.as_json(), indent=2))
         return
     print_failures(console, report)
+
+
+RUN_STATUSES = (
+    "RUNNING",
+    "SUCCEEDED",
+    "FAILED",
+    "BLOCKED",
+    "CANCELLED",
+    "TIMED_OUT",
+    "BUDGET_EXCEEDED",
+    "POLICY_DENIED",
+    "UNKNOWN",
+)
+
+
+@app.command("runs")
+def runs_cmd(
+    fleet: Annotated[
+        list[str] | None, typer.Option("--fleet", help="one fleet only", callback=_fleet_option)
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(help="RUNNING (not finished yet) or a final status, e.g. FAILED"),
+    ] = None,
+    failure_class: Annotated[
+        str | None, typer.Option("--class", help="a failure class, e.g. tool_error")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="runs with entries at or after an ISO date or date-time")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="runs that began before an ISO date or date-time")
+    ] = None,
+    cost_above: Annotated[
+        str | None, typer.Option("--cost-above", help="USD; runs without a known cost never match")
+    ] = None,
+    search: Annotated[
+        str | None,
+        typer.Option("--search", help="text in the task, the failure explanation or open problems"),
+    ] = None,
+    sort: Annotated[str, typer.Option(help="last, first, cost, entries or id")] = "last",
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Find runs (live builds): by fleet, status, failure class, time, cost or text."""
+    from decimal import Decimal, InvalidOperation
+
+    from consumers.views import find_runs
+    from projectors.stores.postgres_ops import RUN_SORTS
+
+    if status is not None and status.upper() not in RUN_STATUSES:
+        raise typer.BadParameter(f"one of {', '.join(RUN_STATUSES)}", param_hint="--status")
+    if sort not in RUN_SORTS:
+        raise typer.BadParameter(f"one of {', '.join(RUN_SORTS)}", param_hint="--sort")
+    cost = None
+    if cost_above is not None:
+        try:
+            cost = Decimal(cost_above)
+        except InvalidOperation:
+            raise typer.BadParameter("a number of USD", param_hint="--cost-above") from None
+    if fleet is not None and len(fleet) > 1:
+        raise typer.BadParameter("one fleet", param_hint="--fleet")
+    found = find_runs(
+        _settings(),
+        fleet=fleet[0] if fleet else None,
+        status=status.upper() if status else None,
+        failure_class=failure_class,
+        since=_since(since),
+        until=_since(until, "--until"),
+        cost_above=cost,
+        text=search,
+        sort=sort,
+        limit=limit,
+    )
+    for run in found:
+        run["status"] = run["status"] or "RUNNING"
+    if as_json:
+        print(json.dumps(found, indent=2, default=str))
+        return
+    table = Table("run", "fleet", "status", "entries", "last entry", "class", "cost", "task")
+    for run in found:
+        if run["cost_usd"] is None:
+            cost_text = "unknown"
+        else:
+            cost_text = f"${run['cost_usd']:.4f}"
+            if run["unpriced_calls"]:
+                cost_text += f" + {run['unpriced_calls']} unpriced"
+        table.add_row(
+            run["run_id"],
+            run["fleet_id"],
+            run["status"],
+            str(run["entries"]),
+            str(run["last_at"] or "-"),
+            run["failure_class"] or "-",
+            cost_text,
+            (run["task"] or "-")[:60],
+        )
+    console.print(table)
+    console.print(f"{len(found)} runs" + (f" (the first {limit})" if len(found) == limit else ""))
 
 
 @app.command("demo")

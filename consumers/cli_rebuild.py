@@ -223,6 +223,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a run's replay package (entries, offsets, schemas, versions, artifact refs), or
         `replay-package load DIR`: fold one back into every projection offline (prints JSON)."""
+        from consumers.views import NotFoundError, resolve_run
         from streams import replay_package as rp
         from streams.topics import ledger_topic
 
@@ -235,6 +236,10 @@ def register(app: typer.Typer) -> None:
                 manifest, docs = rp.load_package(folder, projections)
                 print(json.dumps({"run_id": manifest["run_id"], "views": docs}, indent=2))
                 return
+            try:
+                what = resolve_run(settings, what)  # an id, or a prefix only one id starts with
+            except NotFoundError as exc:
+                raise rp.ReplayPackageError(str(exc)) from None
             located = asyncio.run(rp.locate(settings, what))
             if not located:
                 raise rp.ReplayPackageError(f"no entries of run {what} on its fleet's topic")

@@ -1,7 +1,11 @@
-"""``agentledger publish FILE.jsonl``: valid lines are sent, invalid ones reported with reasons."""
+"""``agentledger publish FILE.jsonl``: the whole file is checked first; by default nothing is
+sent when a line is invalid (each reported with its reason), with ``partial`` the runs that have
+no invalid line are sent. Sending a file again is harmless: what the ledger already holds is a
+duplicate the projections skip."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +22,8 @@ class PublishReport:
     sent: int = 0
     invalid: list[tuple[int, str]] = field(default_factory=list)
     by_fleet: dict[str, int] = field(default_factory=dict)
+    held_back: int = 0  # valid entries not sent: an invalid line in the file (or in their run)
+    runs_held_back: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -30,27 +36,46 @@ class _Progress:
     eof: bool = False
 
 
-async def publish_file(path: Path, settings: Settings) -> PublishReport:
+def _run_of(line: bytes) -> str | None:
+    """The run id an invalid line names, when it is JSON at all."""
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return None
+    run_id = found.get("run_id") if isinstance(found, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+async def publish_file(path: Path, settings: Settings, partial: bool = False) -> PublishReport:
     report = PublishReport()
     progress = _Progress()
     try:
         async with AsyncPublisher(settings) as publisher:
-            batch: list[Prepared] = []
+            staged: list[Prepared] = []
+            bad_runs: set[str] = set()
             with path.open("rb") as lines:
                 for number, line in enumerate(lines, start=1):
                     progress.line = number
                     if not line.strip():
                         continue
                     try:
-                        batch.append(publisher.stage(from_json_text(line)))
-                        progress.read += 1
+                        staged.append(publisher.stage(from_json_text(line)))
                     except LedgerValidationError as exc:
                         report.invalid.append((number, str(exc)))
-                    if len(batch) >= BATCH:
-                        await _send(publisher, batch, report, progress)
-                        batch = []
+                        run_id = _run_of(line)
+                        if run_id is not None:
+                            bad_runs.add(run_id)
+            if report.invalid and not partial:
+                report.held_back = len(staged)
+                report.runs_held_back = sorted({p.entry.run_id for p in staged})
+                return report
+            sending = [p for p in staged if p.entry.run_id not in bad_runs]
+            report.held_back = len(staged) - len(sending)
+            report.runs_held_back = sorted(bad_runs & {p.entry.run_id for p in staged})
+            progress.read = len(sending)
             progress.eof = True
-            await _send(publisher, batch, report, progress)
+            for start in range(0, len(sending), BATCH):
+                await _send(publisher, sending[start : start + BATCH], report, progress)
     except BrokerUnavailableError as exc:
         if progress.eof and progress.sending == 0 and report.sent == progress.read:
             return report  # every entry was acknowledged; only the disconnect failed

@@ -14,7 +14,7 @@ import contextlib
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -62,13 +62,19 @@ class BrokerUnavailableError(AgentLedgerError):
 
 @dataclass
 class SequenceBook:
-    """Per-run gapless sequence numbers: assigns the next one, or checks the one given."""
+    """Per-run gapless sequence numbers: assigns the next one, or checks the one given.
+
+    A run this book has not seen may start at any number: another process (the orchestrator,
+    an agent before its restart) may have written its first entries. Gaps and duplicates across
+    processes are the projections' to find (a run's ``gaps``, a duplicate skipped)."""
 
     last: dict[str, int] = field(default_factory=dict)
 
     def peek(self, entry: LedgerEntry) -> int:
-        expected = self.last.get(entry.run_id, 0) + 1
         given = entry.sequence_no
+        if entry.run_id not in self.last:
+            return given
+        expected = self.last[entry.run_id] + 1
         if given < expected:
             raise LedgerValidationError(
                 "sequence_no",
@@ -282,9 +288,18 @@ class AsyncPublisher:
     ) -> list[LedgerEntry]:
         """Validate all first (nothing is sent if one is bad), then send and wait for acks.
 
-        With ``assign_sequence`` the publisher numbers each run's entries itself (continuing
-        from what it last published for that run); otherwise it checks the numbers given.
+        With ``assign_sequence`` the publisher numbers each run's entries itself, continuing
+        from what it last published for that run, or for a run it has not seen from where the
+        ledger stands (a RUN_STARTED begins at 1); otherwise it checks the numbers given.
         """
+        if assign_sequence:
+            await self.resume(
+                {
+                    (e.fleet_id, e.run_id)
+                    for e in entries
+                    if e.run_id not in self.book.last and e.kind is not EntryKind.RUN_STARTED
+                }
+            )
         before = SequenceBook(dict(self.book.last))
         contexts = self.contexts.copy()
         try:
@@ -297,6 +312,22 @@ class AsyncPublisher:
             self.contexts = contexts
             raise
         return [p.entry for p in staged]
+
+    async def resume(self, runs: Iterable[tuple[str, str]]) -> dict[str, int]:
+        """Learn where these (fleet_id, run_id) runs stand on the ledger (their highest
+        sequence number, 0 for none), so this publisher numbers their next entries after it."""
+        from streams.ledger_position import last_sequence_nos
+
+        wanted = [r for r in runs if r[1] not in self.book.last]
+        if not wanted:
+            return {}
+        found: dict[str, int] = await self._bounded(
+            last_sequence_nos(self.settings, wanted, self.codec), "reading where runs stand"
+        )
+        for run_id, seq in found.items():
+            if seq:
+                self.book.last.setdefault(run_id, seq)
+        return found
 
     def stage(self, entry: LedgerEntry, assign_sequence: bool = False) -> Prepared:
         """Validate, number, redact and encode one entry, and book its sequence number."""

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import murmur2
 
 from infra.settings import Settings
 from projectors.base import Projection, fold_all
@@ -33,7 +32,7 @@ from schemas.json_form import from_json_text, to_json_text
 from schemas.models import ArtifactRef, ArtifactRefPart, LedgerEntry, Part
 from streams.rebuild import projection_inputs
 from streams.source import topic_partitions
-from streams.topics import ledger_topic
+from streams.topics import ledger_topic, partition_for
 
 FORMAT = "agentledger-replay-package/1"
 
@@ -49,11 +48,6 @@ class Located:
     offset: int
     schema_version: int
     fingerprint: str
-
-
-def partition_for(key: bytes, partitions: int) -> int:
-    """Kafka's default partitioner (murmur2 of the key), as producers place keyed records."""
-    return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def run_fleet(settings: Settings, run_id: str) -> str:

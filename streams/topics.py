@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
+from aiokafka.partitioner import murmur2
 
 TOPIC_ALREADY_EXISTS = 36
 
@@ -21,6 +22,11 @@ LEDGER_TOPIC_CONFIG: Mapping[str, str] = {
     "compression.type": "zstd",
     "cleanup.policy": "delete",
 }
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2 of the key), as producers place keyed records."""
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def ledger_topic(prefix: str, fleet_id: str) -> str:

@@ -440,3 +440,113 @@ async def mark_redriven(conn: psycopg.AsyncConnection[Any], source: tuple[str, i
         "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
         source,
     )
+
+
+# -- finding runs --------------------------------------------------------------------------
+
+RUN_SORTS: dict[str, LiteralString] = {
+    "last": "last_at DESC NULLS LAST, run_id",
+    "first": "first_at DESC NULLS LAST, run_id",
+    "cost": "cost_usd DESC NULLS LAST, run_id",
+    "entries": "entries DESC, run_id",
+    "id": "run_id",
+}
+
+_RUNS: LiteralString = """
+WITH heads AS (
+    SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at
+    FROM al_run_state s JOIN al_live l USING (projection, build)
+    WHERE s.projection IN ('run-stats', 'failure-classifications', 'cost-metrics', 'working-memory')
+), runs AS (
+    SELECT r.run_id, r.fleet_id,
+           r.doc ->> 'status' AS status,
+           (r.doc ->> 'entries')::bigint AS entries,
+           (r.doc ->> 'first_at')::timestamptz AS first_at,
+           (r.doc ->> 'last_at')::timestamptz AS last_at,
+           f.doc -> 'classification' ->> 'failure_class' AS failure_class,
+           (c.doc -> 'totals' ->> 'cost_usd')::numeric AS cost_usd,
+           (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
+           w.doc ->> 'task_goal' AS task,
+           f.doc -> 'classification' ->> 'explanation' AS explanation,
+           coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems
+    FROM heads r
+    LEFT JOIN heads f ON f.run_id = r.run_id AND f.projection = 'failure-classifications'
+    LEFT JOIN heads c ON c.run_id = r.run_id AND c.projection = 'cost-metrics'
+    LEFT JOIN heads w ON w.run_id = r.run_id AND w.projection = 'working-memory'
+    WHERE r.projection = 'run-stats'
+)
+SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, cost_usd,
+       unpriced_calls, task, explanation
+FROM runs
+{where}
+ORDER BY {order}
+LIMIT %(limit)s
+"""
+
+
+def find_runs(
+    conn: psycopg.Connection[Any],
+    *,
+    fleet: str | None = None,
+    status: str | None = None,
+    failure_class: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    cost_above: Any = None,
+    text: str | None = None,
+    sort: str = "last",
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
+    cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
+    run not finished yet; ``text`` matches the task, the failure explanation and open problems
+    (case-insensitive, literally)."""
+    clauses: list[sql.Composable] = []
+    params: dict[str, Any] = {"limit": limit}
+    if fleet is not None:
+        clauses.append(sql.SQL("fleet_id = %(fleet)s"))
+        params["fleet"] = fleet
+    if status is not None:
+        clauses.append(
+            sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")
+        )
+        params["status"] = status
+    if failure_class is not None:
+        clauses.append(sql.SQL("failure_class = %(class)s"))
+        params["class"] = failure_class
+    if since is not None:
+        clauses.append(sql.SQL("last_at >= %(since)s"))
+        params["since"] = since
+    if until is not None:
+        clauses.append(sql.SQL("first_at < %(until)s"))
+        params["until"] = until
+    if cost_above is not None:
+        clauses.append(sql.SQL("cost_usd > %(cost)s"))
+        params["cost"] = cost_above
+    if text:
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        clauses.append(
+            sql.SQL(
+                "(task ILIKE %(text)s OR explanation ILIKE %(text)s OR problems ILIKE %(text)s)"
+            )
+        )
+        params["text"] = pattern
+    where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses) if clauses else sql.SQL("")
+    query = sql.SQL(_RUNS).format(where=where, order=sql.SQL(RUN_SORTS[sort]))
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        names = [d.name for d in cur.description or []]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def runs_with_prefix(conn: psycopg.Connection[Any], prefix: str, limit: int = 6) -> list[str]:
+    """Run ids of the live run-stats build equal to ``prefix`` (only that one, if it exists) or
+    else starting with it, at most ``limit``."""
+    rows = conn.execute(
+        f"SELECT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'run-stats' AND "
+        "(s.run_id = %s OR left(s.run_id, length(%s)) = %s) "
+        "ORDER BY s.run_id <> %s, s.run_id LIMIT %s",
+        (prefix, prefix, prefix, prefix, limit),
+    ).fetchall()
+    found = [str(r) for (r,) in rows]
+    return [prefix] if prefix in found else found

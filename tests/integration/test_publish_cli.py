@@ -1,4 +1,5 @@
-"""`agentledger publish FILE.jsonl` on the real broker: valid lines sent, invalid reported."""
+"""`agentledger publish FILE.jsonl` on the real broker: checked whole first, invalid lines
+reported; nothing sent unless --partial, which sends the runs without an invalid line."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_publish_reports_invalid_lines_and_sends_valid_ones(
+async def test_an_invalid_line_means_nothing_sent_and_partial_sends_the_valid_runs(
     services: Settings, tmp_path: Path
 ) -> None:
     settings = services.model_copy(update={"topic_prefix": f"p{uuid.uuid4().hex[:8]}"})
@@ -43,9 +44,10 @@ async def test_publish_reports_invalid_lines_and_sends_valid_ones(
     wrong_type = to_json(run_b[0]) | {"sequence_no": "one"}
     lines = [to_json_text(e) for e in run_a]
     lines += ["{not json", json.dumps(bad_kind), json.dumps(missing), json.dumps(wrong_type)]
-    lines.append(to_json_text(run_b[1]))  # sequence 2 before 1 was ever sent: a skip
+    lines.append(to_json_text(run_b[1]))  # valid, but its run has invalid lines
     path = tmp_path / "entries.jsonl"
     path.write_text("\n".join(lines) + "\n")
+    topic = ledger_topic(settings.topic_prefix, "fleet-01")
 
     proc = _cli(settings, "publish", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -55,10 +57,17 @@ async def test_publish_reports_invalid_lines_and_sends_valid_ones(
         (n + 2, "kind"),
         (n + 3, "run_id"),
         (n + 4, "sequence_no"),
-        (n + 5, "sequence_no"),
     ):
         assert f"line {number}: {field}" in proc.stderr
+    assert f"line {n + 5}:" not in proc.stderr
+    assert "nothing sent: 4 invalid lines" in proc.stdout, proc.stdout
+    assert not await read_all(settings.kafka_address, [topic]), "nothing reached Kafka"
+
+    proc = _cli(settings, "publish", "--partial", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"published {n} entries" in proc.stdout
+    assert "1 valid entries of 1 runs with an invalid line held back" in proc.stdout, proc.stdout
+    assert "harmless" in proc.stdout
 
     records = await read_all(
         settings.kafka_address, [ledger_topic(settings.topic_prefix, "fleet-01")]

@@ -35,6 +35,7 @@ BAD: dict[str, list[str]] = {
     "costs": ["costs", "--by", "bogus"],
     "failures": ["failures", "--since", "last tuesday"],
     "demo": ["demo", "--bogus"],
+    "runs": ["runs", "--status", "bogus"],
     "rebuild": ["rebuild", "bogus"],
     "verify": ["verify", "bogus"],
     "replay-package": ["replay-package"],

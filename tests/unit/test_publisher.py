@@ -97,6 +97,21 @@ def test_sequence_must_be_gapless_per_run(settings: Settings) -> None:
     assert prepare(second, book, CODEC, settings).entry.sequence_no == 2
 
 
+def test_a_run_this_publisher_has_not_seen_continues_where_it_says(settings: Settings) -> None:
+    """Another process wrote entries 1-2 of the run: this publisher's first entry of it is 3."""
+    b = EntryBuilder("run-y")
+    entries = [b.add(EntryKind.USER_TASK) for _ in range(5)]
+    book = SequenceBook()
+    third = prepare(entries[2], book, CODEC, settings)
+    assert third.entry.sequence_no == 3
+    book.commit("run-y", 3)
+    with pytest.raises(LedgerValidationError, match=r"skips 4\.\.4"):
+        prepare(entries[4], book, CODEC, settings)  # from here on, checked as before
+    with pytest.raises(LedgerValidationError, match="repeats"):
+        prepare(entries[1], book, CODEC, settings)
+    assert prepare(entries[3], book, CODEC, settings).entry.sequence_no == 4
+
+
 def test_oversized_entry_is_refused(settings: Settings) -> None:
     entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text="x" * (600 * 1024)),))
     with pytest.raises(LedgerValidationError, match="artifact") as exc:

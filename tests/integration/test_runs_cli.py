@@ -1,0 +1,165 @@
+"""Finding runs: ``agentledger runs`` and run id prefixes, on a private database of real
+projections (every projection folded by the engine into PostgreSQL, made live there)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from consumers.cli import app
+from consumers.views import AmbiguousRunError, NotFoundError, find_runs, resolve_run
+from infra.settings import Settings
+from projectors.base import fold_all
+from projectors.cost_metrics import CostMetricsProjection
+from projectors.failure_classifications import FailureClassifications
+from projectors.working_memory import WorkingMemoryProjection
+from schemas.codec import LedgerCodec
+from schemas.models import LedgerEntry
+from streams.builds import live_targets
+from streams.deployment import PrivateDeployment
+from streams.engine import Engine, SourceRecord
+from streams.simulate import simulate
+from streams.topics import ledger_topic
+
+pytestmark = pytest.mark.integration
+
+
+class _Refuse:
+    async def send(self, poison: Any) -> None:
+        raise AssertionError(f"nothing should be dead-lettered: {poison}")
+
+
+@pytest.fixture(scope="module")
+def deployment(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    d = PrivateDeployment(services, "runs", ["fleet-01", "fleet-02"], tmp_path_factory.mktemp("r"))
+    asyncio.run(d.create())
+    entries = simulate(2, 7, seed=33)
+    codec = LedgerCodec()
+
+    async def fill() -> None:
+        engine = Engine(live_targets(d.settings.pg_address), d.settings.pg_address, None, _Refuse())
+        await engine.start(live=True)
+        records = [
+            SourceRecord(
+                ledger_topic(d.settings.topic_prefix, e.fleet_id),
+                0,
+                n,
+                e.run_id.encode(),
+                codec.encode(e),
+            )
+            for n, e in enumerate(entries)
+        ]
+        for start in range(0, len(records), 200):
+            await engine.process(records[start : start + 200])
+        await engine.close()
+
+    asyncio.run(fill())
+    yield d, entries
+    d.drop()
+
+
+def _runs(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
+    out: dict[str, list[LedgerEntry]] = {}
+    for e in entries:
+        out.setdefault(e.run_id, []).append(e)
+    return out
+
+
+def test_runs_lists_filters_and_sorts(deployment: Any) -> None:
+    d, entries = deployment
+    runs = _runs(entries)
+    found = find_runs(d.settings, limit=1000)
+    assert {r["run_id"] for r in found} == set(runs)
+    by_id = {r["run_id"]: r for r in found}
+    cost = CostMetricsProjection()
+    failures = FailureClassifications()
+    memory = WorkingMemoryProjection()
+    for run_id, run in runs.items():
+        row = by_id[run_id]
+        assert row["entries"] == len(run) and row["fleet_id"] == run[0].fleet_id
+        assert row["status"] == (run[-1].run_status.value if run[-1].run_status else None)
+        diagnosis = fold_all(failures, run)
+        assert diagnosis is not None
+        assert row["failure_class"] == diagnosis.classification.failure_class
+        metrics = fold_all(cost, run)
+        assert metrics is not None
+        assert row["cost_usd"] == metrics.totals.cost_usd
+        wm = fold_all(memory, run)
+        assert wm is not None and row["task"] == wm.task_goal
+
+    fleet = find_runs(d.settings, fleet="fleet-02", limit=1000)
+    assert {r["run_id"] for r in fleet} == {
+        r for r, run in runs.items() if run[0].fleet_id == "fleet-02"
+    }
+    failed = find_runs(d.settings, status="FAILED", limit=1000)
+    assert failed and all(r["status"] == "FAILED" for r in failed)
+    assert len(failed) == sum(1 for r in found if r["status"] == "FAILED")
+    one_class = found[0]["failure_class"]
+    in_class = find_runs(d.settings, failure_class=one_class, limit=1000)
+    assert {r["run_id"] for r in in_class} == {
+        r["run_id"] for r in found if r["failure_class"] == one_class
+    }
+    costs = sorted((r["cost_usd"] for r in found if r["cost_usd"] is not None), reverse=True)
+    threshold = costs[len(costs) // 2]
+    above = find_runs(d.settings, cost_above=threshold, limit=1000)
+    assert {r["run_id"] for r in above} == {
+        r["run_id"] for r in found if r["cost_usd"] is not None and r["cost_usd"] > threshold
+    }
+    by_cost = find_runs(d.settings, sort="cost", limit=1000)
+    known = [r["cost_usd"] for r in by_cost if r["cost_usd"] is not None]
+    assert known == sorted(known, reverse=True) and known[0] == costs[0]
+    some = next(r for r in found if r["task"])
+    word = max(some["task"].split(), key=len)
+    matched = find_runs(d.settings, text=word.upper(), limit=1000)
+    assert some["run_id"] in {r["run_id"] for r in matched}
+    assert all(
+        word.lower() in json.dumps(r, default=str).lower() or r["explanation"] for r in matched
+    )
+    assert find_runs(d.settings, text="%no such text, with a wildcard_%", limit=1000) == []
+    assert find_runs(d.settings, cost_above=Decimal("1e9"), limit=1000) == []
+
+
+def _shortest_unique(run_id: str, others: list[str]) -> str:
+    for n in range(1, len(run_id) + 1):
+        prefix = run_id[:n]
+        if sum(1 for o in others if o.startswith(prefix)) == 1:
+            return prefix
+    return run_id
+
+
+def test_a_unique_prefix_names_its_run_and_an_ambiguous_one_says_so(deployment: Any) -> None:
+    d, entries = deployment
+    ids = sorted(_runs(entries))
+    target = ids[3]
+    prefix = _shortest_unique(target, ids)
+    assert resolve_run(d.settings, prefix) == target
+    assert resolve_run(d.settings, target) == target
+    common = ""
+    for a, b in zip(ids[0], ids[1], strict=False):
+        if a != b:
+            break
+        common += a
+    with pytest.raises(AmbiguousRunError, match="give more of it"):
+        resolve_run(d.settings, common)
+    with pytest.raises(NotFoundError):
+        resolve_run(d.settings, "zz-no-such-run")
+
+    runner = CliRunner()
+    env = {"AGENTLEDGER_PG_DSN": d.settings.pg_address}
+    result = runner.invoke(app, ["memory", prefix, "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["state"]["run_id"] == target
+    listed = runner.invoke(app, ["runs", "--json", "--sort", "id"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == ids
+    running = [r for r, run in _runs(entries).items() if run[-1].run_status is None]
+    table = runner.invoke(app, ["runs", "--status", "running", "--json"], env=env)
+    assert table.exit_code == 0, table.output
+    assert sorted(r["run_id"] for r in json.loads(table.stdout)) == sorted(running)
