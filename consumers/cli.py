@@ -238,37 +238,79 @@ def dlq_list(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Show the dead letters of the fleets: source position, error class and reason."""
-    from streams.dlq import read_dead_letters, redriven_sources
+    """Show the dead letters of the fleets: source position, run, error class, reason, status."""
+    from schemas.codec import LedgerCodec
+    from streams.dlq import dismissed_sources, read_dead_letters, redriven_sources, run_of
 
     settings = _settings()
     letters = asyncio.run(read_dead_letters(settings, _fleets(fleet)))
     done = asyncio.run(redriven_sources(settings))
-    rows = [
-        {
-            "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
-            "error_class": d.error_class,
-            "reason": d.message,
-            "bytes": d.size,
-            "truncated": d.truncated,
-            "redriven": d.source in done,
-        }
-        for d in letters
-    ]
+    dismissed = asyncio.run(dismissed_sources(settings))
+    codec = LedgerCodec()
+    rows = []
+    for d in letters:
+        handled = dismissed.get(d.source)
+        rows.append(
+            {
+                "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
+                "run_id": run_of(d, codec),
+                "error_class": d.error_class,
+                "reason": d.message,
+                "bytes": d.size,
+                "truncated": d.truncated,
+                "redriven": d.source in done,
+                "dismissed": None
+                if handled is None
+                else {"reason": handled[0], "at": handled[1].isoformat()},
+            }
+        )
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("source topic/partition/offset", "error", "reason", "bytes", "redriven")
+    table = Table("source topic/partition/offset", "run", "error", "reason", "bytes", "status")
     for r in rows:
+        dismissal = r["dismissed"]
+        status = (
+            f"dismissed: {dismissal['reason']}"
+            if isinstance(dismissal, dict)
+            else "redriven"
+            if r["redriven"]
+            else "pending"
+        )
         table.add_row(
             str(r["source"]),
+            str(r["run_id"] or "?"),
             str(r["error_class"]),
             str(r["reason"])[:80],
             f"{r['bytes']} (prefix kept)" if r["truncated"] else str(r["bytes"]),
-            "yes" if r["redriven"] else "no",
+            status,
         )
     console.print(table)
-    console.print(f"{len(rows)} dead letters")
+    pending = sum(1 for r in rows if not r["redriven"] and r["dismissed"] is None)
+    console.print(f"{len(rows)} dead letters, {pending} pending")
+
+
+@dlq_app.command("dismiss")
+def dlq_dismiss(
+    sources: Annotated[
+        list[str], typer.Argument(help="TOPIC/PARTITION/OFFSET of each, as `dlq list` shows")
+    ],
+    reason: Annotated[str, typer.Option("--reason", help="why it needs nothing more (kept)")],
+    fleet: Annotated[
+        list[str] | None,
+        typer.Option("--fleet", help="fleet id (repeatable)", callback=_fleet_option),
+    ] = None,
+) -> None:
+    """Mark dead letters handled, with the reason (kept for audit); redrive then leaves them."""
+    from streams.dlq import dismiss, parse_source
+
+    for text in sources:
+        parse_source(text)  # malformed: exit 2 before connecting
+    if not reason.strip():
+        raise typer.BadParameter("say why (it is kept for audit)", param_hint="--reason")
+    done = asyncio.run(dismiss(_settings(), _fleets(fleet), sources, reason))
+    for text, new in done:
+        console.print(f"{text}: {'dismissed' if new else 'already dismissed (first reason kept)'}")
 
 
 @dlq_app.command("redrive")
@@ -285,11 +327,11 @@ def dlq_redrive(
     for letter, reason in report.still_bad:
         err.print(
             f"{letter.source_topic}/{letter.source_partition}/{letter.source_offset}: "
-            f"still undecodable: {reason}"
+            f"still undecodable: {escape(reason)}"
         )
     console.print(
         f"redriven {report.redriven}, already redriven {report.already}, "
-        f"still bad {len(report.still_bad)}"
+        f"dismissed {report.dismissed}, still bad {len(report.still_bad)}"
     )
 
 

@@ -22,7 +22,8 @@ from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from infra.settings import Settings
 from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
-from schemas.errors import LedgerDecodeError
+from schemas.errors import BadArgumentError, LedgerDecodeError
+from schemas.secret_scan import default_detector
 from streams.contract import fleet_of as ledger_fleet
 from streams.engine import Poison
 from streams.source import topic_partitions
@@ -228,11 +229,66 @@ async def redriven_sources(settings: Settings) -> set[tuple[str, int, int]]:
         return await ops.redriven_sources(conn)
 
 
+async def dismissed_sources(settings: Settings) -> dict[tuple[str, int, int], tuple[str, Any]]:
+    async with ops.connect_async(settings.pg_address) as conn:
+        return await ops.dismissed_sources(conn)
+
+
+def parse_source(text: str) -> tuple[str, int, int]:
+    """``TOPIC/PARTITION/OFFSET`` as ``dlq list`` prints a dead letter's source."""
+    topic, _, rest = text.rpartition("/")
+    topic, _, partition = topic.rpartition("/")
+    if not topic or not partition.isdigit() or not rest.isdigit():
+        raise BadArgumentError(f"{text!r} is not TOPIC/PARTITION/OFFSET (as `dlq list` shows)")
+    return topic, int(partition), int(rest)
+
+
+async def dismiss(
+    settings: Settings, fleets: Sequence[str], sources: Sequence[str], reason: str
+) -> list[tuple[str, bool]]:
+    """Mark these dead letters handled with ``reason`` (kept for audit); each source must be a
+    dead letter of these fleets. Returns (source, newly dismissed) per source."""
+    if not reason.strip():
+        raise BadArgumentError("give a --reason: it is kept with the dismissal for audit")
+    wanted = [(text, parse_source(text)) for text in sources]
+    known = {d.source for d in await read_dead_letters(settings, fleets)}
+    missing = [text for text, source in wanted if source not in known]
+    if missing:
+        raise BadArgumentError(
+            f"no dead letter of fleets {', '.join(fleets)} comes from {', '.join(missing)} "
+            "(see `agentledger dlq list`)"
+        )
+    out = []
+    async with ops.connect_async(settings.pg_address) as conn:
+        for text, source in wanted:
+            out.append((text, await ops.dismiss(conn, source, reason)))
+        await conn.commit()
+    return out
+
+
+def run_of(letter: DeadLetter, codec: LedgerCodec) -> str | None:
+    """The run a dead letter belongs to: the entry's run id when its bytes decode, else the
+    record's key when it is text (producers key records by run id); secrets in it redacted."""
+    run_id: str | None = None
+    try:
+        run_id = codec.decode(letter.value).run_id
+    except LedgerDecodeError:
+        if letter.key:
+            try:
+                run_id = letter.key.decode()
+            except UnicodeDecodeError:
+                return None
+    if run_id is None:
+        return None
+    return default_detector().redact(run_id)[0][:256]
+
+
 @dataclass
 class RedriveReport:
     redriven: int = 0
     still_bad: list[tuple[DeadLetter, str]] = field(default_factory=list)
     already: int = 0
+    dismissed: int = 0  # marked handled: left alone
 
 
 async def redrive(
@@ -241,6 +297,7 @@ async def redrive(
     """Send back every dead letter that decodes now; leave the rest, saying why."""
     letters = await read_dead_letters(settings, fleets)
     done = await redriven_sources(settings)
+    dismissed = await dismissed_sources(settings)
     codec = codec or LedgerCodec()
     report = RedriveReport()
     producer = AIOKafkaProducer(
@@ -255,6 +312,9 @@ async def redrive(
             for letter in letters:
                 if letter.source in done:
                     report.already += 1
+                    continue
+                if letter.source in dismissed:
+                    report.dismissed += 1
                     continue
                 if letter.truncated:
                     report.still_bad.append(

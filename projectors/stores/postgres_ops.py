@@ -550,3 +550,26 @@ def runs_with_prefix(conn: psycopg.Connection[Any], prefix: str, limit: int = 6)
     ).fetchall()
     found = [str(r) for (r,) in rows]
     return [prefix] if prefix in found else found
+
+
+async def dismissed_sources(
+    conn: psycopg.AsyncConnection[Any],
+) -> dict[tuple[str, int, int], tuple[str, datetime]]:
+    """Dismissed dead letters: source -> (reason, when)."""
+    cur = await conn.execute(
+        "SELECT source_topic, source_partition, source_offset, reason, dismissed_at "
+        "FROM al_dlq_dismissed"
+    )
+    return {(str(t), int(p), int(o)): (str(r), at) for t, p, o, r, at in await cur.fetchall()}
+
+
+async def dismiss(
+    conn: psycopg.AsyncConnection[Any], source: tuple[str, int, int], reason: str
+) -> bool:
+    """Mark a dead letter handled; False when it already was (the first reason stays)."""
+    cur = await conn.execute(
+        "INSERT INTO al_dlq_dismissed (source_topic, source_partition, source_offset, reason) "
+        "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (*source, reason),
+    )
+    return cur.rowcount == 1

@@ -27,6 +27,7 @@ BAD: dict[str, list[str]] = {
     "publish": ["publish", "missing.jsonl"],
     "dlq list": ["dlq", "list", "--fleet", "bad fleet!"],
     "dlq redrive": ["dlq", "redrive", "--fleet", "../etc"],
+    "dlq dismiss": ["dlq", "dismiss", "not-a-source", "--reason", "seen"],
     "worker": ["worker", "--projections", "bogus"],
     "bench": ["bench", "--mix", "bogus"],
     "memory": ["memory", "run-1", "--at", "soon"],
