@@ -91,8 +91,30 @@ def infra_down(
 def infra_status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Say what runs where."""
-    _print_status(local.status(_settings(), console), as_json)
+    """Say what runs where: the services, and the project's running workers (found from any
+    folder inside the project)."""
+    settings = _settings()
+    rows = local.status(settings, console)
+    workers = local.running_workers(settings)
+    if as_json:
+        doc: dict[str, object] = {r.name: r.as_dict() for r in rows}
+        doc["workers"] = workers
+        print(json.dumps(doc, indent=2))
+        return
+    _print_status(rows, as_json=False)
+    if not workers:
+        console.print(f"no workers running (state: {settings.state_dir})")
+        return
+    table = Table("worker pid", "projections", "fleets", "topic prefix", "since")
+    for w in workers:
+        table.add_row(
+            str(w["pid"]),
+            str(w["projections"]),
+            ", ".join(w.get("fleets", [])),
+            str(w.get("topic_prefix", "")),
+            str(w["started_at"]),
+        )
+    console.print(table)
 
 
 topics_app = typer.Typer(no_args_is_help=True, help="Ledger and dead-letter topics.")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from infra.process import live_pid, spawn, stop_pid
+from infra.process import cmdline, is_alive, live_pid, spawn, stop_pid
 from infra.services import ServiceStatus, all_services, purge_state
 from infra.settings import Settings
 
@@ -38,6 +42,47 @@ def worker_pidfile(settings: Settings) -> Path:
 
 def worker_pid(settings: Settings) -> int | None:
     return live_pid(worker_pidfile(settings), "consumers.cli worker")
+
+
+def _registry(settings: Settings) -> Path:
+    return settings.state_dir / "workers"
+
+
+def register_worker(settings: Settings, projections: str) -> Path:
+    """Note this process as a running worker of the project (``infra status`` lists it)."""
+    folder = _registry(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{os.getpid()}.json"
+    path.write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "projections": projections,
+                "topic_prefix": settings.topic_prefix,
+                "fleets": settings.fleet_ids,
+            }
+        )
+    )
+    return path
+
+
+def running_workers(settings: Settings) -> list[dict[str, Any]]:
+    """The project's workers that are running (any started with ``agentledger worker``, the
+    demo's included); notes of workers that died are removed."""
+    out = []
+    folder = _registry(settings)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            note = json.loads(path.read_text())
+            pid = int(note["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if is_alive(pid) and "worker" in cmdline(pid):
+            out.append(note)
+        else:
+            path.unlink(missing_ok=True)
+    return out
 
 
 def start_worker(settings: Settings, console: Console) -> int:

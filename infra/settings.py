@@ -17,7 +17,25 @@ PG_DATABASE = "agentledger"
 
 
 def _default_state_dir() -> Path:
-    return Path.cwd() / ".agentledger"
+    """The project's state folder, found from anywhere inside the project: the nearest folder
+    at or above the current one that has a ``.agentledger`` folder or is this project's root
+    (its ``pyproject.toml`` names agentledger); else ``./.agentledger``."""
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / ".agentledger").is_dir():
+            return folder / ".agentledger"
+        project = folder / "pyproject.toml"
+        if project.is_file() and _is_agentledger(project):
+            return folder / ".agentledger"
+    return here / ".agentledger"
+
+
+def _is_agentledger(pyproject: Path) -> bool:
+    try:
+        head = pyproject.read_text(errors="replace")[:4000]
+    except OSError:
+        return False
+    return 'name = "agentledger"' in head
 
 
 class Settings(BaseSettings):

@@ -23,6 +23,7 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from infra.local import register_worker
 from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.registry import selected
@@ -249,5 +250,9 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     """Apply migrations, then run the faust worker until SIGTERM/SIGINT."""
     migrate(settings.pg_address)
     app = create_app(settings)
-    worker = faust.Worker(app, loglevel=loglevel, override_logging=True)
-    worker.execute_from_commandline()
+    note = register_worker(settings, settings.worker_projections)
+    try:
+        worker = faust.Worker(app, loglevel=loglevel, override_logging=True)
+        worker.execute_from_commandline()
+    finally:
+        note.unlink(missing_ok=True)
