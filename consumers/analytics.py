@@ -393,6 +393,7 @@ def _row_doc(
         "kind": row.kind,
         "status": row.status,
         "summary": row.summary,
+        "text": row.text if row.text is not None else row.summary,  # never shortened
         "refs": refs,
         "evidence": bool(evidence & {row.entry_id, row.detail.get("result_entry_id")}),
         "cost_so_far_usd": usd(so_far),

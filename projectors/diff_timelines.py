@@ -33,10 +33,11 @@ the next), so a file's history is the sequence of its edits across snapshots. Th
   deleted (summed over every snapshot, so reverted work counts), the same by classification (a
   file's latest), and net-changed files by net status.
 * **Timeline rows** for ``agentledger timeline RUN_ID`` (seed 003 §16), one per step: lifecycle,
-  task, plan, tool (the request's row is completed in place by its result), model call (repeated
-  reports of one provider response are dropped; ``cost_usd`` is left for the cost projection),
-  diff, verifier, judge, approval, error, compaction, summary. Each row has seq, time, kind, a
-  one-line summary and a drill-down reference (entry id, artifact id); no content bodies.
+  task (and every later user message), plan, assistant response, tool (the request's row is
+  completed in place by its result), model call (repeated reports of one provider response are
+  dropped; ``cost_usd`` is left for the cost projection), diff, verifier, judge, approval, error,
+  compaction, summary. Each row has seq, time, kind, a one-line summary, the whole text the
+  summary shortens (``text``), and a drill-down reference (entry id, artifact id); no tool output.
 
 Entries of other runs and sequence numbers at or below the last folded one leave the state alone.
 The state keeps the newest 64 rows and 8 snapshots; every row (once final) and snapshot is a
@@ -87,6 +88,7 @@ RowKind = Literal[
     "lifecycle",
     "task",
     "plan",
+    "assistant",
     "tool",
     "model-call",
     "diff",
@@ -191,11 +193,12 @@ class TimelineRow(_Frozen):
     seq: int
     occurred_at: UtcDatetime
     kind: RowKind
-    summary: str
+    summary: str  # one line, at most SUMMARY_CHARS
     entry_id: str
     artifact_id: str | None = None
     status: str | None = None
     detail: Detail = {}
+    text: str | None = None  # the whole text the summary shortens (None: the summary is all)
 
 
 class OpenCall(_Frozen):
@@ -237,6 +240,7 @@ _FOLDED = frozenset(
         EntryKind.RUN_FINISHED,
         EntryKind.RUN_SUMMARY,
         EntryKind.USER_TASK,
+        EntryKind.ASSISTANT_RESPONSE,
         EntryKind.TOOL_CALL_REQUEST,
         EntryKind.TOOL_CALL_RESULT,
         EntryKind.MODEL_CALL,
@@ -255,7 +259,8 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     name = "diff-timelines"
     # 2: a flag keeps at most 16 evidence items (and counts them all); the state keeps the
     # newest rows and snapshots, all of them are history rows
-    version = 2
+    # 3: rows keep the whole text their summary shortens; assistant responses are rows
+    version = 3
     hot = False
     state_type = DiffTimeline
     unbounded = ("rows", "snapshots", "files", "model_responses", "open_calls", "finalized")
@@ -267,8 +272,6 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
         self._test_tool = re.compile(test_tool_pattern, re.IGNORECASE)
 
     def accepts(self, entry: LedgerEntry) -> bool:
-        if entry.kind is EntryKind.ASSISTANT_RESPONSE:
-            return "plan" in entry.metadata
         return entry.kind in _FOLDED
 
     def initial(self, entry: LedgerEntry) -> DiffTimeline:
@@ -306,9 +309,12 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
             case EntryKind.RUN_FINISHED:
                 return _finished(state, entry)
             case EntryKind.RUN_SUMMARY:
-                return _rows(state, _row(entry, "summary", _clip(_text(entry) or "run summary")))
+                text = _text(entry)
+                row = _row(entry, "summary", _clip(text or "run summary"), text=_whole(text))
+                return _rows(state, row)
             case EntryKind.ASSISTANT_RESPONSE:
-                return _rows(state, _plan_row(entry)) if "plan" in entry.metadata else {}
+                plan = "plan" in entry.metadata
+                return _rows(state, _plan_row(entry) if plan else _assistant_row(entry))
             case EntryKind.TOOL_CALL_REQUEST:
                 return _tool_requested(state, entry)
             case EntryKind.TOOL_CALL_RESULT:
@@ -685,6 +691,7 @@ def _row(
     artifact_id: str | None = None,
     status: str | None = None,
     detail: Detail | None = None,
+    text: str | None = None,
 ) -> TimelineRow:
     return TimelineRow.model_construct(
         seq=entry.sequence_no,
@@ -695,6 +702,7 @@ def _row(
         artifact_id=artifact_id,
         status=status,
         detail=detail if detail is not None else {},
+        text=text,
     )
 
 
@@ -741,6 +749,12 @@ def _clip(text: str, limit: int = SUMMARY_CHARS) -> str:
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
+def _whole(text: str, limit: int = SUMMARY_CHARS) -> str | None:
+    """``text`` when a summary would show only part of it (None when it shows all)."""
+    body = text.strip()
+    return body if body and _clip(body, limit) != body else None
+
+
 def _text(entry: LedgerEntry) -> str:
     return next((p.text for p in entry.parts if isinstance(p, TextPart)), "")
 
@@ -758,10 +772,14 @@ def _started(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     meta = entry.metadata
     scope = _scope(meta[SCOPE_KEY]) if SCOPE_KEY in meta else state.scope
     detail: Detail = {k: meta[k] for k in ("repository", "base_sha", SCOPE_KEY) if k in meta}
+    text = _text(entry)
     if entry.kind is EntryKind.RUN_STARTED:
-        row = _row(entry, "lifecycle", _clip(_text(entry) or "run started"), detail=detail)
+        row = _row(
+            entry, "lifecycle", _clip(text or "run started"), detail=detail, text=_whole(text)
+        )
     else:
-        row = _row(entry, "task", "task: " + _clip(_text(entry) or "(no text)"), detail=detail)
+        summary = "task: " + _clip(text or "(no text)")
+        row = _row(entry, "task", summary, detail=detail, text=_whole(text))
     return {"scope": scope, "rows": (*state.rows, row)}
 
 
@@ -779,7 +797,12 @@ def _plan_row(entry: LedgerEntry) -> TimelineRow:
     steps = parse_json(plan)
     if isinstance(steps, list):
         plan = storable("; ".join(str(s) for s in steps))
-    return _row(entry, "plan", "plan: " + _clip(plan))
+    return _row(entry, "plan", "plan: " + _clip(plan), text=_whole(plan))
+
+
+def _assistant_row(entry: LedgerEntry) -> TimelineRow:
+    text = _text(entry)
+    return _row(entry, "assistant", "assistant: " + _clip(text or "(no text)"), text=_whole(text))
 
 
 def _tool_requested(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
@@ -835,6 +858,7 @@ def _result_row(
             "status": part.status.value,
             "artifact_id": artifact_id,
             "detail": detail,
+            "text": _whole(part.summary, 60),
         }
     )
 
@@ -934,7 +958,8 @@ def _verification_row(entry: LedgerEntry, kind: Literal["verifier", "judge"]) ->
     if first is not None and first.check_id:
         words.append(first.check_id)
     note = _text(entry)
-    summary = _clip(" ".join(words) + (f": {note}" if note else "") or kind)
+    whole = " ".join(words) + (f": {note}" if note else "") or kind
+    summary = _clip(whole)
     detail: Detail = {}
     if first is not None:
         detail = {"verifier": first.verifier, "profile": first.profile, "check_id": first.check_id}
@@ -947,6 +972,7 @@ def _verification_row(entry: LedgerEntry, kind: Literal["verifier", "judge"]) ->
         artifact_id=diagnostics.artifact_id if diagnostics else None,
         status=status.value if status else None,
         detail=detail,
+        text=_whole(whole),
     )
 
 
@@ -960,8 +986,9 @@ def _approval_row(entry: LedgerEntry) -> TimelineRow:
         detail["action"] = action or None
         return _row(entry, "approval", f"approval requested: {action or '?'}", detail=detail)
     decision = meta.get("decision", "").upper() or _decision(doc)
-    summary = f"approval {decision}" + (f": {_clip(_text(entry), 60)}" if _text(entry) else "")
-    return _row(entry, "approval", summary, status=decision, detail=detail)
+    text = _text(entry)
+    summary = f"approval {decision}" + (f": {_clip(text, 60)}" if text else "")
+    return _row(entry, "approval", summary, status=decision, detail=detail, text=_whole(text, 60))
 
 
 def _decision(doc: dict[str, object]) -> str:
@@ -976,7 +1003,8 @@ def _decision(doc: dict[str, object]) -> str:
 def _error_rows(entry: LedgerEntry) -> list[TimelineRow]:
     errors = [p for p in entry.parts if isinstance(p, ErrorPart)]
     if not errors:
-        return [_row(entry, "error", "error: " + _clip(_text(entry) or "(no detail)"))]
+        text = _text(entry)
+        return [_row(entry, "error", "error: " + _clip(text or "(no detail)"), text=_whole(text))]
     return [
         _row(
             entry,
@@ -984,6 +1012,7 @@ def _error_rows(entry: LedgerEntry) -> list[TimelineRow]:
             _clip(f"error {e.category}: {e.message}"),
             status=e.category,
             detail={"category": e.category, "signature": e.signature},
+            text=_whole(f"error {e.category}: {e.message}"),
         )
         for e in errors
     ]

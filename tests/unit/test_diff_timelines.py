@@ -453,6 +453,7 @@ def test_one_row_per_step_in_sequence_order() -> None:
         (2, "task"),
         (5, "model-call"),
         (7, "plan"),
+        (8, "assistant"),  # an assistant response without a plan is a row too (v3)
         (9, "tool"),
         (11, "diff"),
         (12, "verifier"),
@@ -573,8 +574,8 @@ def test_accepts_only_what_it_folds() -> None:
     projection = DiffTimelinesProjection()
     b = timeline_run()
     accepted = {e.sequence_no for e in b.entries if projection.accepts(e)}
-    assert {3, 4, 8} & accepted == set()  # instruction, context, non-plan response
-    assert {1, 2, 5, 6, 7, 9, 10, 11, 20} <= accepted
+    assert {3, 4} & accepted == set()  # instruction, context
+    assert {1, 2, 5, 6, 7, 8, 9, 10, 11, 20} <= accepted  # 8: a response without a plan (v3)
 
 
 # --- guard, history, documents ------------------------------------------------------------------
@@ -656,7 +657,7 @@ def test_doc_round_trip() -> None:
 
 def test_projection_identity() -> None:
     projection = DiffTimelinesProjection()
-    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 2, False)
+    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 3, False)
 
 
 # --- simulator runs -----------------------------------------------------------------------------
@@ -709,3 +710,24 @@ def test_the_responses_kept_do_not_depend_on_key_order_after_a_reload() -> None:
         reloaded = projection.fold(reloaded, e)
     assert len(straight.model_responses) == KEEP_RESPONSES
     assert reloaded.model_responses == straight.model_responses
+
+
+def test_rows_keep_the_whole_text_and_assistant_responses_are_rows() -> None:
+    """The table may shorten a row; its document never does (``text``)."""
+    from consumers.analytics import assemble_timeline
+
+    task = "Fix the pagination bug in the orders endpoint. " * 8 + "Then add a regression test."
+    reply = "I looked at the handler.\nThe offset is computed from the page number " + "x" * 300
+    b = started()
+    b.add(EntryKind.USER_TASK, (TextPart(text=task),))
+    b.add(EntryKind.ASSISTANT_RESPONSE, (TextPart(text=reply),))
+    b.add(EntryKind.ASSISTANT_RESPONSE, (TextPart(text="Done."),))
+    state = fold(b.entries)
+    [task_row] = rows(state, "task")
+    assert len(task_row.summary) <= 106 and task_row.text == task.strip()
+    long_reply, short_reply = rows(state, "assistant")
+    assert long_reply.text == reply.strip() and "\n" not in long_reply.summary
+    assert short_reply.summary == "assistant: Done." and short_reply.text is None
+    doc = assemble_timeline(state, [], None, None)
+    texts = [r["text"] for r in doc["rows"]]
+    assert task.strip() in texts and reply.strip() in texts and "assistant: Done." in texts
