@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     worker_session_timeout_s: float = 10.0
     # How often an idle worker checks that Redis still holds its views (refilled if lost)
     worker_view_check_s: float = Field(default=2.0, gt=0)
+    # How often a worker looks for ledger topics of fleets it does not read yet (a fleet whose
+    # topics were created after it started): found ones are subscribed to, without a restart.
+    worker_fleet_scan_s: float = Field(default=2.0, gt=0)
     # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
     rebuild_processes: int = Field(default=1, ge=1)
     redis_prefix: str = "al"

@@ -14,12 +14,14 @@ import asyncio
 import gc
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
 import faust
+from aiokafka.admin import AIOKafkaAdminClient
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -196,6 +198,14 @@ def create_app(settings: Settings) -> faust.App:
     )
     PositionedConsumer.engine = engine
     source = app.topic(*topics, value_type=bytes)
+    # A fleet's topics created after the worker started are found by the scan below and added
+    # to the agent's topic; faust resubscribes after this pause (its default is 45 s).
+    conductor: Any = app.topics  # faust's TopicConductor (its pause and flag are not typed)
+    conductor._resubscribe_sleep_lock_seconds = 1.0
+    fleet_topic = re.compile(
+        rf"^{re.escape(settings.topic_prefix)}\.ledger\.[A-Za-z0-9][A-Za-z0-9_-]{{0,99}}$"
+    )
+    admin: list[AIOKafkaAdminClient] = []
 
     @app.agent(source)
     async def project(stream: Any) -> None:
@@ -237,10 +247,32 @@ def create_app(settings: Settings) -> faust.App:
         except Exception:
             logger.exception("checking Redis views failed; trying again at the next tick")
 
+    @app.timer(interval=settings.worker_fleet_scan_s)  # type: ignore[untyped-decorator]
+    async def discover_fleets() -> None:
+        if not started.is_set():
+            return
+        try:
+            if not admin:
+                client = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_address)
+                await client.start()
+                admin.append(client)
+            names = await admin[0].list_topics()
+        except Exception:
+            logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
+            return
+        new = sorted(n for n in names if fleet_topic.match(n) and n not in source.topics)
+        if new:
+            logger.warning("new fleet topics %s: subscribing to them", ", ".join(new))
+            source.topics = [*source.topics, *new]
+            PositionedConsumer.ledger_topics = PositionedConsumer.ledger_topics | frozenset(new)
+            conductor._flag_changes()
+
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await engine.close()
         await sink.close()
+        for client in admin:
+            await client.close()
         engine.telemetry.shutdown()
 
     return app
