@@ -662,7 +662,9 @@ def runs_cmd(
     if as_json:
         print(json.dumps(found, indent=2, default=str))
         return
-    table = Table("run", "fleet", "status", "entries", "last entry", "class", "cost", "task")
+    table = Table(
+        "run", "fleet", "status", "entries", "last entry", "class", "cost", "conflicts", "task"
+    )
     for run in found:
         if run["cost_usd"] is None:
             cost_text = "unknown"
@@ -678,6 +680,7 @@ def runs_cmd(
             str(run["last_at"] or "-"),
             run["failure_class"] or "-",
             cost_text,
+            str(run["conflicting_duplicates"] or "-"),
             (run["task"] or "-")[:60],
         )
     console.print(table)

@@ -124,6 +124,11 @@ class ModelProjection(Generic[S]):
 
     state_type: type[S]
     unbounded: tuple[str, ...] = ()
+    # The engine records the entry id applied at each sequence number of a run for this
+    # projection, and tells a repeat of an entry from a different entry sent under a number
+    # already taken (a conflicting duplicate: dead-lettered, counted on the run). One projection
+    # that sees every entry does it (run-stats).
+    keeps_entry_ids: bool = False
 
     def history(self, before: S | None, after: S, entry: LedgerEntry) -> list[HistoryRow]:
         return []

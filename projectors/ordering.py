@@ -24,16 +24,20 @@ class Plan(Generic[T]):
     duplicates: int = 0
     applied_seq: int = 0
     held: tuple[int, ...] = ()  # every sequence number still held after this plan
+    # The duplicates themselves, in arrival order, and for each the one that keeps its number
+    # when it is known here (held, or arrived earlier in this batch): the engine tells a
+    # repeat of the same entry from a conflicting one.
+    duplicate_items: list[tuple[int, T, T | None]] = field(default_factory=list)
 
 
 def plan_run(applied_seq: int, held: Mapping[int, T], arriving: Iterable[tuple[int, T]]) -> Plan[T]:
     """Decide, for one run, which entries apply now, which wait and which are duplicates."""
     waiting: dict[int, T] = dict(held)
     fresh: dict[int, T] = {}
-    duplicates = 0
+    duplicates: list[tuple[int, T, T | None]] = []
     for seq, item in arriving:
         if seq <= applied_seq or seq in waiting or seq in fresh:
-            duplicates += 1
+            duplicates.append((seq, item, waiting.get(seq, fresh.get(seq))))
         else:
             fresh[seq] = item
     pool = {**waiting, **fresh}
@@ -46,7 +50,7 @@ def plan_run(applied_seq: int, held: Mapping[int, T], arriving: Iterable[tuple[i
         if cursor in waiting:
             release.append(cursor)
     hold = {seq: item for seq, item in fresh.items() if seq in pool}
-    return Plan(apply, hold, release, duplicates, cursor, tuple(sorted(pool)))
+    return Plan(apply, hold, release, len(duplicates), cursor, tuple(sorted(pool)), duplicates)
 
 
 def missing_ranges(applied_seq: int, held: Iterable[int]) -> list[tuple[int, int]]:

@@ -28,6 +28,7 @@ class RunStatsProjection(ModelProjection[RunStats]):
     version = 1
     hot = True
     state_type = RunStats
+    keeps_entry_ids = True  # the engine's guard against conflicting duplicates
 
     def accepts(self, entry: LedgerEntry) -> bool:
         return True

@@ -503,6 +503,7 @@ class Engine:
         rows = await tx.load_states(
             wanted, {key: {r: seq for r, (seq, _s) in ks.items()} for key, ks in kept.items()}
         )
+        known_ids = await self._stored_entry_ids(tx, arriving_by_target, rows)
         if lane != "hot":  # folding blocks the loop: never in the middle of a hot phase
             await self._hot_idle.wait()
         results: dict[Target, _TargetResult] = {}
@@ -520,13 +521,36 @@ class Engine:
                         stats.skipped += len(items)
                         continue
                     state = states[run_id][1] if row and row.cached else None
+                    ids = known_ids.get((target.name, target.build), {}).get(run_id, {})
                     write, view = self._fold_run(
-                        target, run_id, row, state, items, stats, result, source
+                        target, run_id, row, state, items, stats, result, source, ids
                     )
                     result.writes.append(write)
                     if view is not None:
                         result.views.append(view)
         return results
+
+    @staticmethod
+    async def _stored_entry_ids(
+        tx: StoreTransaction,
+        arriving_by_target: dict[Target, dict[str, list[tuple[int, Item]]]],
+        rows: dict[pg.BuildKey, dict[str, pg.RunRow]],
+    ) -> dict[pg.BuildKey, dict[str, dict[int, str]]]:
+        """The stored entry ids at the numbers arrivals repeat (already applied ones), for the
+        targets that keep entry ids: one query, and only when something repeats."""
+        wanted: dict[pg.BuildKey, dict[str, list[int]]] = {}
+        for target, arriving in arriving_by_target.items():
+            if not _keeps_ids(target):
+                continue
+            key = (target.name, target.build)
+            for run_id, arrived in arriving.items():
+                row = rows[key].get(run_id)
+                repeated = sorted(
+                    {s for s, _ in arrived if row is not None and s <= row.applied_seq}
+                )
+                if repeated:
+                    wanted.setdefault(key, {})[run_id] = repeated
+        return await tx.entry_ids(wanted) if wanted else {}
 
     def _fold_run(
         self,
@@ -538,6 +562,7 @@ class Engine:
         stats: BatchStats,
         result: _TargetResult,
         source: TopicPartition | None = None,
+        known_ids: dict[int, str] | None = None,
     ) -> tuple[pg.RunWrite, RunView | None]:
         """Fold a run's arrivals onto its stored row (or ``kept``, the cached state the row
         says is current)."""
@@ -573,6 +598,22 @@ class Engine:
             except Exception as exc:  # a fold bug must not stop the worker on this entry forever
                 state = before
                 result.poison.append(_fold_failure(projection.name, entry, payload, record, exc))
+        entry_ids: dict[int, str] = {}
+        conflicts = 0
+        if _keeps_ids(target):
+            for entry, payload, _record in plan.apply:
+                entry = entry or self.codec.decode(payload)
+                entry_ids[entry.sequence_no] = entry.entry_id
+            for seq, (entry, payload, record), keeper in plan.duplicate_items:
+                entry = entry or self.codec.decode(payload)
+                if keeper is not None:
+                    first = keeper[0] or self.codec.decode(keeper[1])
+                    first_id: str | None = first.entry_id
+                else:
+                    first_id = (known_ids or {}).get(seq)
+                if first_id is not None and first_id != entry.entry_id and record is not None:
+                    conflicts += 1
+                    result.poison.append(_conflict(entry, first_id, record))
         stats.applied += len(plan.apply)
         stats.duplicates += plan.duplicates
         stats.held += len(plan.hold)
@@ -627,8 +668,10 @@ class Engine:
             tail={} if doc is not None else applied,
             tail_count=0 if doc is not None else tail_count,
             tail_bytes=0 if doc is not None else tail_bytes,
+            entry_ids=entry_ids,
+            conflicts=conflicts,
         )
-        changed = bool(plan.apply or plan.hold)
+        changed = bool(plan.apply or plan.hold or conflicts)
         view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], head)
         return write, view if changed else None
 
@@ -815,6 +858,24 @@ def _fold_failure(
         f"{type(exc).__name__}: {exc}"
     )
     return Poison(source, "ProjectionFoldError", message)
+
+
+CONFLICTING_DUPLICATE = "ConflictingDuplicateError"
+
+
+def _keeps_ids(target: Target) -> bool:
+    return bool(getattr(target.projection, "keeps_entry_ids", False))
+
+
+def _conflict(entry: LedgerEntry, first_id: str, record: SourceRecord) -> Poison:
+    """A dead letter for an entry sent under a sequence number another entry already has."""
+    return Poison(
+        record,
+        CONFLICTING_DUPLICATE,
+        f"run {entry.run_id} sequence_no {entry.sequence_no}: entry {entry.entry_id} conflicts "
+        f"with entry {first_id}, which has that number already (the first one stands); send "
+        "it under the run's next number, or not at all if it is the same step",
+    )
 
 
 def _first_entry(items: list[tuple[int, Item]]) -> LedgerEntry:

@@ -76,6 +76,7 @@ class RunRow:
     tail_count: int = 0
     tail_bytes: int = 0
     tail_payloads: dict[int, bytes] = field(default_factory=dict)
+    conflicts: int = 0  # conflicting duplicates found so far
 
 
 @dataclass
@@ -100,6 +101,10 @@ class RunWrite:
     tail: dict[int, bytes] = field(default_factory=dict)
     tail_count: int = 0  # the tail's size after this write
     tail_bytes: int = 0
+    # sequence_no -> entry id of the entries applied now (projections that keep entry ids);
+    # written once, never rewritten
+    entry_ids: dict[int, str] = field(default_factory=dict)
+    conflicts: int = 0  # conflicting duplicates found now (added to the run's count)
 
 
 @dataclass(frozen=True)
@@ -162,13 +167,18 @@ class StoreTransaction(Protocol):
         """The stored rows of these keys, with their held entries and (unless ``cached`` names
         the stored position, then ``RunRow.cached``) their checkpoint and tail."""
 
+    async def entry_ids(
+        self, wanted: Mapping[BuildKey, Mapping[str, Sequence[int]]]
+    ) -> dict[BuildKey, dict[str, dict[int, str]]]:
+        """The entry ids stored for these sequence numbers of these keys (those that have one)."""
+
     async def write(
         self,
         writes: Mapping[BuildKey, Sequence[RunWrite]],
         positions: Mapping[BuildKey, Mapping[TopicPartition, int]],
     ) -> None:
-        """Write the keys' rows and move the positions forward (never back). Tail and history
-        rows already stored stay as they are."""
+        """Write the keys' rows and move the positions forward (never back). Tail, history and
+        entry-id rows already stored stay as they are; conflicts add to the key's count."""
 
 
 class Store(Protocol):

@@ -46,6 +46,7 @@ class _Row:
     checkpoint_bytes: int
     tail_count: int
     tail_bytes: int
+    conflicts: int = 0
 
 
 @dataclass
@@ -57,6 +58,7 @@ class _Data:
     history: dict[Key, dict[tuple[str, str], HistoryRow]] = field(default_factory=dict)
     builds: dict[BuildKey, int] = field(default_factory=dict)
     live: dict[str, str] = field(default_factory=dict)
+    ids: dict[Key, dict[int, str]] = field(default_factory=dict)
 
     def copy(self) -> _Data:
         return _Data(
@@ -67,6 +69,7 @@ class _Data:
             {k: dict(v) for k, v in self.history.items()},
             dict(self.builds),
             dict(self.live),
+            {k: dict(v) for k, v in self.ids.items()},
         )
 
 
@@ -120,12 +123,25 @@ class MemoryTransaction:
                     stored.checkpoint_bytes,
                     stored.tail_count,
                     stored.tail_bytes,
+                    conflicts=stored.conflicts,
                 )
                 if stored.tail_count and not hit:
                     row.tail_payloads = dict(self.data.tails.get((proj, build, key), {}))
                 if stored.held:
                     row.held_payloads = dict(self.data.held.get((proj, build, key), {}))
                 out[(proj, build)][key] = row
+        return out
+
+    async def entry_ids(
+        self, wanted: Mapping[BuildKey, Mapping[str, Sequence[int]]]
+    ) -> dict[BuildKey, dict[str, dict[int, str]]]:
+        out: dict[BuildKey, dict[str, dict[int, str]]] = {}
+        for (proj, build), keys in wanted.items():
+            for key, seqs in keys.items():
+                stored = self.data.ids.get((proj, build, key), {})
+                found = {seq: stored[seq] for seq in seqs if seq in stored}
+                if found:
+                    out.setdefault((proj, build), {})[key] = found
         return out
 
     async def write(
@@ -153,6 +169,7 @@ class MemoryTransaction:
                         len(w.state),
                         0,
                         0,
+                        (old.conflicts if old else 0) + w.conflicts,
                     )
                     data.tails.pop(key, None)
                 else:
@@ -166,10 +183,14 @@ class MemoryTransaction:
                         head=_json(w.head),
                         tail_count=w.tail_count,
                         tail_bytes=w.tail_bytes,
+                        conflicts=old.conflicts + w.conflicts,
                     )
                     tail = data.tails.setdefault(key, {})
                     for seq, payload in w.tail.items():
                         tail.setdefault(seq, payload)
+                ids = data.ids.setdefault(key, {})
+                for seq, entry_id in w.entry_ids.items():
+                    ids.setdefault(seq, entry_id)
                 held = data.held.setdefault(key, {})
                 for seq, payload in w.hold.items():
                     held.setdefault(seq, payload)

@@ -196,7 +196,7 @@ async def load_runs(
             "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, "
             "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq, "
             's.topic, s."partition", coalesce(s.checkpoint_seq, s.applied_seq), '
-            "s.checkpoint_bytes, s.tail_count, s.tail_bytes "
+            "s.checkpoint_bytes, s.tail_count, s.tail_bytes, s.conflicts "
             "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
             "AS k(projection, build, run_id, seq) USING (projection, build, run_id)",
             columns,
@@ -218,10 +218,23 @@ async def load_runs(
             ck_bytes,
             n,
             size,
+            conflicts,
         ) in await cur.fetchall():
             source = None if t is None or p is None else (t, p)
             out[(proj, build)][run_id] = RunRow(
-                run_id, fleet_id, seq, tuple(held), state, {}, hit, source, ck, ck_bytes, n, size
+                run_id,
+                fleet_id,
+                seq,
+                tuple(held),
+                state,
+                {},
+                hit,
+                source,
+                ck,
+                ck_bytes,
+                n,
+                size,
+                conflicts=conflicts,
             )
             waiting = waiting or bool(held)
             if n and not hit:
@@ -261,8 +274,8 @@ async def write_runs(
             await cur.executemany(
                 "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, "
                 'held, gaps, state, head, topic, "partition", checkpoint_seq, checkpoint_bytes, '
-                "tail_count, tail_bytes, updated_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, now()) "
+                "tail_count, tail_bytes, conflicts, updated_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, %s, now()) "
                 "ON CONFLICT (projection, build, run_id) DO UPDATE SET "
                 "applied_seq = EXCLUDED.applied_seq, held = EXCLUDED.held, gaps = EXCLUDED.gaps, "
                 "state = EXCLUDED.state, head = EXCLUDED.head, "
@@ -270,7 +283,7 @@ async def write_runs(
                 '"partition" = coalesce(al_run_state."partition", EXCLUDED."partition"), '
                 "checkpoint_seq = EXCLUDED.checkpoint_seq, "
                 "checkpoint_bytes = EXCLUDED.checkpoint_bytes, tail_count = 0, tail_bytes = 0, "
-                "updated_at = now()",
+                "conflicts = al_run_state.conflicts + EXCLUDED.conflicts, updated_at = now()",
                 [
                     (
                         proj,
@@ -286,6 +299,7 @@ async def write_runs(
                         w.source[1] if w.source else None,
                         w.applied_seq,
                         len(w.state or b""),
+                        w.conflicts,
                     )
                     for proj, build, w in checkpoints
                 ],
@@ -300,7 +314,7 @@ async def write_runs(
         if tails:  # the row exists: a run's first write is a checkpoint
             await cur.executemany(
                 "UPDATE al_run_state SET applied_seq = %s, held = %s, gaps = %s, head = %s, "
-                "tail_count = %s, tail_bytes = %s, updated_at = now() "
+                "tail_count = %s, tail_bytes = %s, conflicts = conflicts + %s, updated_at = now() "
                 "WHERE projection = %s AND build = %s AND run_id = %s",
                 [
                     (
@@ -310,6 +324,7 @@ async def write_runs(
                         _document(w.head),
                         w.tail_count,
                         w.tail_bytes,
+                        w.conflicts,
                         proj,
                         build,
                         w.run_id,
@@ -349,6 +364,17 @@ async def write_runs(
                 "INSERT INTO al_history (projection, build, run_id, kind, key, seq, doc) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 history,
+            )
+        ids = [
+            (proj, build, w.run_id, seq, entry_id)
+            for proj, build, w in flat
+            for seq, entry_id in w.entry_ids.items()
+        ]
+        if ids:
+            await cur.executemany(
+                "INSERT INTO al_entry_ids (projection, build, run_id, sequence_no, entry_id) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                ids,
             )
         releases = [(proj, build, w.run_id, seq) for proj, build, w in flat for seq in w.release]
         if releases:
@@ -474,6 +500,29 @@ class PostgresTransaction:
         cached: Mapping[BuildKey, Mapping[str, int]] | None = None,
     ) -> dict[BuildKey, dict[str, RunRow]]:
         return await load_runs(self.conn, wanted, cached)
+
+    async def entry_ids(
+        self, wanted: Mapping[BuildKey, Mapping[str, Sequence[int]]]
+    ) -> dict[BuildKey, dict[str, dict[int, str]]]:
+        keys = [
+            (proj, build, run_id, seq)
+            for (proj, build), runs in wanted.items()
+            for run_id, seqs in runs.items()
+            for seq in seqs
+        ]
+        out: dict[BuildKey, dict[str, dict[int, str]]] = {}
+        if not keys:
+            return out
+        cur = await self.conn.execute(
+            "SELECT i.projection, i.build, i.run_id, i.sequence_no, i.entry_id FROM al_entry_ids i "
+            "JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
+            "AS k(projection, build, run_id, sequence_no) "
+            "USING (projection, build, run_id, sequence_no)",
+            _columns(keys, 4),
+        )
+        for proj, build, run_id, seq, entry_id in await cur.fetchall():
+            out.setdefault((proj, build), {}).setdefault(run_id, {})[seq] = entry_id
+        return out
 
     async def write(
         self,

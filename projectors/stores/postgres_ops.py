@@ -310,7 +310,8 @@ def build_names(conn: psycopg.Connection[Any], projection: str, prefix: str) -> 
 
 def delete_build(conn: psycopg.Connection[Any], projection: str, build: str) -> None:
     """Every row of a build: its runs, their rows, its offsets, the build itself."""
-    for table in ("al_run_state", "al_history", "al_held", "al_tail", "al_offsets", "al_builds"):
+    tables = ("al_run_state", "al_history", "al_held", "al_tail", "al_entry_ids", "al_offsets")
+    for table in (*tables, "al_builds"):
         conn.execute(
             sql.SQL("DELETE FROM {} WHERE projection = %s AND build = %s").format(
                 sql.Identifier(table)
@@ -454,7 +455,8 @@ RUN_SORTS: dict[str, LiteralString] = {
 
 _RUNS: LiteralString = """
 WITH heads AS (
-    SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at
+    SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at,
+           s.conflicts
     FROM al_run_state s JOIN al_live l USING (projection, build)
     WHERE s.projection IN ('run-stats', 'failure-classifications', 'cost-metrics', 'working-memory')
 ), runs AS (
@@ -468,7 +470,8 @@ WITH heads AS (
            (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
            w.doc ->> 'task_goal' AS task,
            f.doc -> 'classification' ->> 'explanation' AS explanation,
-           coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems
+           coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems,
+           r.conflicts AS conflicting_duplicates
     FROM heads r
     LEFT JOIN heads f ON f.run_id = r.run_id AND f.projection = 'failure-classifications'
     LEFT JOIN heads c ON c.run_id = r.run_id AND c.projection = 'cost-metrics'
@@ -476,7 +479,7 @@ WITH heads AS (
     WHERE r.projection = 'run-stats'
 )
 SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, cost_usd,
-       unpriced_calls, task, explanation
+       unpriced_calls, task, explanation, conflicting_duplicates
 FROM runs
 {where}
 ORDER BY {order}

@@ -173,6 +173,24 @@ class StoreContract:
             rows = (await tx.load_states({build: [repo, "r1"]}))[build]
         assert rows[repo].state == {"facts": 1} and rows["r1"].state == {"n": 1}
 
+    async def test_entry_ids_are_written_once_and_conflicts_add_up(
+        self, store: Store, names: tuple[str, str]
+    ) -> None:
+        build = names
+        first = _checkpoint("r1", 2, {"n": 2}, entry_ids={1: "e1", 2: "e2"})
+        async with store.transaction() as tx:
+            await tx.write({build: [first]}, {})
+        again = _checkpoint("r1", 2, {"n": 2}, entry_ids={2: "other"}, conflicts=1)
+        async with store.transaction() as tx:
+            await tx.write({build: [again]}, {})
+        step = RunWrite("r1", "f", 3, (), [], None, b"{}", entry_ids={3: "e3"}, conflicts=2)
+        async with store.transaction() as tx:
+            await tx.write({build: [step]}, {})
+            found = await tx.entry_ids({build: {"r1": [1, 2, 3, 4], "r2": [1]}})
+            row = (await tx.load_states({build: ["r1"]}))[build]["r1"]
+        assert found == {build: {"r1": {1: "e1", 2: "e2", 3: "e3"}}}
+        assert row.conflicts == 3
+
     async def test_builds_and_the_live_pointer(self, store: Store, names: tuple[str, str]) -> None:
         projection, build = names
         assert await store.live_build(projection) is None

@@ -251,3 +251,44 @@ async def test_a_fold_failure_dead_letters_the_entry_and_the_run_goes_on(seed: i
     assert [p.error_class for p in sink.sent] == ["ProjectionFoldError"]
     state = orjson.loads(await _whole(store, Fragile(), entries[0].run_id))
     assert state["entries"] == len(entries) - 1
+
+
+async def test_a_conflicting_duplicate_is_dead_lettered_naming_both_and_counted() -> None:
+    """Sequence 2 sent again as another entry: a dead letter of its own class naming both
+    entry ids, and a count on the run; the same entry sent again is a plain duplicate."""
+    b = EntryBuilder("run-c")
+    run = [b.add(EntryKind.USER_TASK) for _ in range(4)]
+    impostor = run[1].model_copy(update={"entry_id": "run-c-impostor"})
+    later = run[2].model_copy(update={"entry_id": "run-c-late-impostor"})
+    store = MemoryStore()
+    engine, sink = _engine(store)
+    await engine.start(live=True)
+    topic = Topic()
+    # in one batch: 1, 2, the impostor of 2 (known from this batch), 2 again (the same entry)
+    await engine.process(topic.records([run[0], run[1], impostor, run[1], run[3]]))
+    # later batches: the impostor of 3 while 3 is held? 3 is missing: 4 is held, 3 arrives
+    await engine.process(topic.records([run[2]]))
+    await engine.process(topic.records([later, run[0]]))  # known from the stored entry ids
+    letters = [p for p in sink.sent if p.error_class == "ConflictingDuplicateError"]
+    assert len(letters) == 2 and len(sink.sent) == 2
+    assert "run-c-impostor" in letters[0].message and "run-c-e2" in letters[0].message
+    assert "run-c-late-impostor" in letters[1].message and "run-c-e3" in letters[1].message
+    async with store.transaction() as tx:
+        row = (await tx.load_states({("run-stats", BUILD): ["run-c"]}))[("run-stats", BUILD)]
+    assert row["run-c"].conflicts == 2 and row["run-c"].applied_seq == 4
+    state = orjson.loads(await _whole(store, RunStatsProjection(), "run-c"))
+    assert state["entries"] == 4  # nothing counted twice
+
+
+async def test_a_conflict_with_a_held_entry_is_found_too() -> None:
+    b = EntryBuilder("run-h")
+    run = [b.add(EntryKind.USER_TASK) for _ in range(3)]
+    impostor = run[2].model_copy(update={"entry_id": "run-h-impostor"})
+    store = MemoryStore()
+    engine, sink = _engine(store)
+    await engine.start(live=True)
+    topic = Topic()
+    await engine.process(topic.records([run[0], run[2]]))  # 3 held behind the gap at 2
+    await engine.process(topic.records([impostor, run[1]]))
+    assert [p.error_class for p in sink.sent] == ["ConflictingDuplicateError"]
+    assert "run-h-e3" in sink.sent[0].message
