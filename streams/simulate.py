@@ -895,6 +895,9 @@ def _raw_usage(
     }
 
 
+SIM_BEGIN = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
+
+
 def simulate_runs(
     fleets: int,
     runs: int,
@@ -903,8 +906,13 @@ def simulate_runs(
     entries_per_run: int | None = None,
     length_profile: str = "short",
     context_deltas: bool = True,
+    begin: datetime | None = None,
 ) -> Iterator[list[LedgerEntry]]:
     """Each run's entries, run after run, fleet after fleet.
+
+    Run ``i`` of a fleet starts at ``begin`` (by default 2026-11-01 08:00 UTC) plus 17 minutes
+    per run before it: thousands of runs reach past today, which the publisher refuses (more
+    than a day ahead of its clock), so a long stream gives an earlier ``begin``.
 
     ``entries_per_run`` makes every run about that long; ``length_profile="real"`` draws each
     run's length from real agents' (see :func:`run_length`); by default runs tell the short
@@ -918,7 +926,7 @@ def simulate_runs(
         fleet_id = f"fleet-{f + 1:02d}"
         for i in range(runs):
             rng = random.Random(f"{seed}:{fleet_id}:{i}")
-            start = datetime(2026, 11, 1, 8, 0, tzinfo=UTC) + timedelta(minutes=17 * i + 3 * f)
+            start = (begin or SIM_BEGIN) + timedelta(minutes=17 * i + 3 * f)
             run_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
             run = _Run(
                 rng=rng,
