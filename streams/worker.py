@@ -260,10 +260,17 @@ def create_app(settings: Settings) -> faust.App:
         except Exception:
             logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
             return
-        new = sorted(n for n in names if fleet_topic.match(n) and n not in source.topics)
+        new = sorted(
+            n for n in names if fleet_topic.match(n) and n not in PositionedConsumer.ledger_topics
+        )
         if new:
             logger.warning("new fleet topics %s: subscribing to them", ", ".join(new))
-            source.topics = [*source.topics, *new]
+            # The agent reads a clone of ``source`` (faust clones a channel per actor): every
+            # channel that reads ledger topics gets the new ones.
+            for channel in [source, *conductor._topics]:
+                names_of = getattr(channel, "topics", None)
+                if names_of and any(fleet_topic.match(n) for n in names_of):
+                    channel.topics = [*names_of, *(n for n in new if n not in names_of)]
             PositionedConsumer.ledger_topics = PositionedConsumer.ledger_topics | frozenset(new)
             conductor._flag_changes()
 

@@ -3,6 +3,7 @@ reason (kept, shown, and left alone by redrive), the others still pending."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -20,16 +21,21 @@ from tests.integration.engine_support import make_env, produce_raw
 pytestmark = pytest.mark.integration
 
 
-async def test_dismissed_dead_letters_are_kept_shown_and_left_alone(services: Settings) -> None:
-    env = await make_env(services, fleets=("fleet-a",))
+def test_dismissed_dead_letters_are_kept_shown_and_left_alone(services: Settings) -> None:
+    # (not a coroutine: the CLI below runs its own event loops)
+    env = asyncio.run(make_env(services, fleets=("fleet-a",)))
     b = EntryBuilder("run-dlq", fleet_id="fleet-a")
     good = [b.add(EntryKind.USER_TASK) for _ in range(3)]
     wrong_key = LedgerCodec().encode(b.add(EntryKind.USER_TASK))
-    await produce_raw(env, [*good, b"\x00garbage"], key=b"run-dlq")
-    await produce_raw(env, [wrong_key], key=b"someone-else")  # decodes: its run is known
-    async with env.engine() as engine:
-        stats = await drain(engine, env.settings.kafka_address, env.topics)
-    assert stats.dead_lettered == 2
+
+    async def apply() -> int:
+        await produce_raw(env, [*good, b"\x00garbage"], key=b"run-dlq")
+        await produce_raw(env, [wrong_key], key=b"someone-else")  # decodes: its run is known
+        async with env.engine() as engine:
+            stats = await drain(engine, env.settings.kafka_address, env.topics)
+        return stats.dead_lettered
+
+    assert asyncio.run(apply()) == 2
 
     runner = CliRunner()
     cli_env = {
@@ -71,6 +77,6 @@ async def test_dismissed_dead_letters_are_kept_shown_and_left_alone(services: Se
     table = runner.invoke(app, ["dlq", "list", "--fleet", "fleet-a"], env=cli_env)
     assert "2 dead letters, 1 pending" in table.stdout
 
-    report = await redrive(env.settings, env.fleets)
+    report = asyncio.run(redrive(env.settings, env.fleets))
     assert report.dismissed == 1
     assert report.redriven + len(report.still_bad) == 1

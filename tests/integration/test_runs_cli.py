@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -141,11 +142,11 @@ def test_a_unique_prefix_names_its_run_and_an_ambiguous_one_says_so(deployment: 
     prefix = _shortest_unique(target, ids)
     assert resolve_run(d.settings, prefix) == target
     assert resolve_run(d.settings, target) == target
-    common = ""
-    for a, b in zip(ids[0], ids[1], strict=False):
-        if a != b:
-            break
-        common += a
+    common = max(  # the longest start two run ids share (14 random ids share one)
+        (os.path.commonprefix([a, b]) for a in ids for b in ids if a < b),  # noqa: RUF071
+        key=len,
+    )
+    assert common, ids
     with pytest.raises(AmbiguousRunError, match="give more of it"):
         resolve_run(d.settings, common)
     with pytest.raises(NotFoundError):
