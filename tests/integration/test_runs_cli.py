@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -27,9 +30,12 @@ from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.engine import Engine, SourceRecord
 from streams.simulate import simulate
+from streams.source import read_all
 from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Refuse:
@@ -164,3 +170,47 @@ def test_a_unique_prefix_names_its_run_and_an_ambiguous_one_says_so(deployment: 
     table = runner.invoke(app, ["runs", "--status", "running", "--json"], env=env)
     assert table.exit_code == 0, table.output
     assert sorted(r["run_id"] for r in json.loads(table.stdout)) == sorted(running)
+
+
+def _code_blocks(path: Path, language: str) -> list[str]:
+    """The fenced ``language`` blocks of a Markdown file."""
+    text = path.read_text()
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S)
+
+
+def test_the_analytics_docs_queries_run(deployment: Any) -> None:
+    """Every SQL example of docs/ANALYTICS.md runs against the views as they are."""
+    d, _ = deployment
+    blocks = _code_blocks(ROOT / "docs" / "ANALYTICS.md", "sql")
+    assert len(blocks) >= 4
+    with psycopg.connect(d.settings.pg_address) as conn:
+        for sql in blocks:
+            rows = conn.execute(sql.encode()).fetchall()
+            assert isinstance(rows, list)
+        failures = conn.execute(blocks[2].encode()).fetchall()
+        assert failures, "the failure counts of the simulated runs"
+
+
+def test_the_readme_publisher_example_runs(deployment: Any) -> None:
+    """The README's Python example publishes, as written, given its ``entries``."""
+    d, _ = deployment
+    [block] = [b for b in _code_blocks(ROOT / "README.md", "python") if "Publisher" in b]
+    run = simulate(1, 1, seed=77)
+    env = {
+        "AGENTLEDGER_KAFKA_BOOTSTRAP": d.settings.kafka_address,
+        "AGENTLEDGER_TOPIC_PREFIX": d.settings.topic_prefix,
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        exec(compile(block, "README.md", "exec"), {"entries": run})
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    records = asyncio.run(
+        read_all(d.settings.kafka_address, [ledger_topic(d.settings.topic_prefix, "fleet-01")])
+    )
+    assert {r.key for r in records} >= {run[0].run_id.encode()}
