@@ -322,9 +322,9 @@ def test_failures_cli_counts_and_explains(analytics: Analytics) -> None:
     assert explained["classification"]["failure_class"] == "verifier-flaky"
     assert explained["stalled"] is False
 
-    missing = analytics.cli("failures", "no-such-run")
+    missing = analytics.cli("failures", "no-such-run")  # (ids and unique prefixes resolve)
     assert missing.exit_code == 1
-    assert "no failure-classifications for run no-such-run" in missing.stderr
+    assert "no run id is or starts with 'no-such-run'" in missing.stderr
 
 
 def test_timeline_cli_shows_steps_costs_and_class(analytics: Analytics) -> None:
@@ -365,7 +365,9 @@ def test_timeline_cli_shows_steps_costs_and_class(analytics: Analytics) -> None:
 
     missing = analytics.cli("timeline", "no-such-run")
     assert missing.exit_code == 1
-    assert "no diff-timelines for run no-such-run" in missing.stderr
+    assert "no run id is or starts with 'no-such-run'" in missing.stderr
+    prefix = analytics.cli("timeline", run_id[:12], "--json")  # a unique prefix of the id
+    assert prefix.exit_code == 0 and json.loads(prefix.stdout)["run_id"] == run_id
 
 
 def test_timeline_of_every_run_costs_what_its_calls_cost(analytics: Analytics) -> None:
