@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -27,6 +27,7 @@ from projectors.pricing import usd_text
 from projectors.registry import projection
 from projectors.stores import postgres_ops as ops
 from schemas.errors import AgentLedgerError
+from schemas.times import parse_moment
 
 Dimension = Literal["run", "fleet", "model", "purpose", "day"]
 DIMENSIONS: tuple[Dimension, ...] = ("run", "fleet", "model", "purpose", "day")
@@ -43,15 +44,7 @@ class AnalyticsViewsMissingError(AgentLedgerError):
 
 def parse_since(text: str) -> datetime:
     """An ISO date (midnight UTC) or date-time (UTC when no offset is given)."""
-    value = text.strip()
-    try:
-        if len(value) == 10:
-            day = date.fromisoformat(value)
-            return datetime(day.year, day.month, day.day, tzinfo=UTC)
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"not an ISO date or date-time: {text!r}") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return parse_moment(text)
 
 
 def usd(value: Decimal | None) -> str | None:

@@ -524,7 +524,12 @@ def costs(
     by: Annotated[str, typer.Option("--by", help="run, fleet, model, purpose or day")] = "model",
     fleet: Annotated[str | None, typer.Option("--fleet", help="one fleet only")] = None,
     since: Annotated[
-        str | None, typer.Option("--since", help="calls at or after an ISO date or date-time")
+        str | None,
+        typer.Option(
+            "--since",
+            help="calls made at or after this time (each call's own timestamp, not the publish "
+            "time): an ISO date (midnight UTC) or date-time (UTC without an offset)",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:

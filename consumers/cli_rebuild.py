@@ -98,7 +98,13 @@ def register(app: typer.Typer) -> None:
             typer.Option("--from-offset", help="N, or [topic:]partition=offset,..."),
         ] = None,
         from_time: Annotated[
-            str | None, typer.Option("--from-time", help="ISO time, e.g. 2026-11-30T08:00Z")
+            str | None,
+            typer.Option(
+                "--from-time",
+                help="start at entries published at or after this time (the Kafka record time, "
+                "not the entry's own timestamp): an ISO date (midnight UTC) or date-time "
+                "(UTC without an offset), e.g. 2026-11-30 or 2026-11-30T08:00Z",
+            ),
         ] = None,
         do_swap: Annotated[
             bool, typer.Option("--swap", help="make it live once caught up with the live build")

@@ -17,7 +17,7 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
     gaps = view.get("gaps") or []
     console.print(
         f"[bold]working memory[/] run {m['run_id']} (fleet {m['fleet_id']}), "
-        f"snapshot v{m['snapshot_version']}, through seq {where}"
+        f"snapshot v{m['snapshot_version']}, {_as_of(where, view.get('asked_seq'))}"
         + (f", [red]incomplete: missing {gaps}[/]" if gaps else "")
     )
     console.print(f"goal: {m.get('task_goal') or '-'}")
@@ -48,14 +48,24 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
                 console.print(f"  - {line}")
 
 
+def _as_of(where: Any, asked: Any) -> str:
+    """``through seq N``; for ``--at A`` where the memory last changed at N < A, say so."""
+    if asked is None or asked == where:
+        return f"through seq {where}"
+    return (
+        f"as it stood after seq {asked}: last changed by seq {where} "
+        f"(entries after {where} did not change it, or are not applied yet)"
+    )
+
+
 def print_manifest(console: Console, m: dict[str, Any]) -> None:
     console.print(
         f"[bold]{m['kind']} manifest[/] {m['manifest_id']} as of seq {m['as_of_sequence_no']}: "
         f"{len(m['items'])} items, {m['total_tokens']} tokens, "
         f"stable prefix {m.get('stable_prefix_tokens')} tokens"
     )
-    console.print(f"by section: {m['tokens_by_section']}")
-    console.print(f"by trust: {m['tokens_by_trust']}")
+    console.print(f"tokens by section: {_tally(m['tokens_by_section'])}")
+    console.print(f"tokens by trust: {_tally(m['tokens_by_trust'])}")
     for item in m["items"]:
         flags = f"  [yellow]{', '.join(item['flags'])}[/]" if item.get("flags") else ""
         console.print(
@@ -63,6 +73,27 @@ def print_manifest(console: Console, m: dict[str, Any]) -> None:
             f"{item['trust_level']:<20} {item['tokens']:>6}{flags}"
         )
     for v in m.get("violations", []):
-        console.print(f"  [red]violation[/] {v}")
+        console.print(f"  [red]violation[/] {violation_text(v)}")
     for d in m.get("dropped", []):
-        console.print(f"  [dim]dropped[/] {d}")
+        console.print(f"  [dim]dropped[/] {dropped_text(d)}")
+
+
+def _tally(counts: dict[str, int]) -> str:
+    """``a 12 · b 3``, largest first; ``-`` when empty."""
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return " · ".join(f"{name} {n}" for name, n in ordered) or "-"
+
+
+def violation_text(v: dict[str, Any]) -> str:
+    """One line for a manifest violation: its code, the item it is about, why, and its source."""
+    detail = str(v.get("detail") or "")
+    if detail.endswith(" in section None"):
+        detail = detail.removesuffix(" in section None") + " outside every section"
+    source = f" (source entry {v['source_entry_id']})" if v.get("source_entry_id") else ""
+    return f"{v.get('code')} at item {v.get('item_index')}: {detail}{source}"
+
+
+def dropped_text(d: dict[str, Any]) -> str:
+    """One line for an item dropped from the manifest for the budget."""
+    of = d.get("tool_call_id") or d.get("source_entry_id") or "-"
+    return f"{d.get('item_kind')} of {of}, {d.get('tokens')} tokens: {d.get('reason')}"

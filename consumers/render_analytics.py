@@ -69,11 +69,8 @@ def timeline_headline(t: dict[str, Any]) -> str:
         final = "" if failure["final"] else " (provisional)"
         parts.append(f"class {failure['failure_class']}{final}")
     if cost is not None:
-        budget = (
-            f" of {money(cost['task_budget_usd'], 2)} budget" if cost["task_budget_usd"] else ""
-        )
-        over = " OVER BUDGET" if cost["over_budget"] else ""
-        parts.append(f"{money(cost['cost_usd'])}{budget}{over} in {cost['calls']} calls")
+        budget = budget_text(cost, t["status"])
+        parts.append(f"{money(cost['cost_usd'])}{budget} in {cost['calls']} calls")
     s = diff["summary"]
     flags = sorted({f["kind"] for f in diff["flags"]})
     parts.append(
@@ -97,7 +94,7 @@ def print_timeline(console: Console, t: dict[str, Any]) -> None:
         f"started {t['started_at'] or '-'}, last entry {t['last_at'] or '-'} "
         f"({_duration(t['duration_s'])})"
     )
-    _print_cost_header(console, t["cost"])
+    _print_cost_header(console, t["cost"], t["status"])
     _print_failure_header(console, t["failure"])
     _print_diff_header(console, t["diff"])
     console.print("[bold]timeline[/] (time, seq, step, status, what; below: where to drill down)")
@@ -128,12 +125,27 @@ def _clock(iso: str) -> str:
     return datetime.fromisoformat(iso).strftime("%H:%M:%S")
 
 
-def _print_cost_header(console: Console, cost: dict[str, Any] | None) -> None:
+def budget_text(cost: dict[str, Any], status: str | None) -> str:
+    """`` of $1.00 budget``, ``OVER BUDGET`` when our priced cost passed it, and why a run the
+    agent stopped for its budget can show a cost under it."""
+    if not cost["task_budget_usd"]:
+        return ""
+    text = f" of {money(cost['task_budget_usd'], 2)} budget"
+    if cost["over_budget"]:
+        return text + " OVER BUDGET"
+    if status == "BUDGET_EXCEEDED":
+        return text + (
+            " (the agent stopped for its budget by its own count; the calls priced here "
+            "come to less)"
+        )
+    return text
+
+
+def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: str | None) -> None:
     if cost is None:
         console.print("cost: [dim]no cost-metrics for this run[/]")
         return
-    budget = f" of {money(cost['task_budget_usd'], 2)} budget" if cost["task_budget_usd"] else ""
-    over = " [red]OVER BUDGET[/]" if cost["over_budget"] else ""
+    budget = escape(budget_text(cost, status)).replace("OVER BUDGET", "[red]OVER BUDGET[/]")
     reported = (
         f"; provider reported {money(cost['provider_reported_cost_usd'])}, "
         f"{cost['cost_disagreements']} disagreements"
@@ -141,7 +153,7 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None) -> None:
         else ""
     )
     console.print(
-        f"cost {money(cost['cost_usd'])}{budget}{over}: {cost['calls']} calls "
+        f"cost {money(cost['cost_usd'])}{budget}: {cost['calls']} calls "
         f"({cost['unpriced_calls']} unpriced, {cost['duplicate_reports']} duplicate reports "
         f"ignored){reported}; prices {cost['price_version']}"
     )

@@ -54,7 +54,8 @@ def history_at(
         row = ops.live_history_at(conn, projection, run_id, kind, seq)
     if row is None:
         raise NotFoundError(f"no {kind} of {projection} for run {run_id} at or before {seq}")
-    return {"seq": row[1], "key": row[2], "state": row[0]}
+    # "asked_seq": the sequence asked for; "seq": the entry that last changed it, at or before.
+    return {"seq": row[1], "asked_seq": seq, "key": row[2], "state": row[0]}
 
 
 def history_row(

@@ -237,3 +237,18 @@ def fold_all(projection: Projection[S], entries: list[LedgerEntry]) -> S | None:
         if projection.accepts(entry):
             state = projection.fold(state, entry)
     return projection.finish(state) if state is not None else None
+
+
+def projection_inputs(projection: Projection[Any]) -> dict[str, Any]:
+    """The data versions a projection's results depend on besides its code version."""
+    found: dict[str, Any] = {"version": projection.version}
+    prices = getattr(projection, "prices", None)
+    if prices is not None:
+        found["price_table"] = prices.version
+    taxonomy = getattr(projection, "taxonomy", None)
+    if taxonomy is not None:
+        found["taxonomy"] = taxonomy.version
+    budget = getattr(projection, "budget", None)
+    if budget is not None:
+        found["context_budget"] = budget.model_dump()
+    return found

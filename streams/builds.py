@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from projectors.base import Projection
+from projectors.base import Projection, projection_inputs
 from projectors.registry import all_projections
 from projectors.stores import postgres_ops as ops
 from schemas.errors import AgentLedgerError
@@ -23,7 +23,11 @@ def live_targets(pg_dsn: str, projections: Sequence[Projection[Any]] | None = No
     with ops.connect(pg_dsn) as conn:
         for projection in projections if projections is not None else all_projections():
             build, version = ops.ensure_live_build(
-                conn, projection.name, initial_build(projection), projection.version
+                conn,
+                projection.name,
+                initial_build(projection),
+                projection.version,
+                projection_inputs(projection),
             )
             if version != projection.version:
                 raise BuildVersionError(

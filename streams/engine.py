@@ -24,7 +24,7 @@ import psycopg
 import redis.exceptions
 from aiokafka.errors import KafkaError
 
-from projectors.base import HistoryRow, Projection, refold
+from projectors.base import HistoryRow, Projection, projection_inputs, refold
 from projectors.ordering import missing_ranges, plan_run
 from projectors.stores import contract as pg
 from projectors.stores.contract import RunView, Store, StoreTransaction, ViewStore
@@ -220,7 +220,9 @@ class Engine:
     async def start(self, live: bool = False) -> None:
         """Record the builds, then refill Redis from PostgreSQL (views a crash left behind)."""
         for t in self.targets:
-            await self.store.ensure_build(t.name, t.build, t.projection.version, live)
+            await self.store.ensure_build(
+                t.name, t.build, t.projection.version, live, inputs=projection_inputs(t.projection)
+            )
         if self.has_views:
             await self._retrying(self.refill_views, "refilling Redis views")
             await self._retrying(self.publish_live_pointers, "publishing live builds to Redis")

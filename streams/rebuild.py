@@ -30,12 +30,13 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
 from infra.settings import Settings
-from projectors.base import Projection
+from projectors.base import Projection, projection_inputs
 from projectors.stores import postgres_ops as ops
 from projectors.stores.postgres import current_documents
 from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
+from schemas.times import parse_moment
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target
 from streams.parallel import Share, drain_parallel, parallel_ok
@@ -82,21 +83,6 @@ class BuildInfo:
     def behind(self, other: Mapping[TP, int]) -> int:
         """How many records this build still lacks to reach ``other``'s positions."""
         return sum(max(0, o - self.offsets.get(tp, -1)) for tp, o in other.items())
-
-
-def projection_inputs(projection: Projection[Any]) -> dict[str, Any]:
-    """The data versions a projection's results depend on besides its code version."""
-    found: dict[str, Any] = {"version": projection.version}
-    prices = getattr(projection, "prices", None)
-    if prices is not None:
-        found["price_table"] = prices.version
-    taxonomy = getattr(projection, "taxonomy", None)
-    if taxonomy is not None:
-        found["taxonomy"] = taxonomy.version
-    budget = getattr(projection, "budget", None)
-    if budget is not None:
-        found["context_budget"] = budget.model_dump()
-    return found
 
 
 def topics_of(settings: Settings) -> list[str]:
@@ -192,12 +178,9 @@ def _parse_offsets(spec: str, partitions: Sequence[TP]) -> dict[TP, int]:
 
 def _parse_time(text: str) -> datetime:
     try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise RebuildError(f"bad time {text!r}: use ISO 8601, e.g. 2026-11-30T08:00:00Z") from None
-    if at.tzinfo is None:
-        raise RebuildError(f"time {text!r} needs a zone, e.g. 2026-11-30T08:00:00Z")
-    return at
+        return parse_moment(text)
+    except ValueError as exc:
+        raise RebuildError(str(exc)) from None
 
 
 # -- running ---------------------------------------------------------------------------------

@@ -24,13 +24,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.settings import Settings
-from projectors.base import Projection, fold_all
+from projectors.base import Projection, fold_all, projection_inputs
 from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.json_form import from_json_text, to_json_text
 from schemas.models import ArtifactRef, ArtifactRefPart, LedgerEntry, Part
-from streams.rebuild import projection_inputs
 from streams.source import topic_partitions
 from streams.topics import ledger_topic, partition_for
 

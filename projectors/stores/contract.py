@@ -193,9 +193,17 @@ class Store(Protocol):
         """The stored positions of every partition of these topics."""
 
     async def ensure_build(
-        self, projection: str, build: str, version: int, live: bool, lane: str = "hot"
+        self,
+        projection: str,
+        build: str,
+        version: int,
+        live: bool,
+        lane: str = "hot",
+        inputs: dict[str, Any] | None = None,
     ) -> None:
-        """Record the build; with ``live``, make it the live one when none is yet."""
+        """Record the build and the data versions it uses (``inputs``: price table, taxonomy,
+        ...; kept from the first record that has them); with ``live``, make it the live one
+        when none is yet."""
 
     async def live_build(self, projection: str, lane: str = "hot") -> str | None:
         """The build readers follow, if any."""

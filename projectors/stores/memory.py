@@ -237,7 +237,13 @@ class MemoryStore:
         }
 
     async def ensure_build(
-        self, projection: str, build: str, version: int, live: bool, lane: str = "hot"
+        self,
+        projection: str,
+        build: str,
+        version: int,
+        live: bool,
+        lane: str = "hot",
+        inputs: dict[str, Any] | None = None,
     ) -> None:
         self._data.builds.setdefault((projection, build), version)
         if live:

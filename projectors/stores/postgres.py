@@ -385,14 +385,26 @@ async def write_runs(
             )
 
 
+# A build recorded before its inputs were (workers' first builds) gets them filled in once.
+RECORD_BUILD: LiteralString = (
+    "INSERT INTO al_builds (projection, build, version, inputs) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (projection, build) DO UPDATE SET inputs = EXCLUDED.inputs "
+    "WHERE al_builds.inputs IS NULL AND EXCLUDED.inputs IS NOT NULL"
+)
+
+
 async def ensure_build(
-    conn: AsyncConnection[Any], projection: str, build: str, version: int, live: bool
+    conn: AsyncConnection[Any],
+    projection: str,
+    build: str,
+    version: int,
+    live: bool,
+    inputs: dict[str, Any] | None = None,
 ) -> None:
-    """Record the build; with ``live``, make it the live one when none is yet."""
+    """Record the build (with the data versions it uses); with ``live``, make it the live one
+    when none is yet."""
     await conn.execute(
-        "INSERT INTO al_builds (projection, build, version) VALUES (%s, %s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (projection, build, version),
+        RECORD_BUILD, (projection, build, version, None if inputs is None else Jsonb(inputs))
     )
     if live:
         await conn.execute(
@@ -581,11 +593,17 @@ class PostgresStore:
             await conn.rollback()
 
     async def ensure_build(
-        self, projection: str, build: str, version: int, live: bool, lane: str = "hot"
+        self,
+        projection: str,
+        build: str,
+        version: int,
+        live: bool,
+        lane: str = "hot",
+        inputs: dict[str, Any] | None = None,
     ) -> None:
         conn = await self.connection(lane)
         async with conn.transaction():
-            await ensure_build(conn, projection, build, version, live)
+            await ensure_build(conn, projection, build, version, live, inputs)
 
     async def live_build(self, projection: str, lane: str = "hot") -> str | None:
         rows = await self._read(lane, LIVE_BUILD, (projection,))

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, use_documents
+from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, RECORD_BUILD, use_documents
 
 TopicPartition = tuple[str, int]
 
@@ -253,14 +253,16 @@ def run_cost_calls(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[Any
 
 
 def ensure_live_build(
-    conn: psycopg.Connection[Any], projection: str, build: str, version: int
+    conn: psycopg.Connection[Any],
+    projection: str,
+    build: str,
+    version: int,
+    inputs: dict[str, Any] | None = None,
 ) -> tuple[str, int]:
-    """Record ``build`` and make it live if the projection has no live build; returns the live
-    build and the code version that made it."""
+    """Record ``build`` (with the data versions it uses) and make it live if the projection has
+    no live build; returns the live build and the code version that made it."""
     conn.execute(
-        "INSERT INTO al_builds (projection, build, version) VALUES (%s, %s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (projection, build, version),
+        RECORD_BUILD, (projection, build, version, None if inputs is None else Jsonb(inputs))
     )
     conn.execute(
         "INSERT INTO al_live (projection, build) VALUES (%s, %s) ON CONFLICT DO NOTHING",

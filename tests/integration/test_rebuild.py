@@ -407,6 +407,12 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     mine = {(b["projection"], b["build"]): b for b in listed}
     assert mine[("diff-timelines", old)]["live"] and not mine[("diff-timelines", new)]["live"]
     assert mine[("diff-timelines", new)]["runs"] == len(runs)
+    # The workers' first (live) builds record their inputs as rebuilds do.
+    assert mine[("cost-metrics", d.live("cost-metrics"))]["inputs"]["price_table"]
+    assert (
+        mine[("diff-timelines", old)]["inputs"]["version"]
+        == mine[("diff-timelines", new)]["inputs"]["version"]
+    )
     shared = d.live("run-stats")  # cost-metrics and failure-classifications have one so named
     assert shared == d.live("cost-metrics")
     ambiguous = _cli(d, "rebuild", "drop", shared)
