@@ -20,7 +20,7 @@ from infra import local
 from infra.services import ServiceStatus
 from infra.settings import Settings, load_settings
 from schemas.errors import AgentLedgerError, BadArgumentError
-from schemas.models import FLEET_ID_PATTERN
+from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
 
 app = typer.Typer(
     no_args_is_help=True, help="AgentLedger: the event-sourced ledger for agent fleets."
@@ -52,9 +52,7 @@ def _fleet_option(values: list[str] | None) -> list[str] | None:
     for value in values or []:
         if not re.fullmatch(FLEET_ID_PATTERN, value):
             raise typer.BadParameter(
-                f"{value!r} is not a fleet id (a letter or digit, then up to 99 letters, "
-                "digits, '-' or '_')",
-                param_hint="--fleet",
+                f"{value!r} is not valid: {FLEET_ID_RULE}", param_hint="--fleet"
             )
     return values
 
@@ -138,7 +136,11 @@ def topics_create(
     created = create_fleet_topics_sync(settings, fleets)
     for name in created:
         console.print(f"created {name}")
-    console.print(f"{len(created)} topics created, fleets: {', '.join(fleets)}")
+    console.print(
+        f"{len(created)} topics created, fleets: {', '.join(fleets)} (each fleet: a ledger and a "
+        f"dead-letter topic, {settings.topic_partitions} partitions, replication "
+        f"{settings.topic_replication}, kept forever, zstd; existing topics are left as they are)"
+    )
 
 
 @app.command("simulate")
@@ -184,12 +186,22 @@ def simulate_cmd(
         console.print(f"wrote {len(entries)} entries of {fleets * runs} runs to {out}")
         return
 
-    async def _publish() -> None:
-        async with AsyncPublisher(_settings()) as publisher:
+    from streams.admin import create_fleet_topics
+
+    settings = _settings()
+    fleet_ids = sorted({e.fleet_id for e in entries})
+
+    async def _publish() -> list[str]:
+        # The simulator makes its fleets, so it creates their topics, as `topics create` does.
+        created = await create_fleet_topics(settings, fleet_ids)
+        async with AsyncPublisher(settings) as publisher:
             for start in range(0, len(entries), 1000):
                 await publisher.publish_batch(entries[start : start + 1000])
+        return created
 
-    asyncio.run(_publish())
+    created = asyncio.run(_publish())
+    if created:
+        console.print(f"created topics {', '.join(created)} (as `topics create` would)")
     console.print(f"published {len(entries)} entries of {fleets * runs} runs")
 
 

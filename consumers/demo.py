@@ -20,6 +20,7 @@ from infra import local
 from infra.settings import Settings
 from projectors.stores.redis import RedisViewStore
 from schemas.models import EntryKind, LedgerEntry
+from streams.admin import create_fleet_topics
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
 
@@ -54,6 +55,9 @@ def _runs(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
 
 
 async def _publish(settings: Settings, entries: list[LedgerEntry]) -> None:
+    # The demo makes its fleets (fleet-01/02), so it creates their topics as `topics create` does
+    # (already there when AGENTLEDGER_FLEETS names them: `infra up` made them).
+    await create_fleet_topics(settings, sorted({e.fleet_id for e in entries}))
     async with AsyncPublisher(settings) as publisher:
         await publisher.publish_batch(entries)
 

@@ -93,6 +93,10 @@ NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,4096}$"
 Name = Annotated[str, Field(min_length=1, max_length=4096, pattern=NAME_PATTERN)]
 # Fleet ids become topic names.
 FLEET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+FLEET_ID_RULE = (
+    "a fleet id is 1-100 ASCII letters, digits, '_' or '-', starting with a letter or digit "
+    "(it names the fleet's Kafka topics, <prefix>.ledger.<fleet>)"
+)
 FleetId = Annotated[str, Field(pattern=FLEET_ID_PATTERN)]
 # W3C trace context: 16 and 8 bytes as lower-case hex.
 TraceId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -722,6 +726,14 @@ def _field_names() -> frozenset[str]:
 
 _FIELD_NAMES = _field_names()
 # Errors whose pydantic message quotes the input; said in our words instead.
+# The rule a pattern stands for, in words (a user should not have to read a regex).
+_PATTERN_RULES = {
+    FLEET_ID_PATTERN: FLEET_ID_RULE,
+    ID_PATTERN: "an id is 1-256 of A-Z a-z 0-9 and _ . : @ / + = # ~ - (no spaces or quotes)",
+    NAME_PATTERN: "a name is 1-4096 printable characters (no control characters or newlines)",
+    METADATA_KEY_PATTERN: "a metadata key is 1-128 of A-Z a-z 0-9 and _ . : / -",
+}
+
 _OWN_WORDS = {
     "union_tag_invalid": "unknown part type",
     "union_tag_not_found": "a part needs its 'type'",
@@ -740,6 +752,9 @@ def validation_error(exc: ValidationError) -> LedgerValidationError:
     field = ".".join(_loc_item(item) for item in first["loc"]) or "entry"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     message = _OWN_WORDS.get(first["type"], first["msg"])
+    if first["type"] == "string_pattern_mismatch":
+        pattern = first.get("ctx", {}).get("pattern", "")
+        message = _PATTERN_RULES.get(pattern, message)
     if first["type"] == "union_tag_invalid":
         expected = first.get("ctx", {}).get("expected_tags", "")
         message = f"{message} (expected one of {expected})"

@@ -36,6 +36,23 @@ from streams.topics import ledger_topic
 CONTENT_TYPE = b"application/vnd.agentledger.entry+avro"
 
 
+class FleetTopicMissingError(AgentLedgerError):
+    """A fleet's ledger topic does not exist. Topics are made by one deliberate step,
+    ``agentledger topics create --fleet F``, with the same settings for every fleet; a first
+    publish never makes them. Nothing of the batch was sent."""
+
+    def __init__(self, topics: Sequence[str], fleets: Sequence[str]) -> None:
+        self.topics = list(topics)
+        self.fleets = list(fleets)
+        flags = " ".join(f"--fleet {f}" for f in self.fleets)
+        super().__init__(
+            f"no ledger topic for fleet{'s' if len(self.fleets) > 1 else ''} "
+            f"{', '.join(self.fleets)} ({', '.join(self.topics)}); nothing sent. Create it "
+            f"once with `agentledger topics create {flags}` (every fleet gets the same "
+            "partitions, retention and compression), then publish again"
+        )
+
+
 class BrokerUnavailableError(AgentLedgerError):
     """Kafka did not answer within the publish timeout. Retry later; nothing was lost here.
 
@@ -216,7 +233,7 @@ class AsyncPublisher:
         self,
         settings: Settings,
         codec: LedgerCodec | None = None,
-        create_topics: bool = True,
+        create_topics: bool = False,
         context_deltas: bool = True,
     ) -> None:
         self.settings = settings
@@ -382,12 +399,27 @@ class AsyncPublisher:
         await self._bounded(self._require_producer().flush(), "flushing to Kafka")
 
     async def _ensure_fleets(self, fleets: set[str]) -> None:
-        missing = fleets - self._fleets_ready
-        if missing and self._create_topics:
+        """Each fleet's ledger topic exists (``create_topics``: create it, as
+        ``topics create`` does; else :class:`FleetTopicMissingError`)."""
+        unknown = fleets - self._fleets_ready
+        if not unknown:
+            return
+        if self._create_topics:
             await self._bounded(
-                create_fleet_topics(self.settings, sorted(missing)), "creating fleet topics"
+                create_fleet_topics(self.settings, sorted(unknown)), "creating fleet topics"
             )
-        self._fleets_ready |= missing
+        else:
+            cluster = await self._bounded(
+                self._require_producer().client.fetch_all_metadata(), "reading topic metadata"
+            )
+            existing = set(cluster.topics())
+            absent = sorted(f for f in unknown if self._topic(f) not in existing)
+            if absent:
+                raise FleetTopicMissingError([self._topic(f) for f in absent], absent)
+        self._fleets_ready |= unknown
+
+    def _topic(self, fleet_id: str) -> str:
+        return ledger_topic(self.settings.topic_prefix, fleet_id)
 
     def _require_producer(self) -> AIOKafkaProducer:
         if self._producer is None:

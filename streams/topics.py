@@ -14,6 +14,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
 from aiokafka.partitioner import murmur2
 
+from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
+
 TOPIC_ALREADY_EXISTS = 36
 
 LEDGER_TOPIC_CONFIG: Mapping[str, str] = {
@@ -90,11 +92,11 @@ def fleet_topic_specs(
     ]
 
 
-FLEET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
+FLEET_ID_RE = re.compile(FLEET_ID_PATTERN)
 
 
 def check_fleet_id(fleet_id: str) -> str:
     """Fleet ids become topic names: letters, digits, ``_`` and ``-`` only."""
     if not FLEET_ID_RE.match(fleet_id):
-        raise ValueError(f"fleet id {fleet_id!r} must match {FLEET_ID_RE.pattern}")
+        raise ValueError(f"fleet id {fleet_id!r} is not valid: {FLEET_ID_RULE}")
     return fleet_id

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any, LiteralString
 
 import orjson
-from psycopg import AsyncConnection, Connection
+from psycopg import AsyncConnection, AsyncCursor, Connection
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from projectors.base import HistoryRow, Projection, refold
@@ -260,6 +260,16 @@ async def load_runs(
     return out
 
 
+async def _append(cur: AsyncCursor[Any], into: LiteralString, rows: list[tuple[Any, ...]]) -> None:
+    """Insert rows into an append-only table (``table (columns)``); a row already there stays
+    as it is (a retried batch writes the same rows again)."""
+    if rows:
+        marks: LiteralString = ", ".join(["%s"] * len(rows[0]))
+        await cur.executemany(
+            "INSERT INTO " + into + " VALUES (" + marks + ") ON CONFLICT DO NOTHING", rows
+        )
+
+
 async def write_runs(
     conn: AsyncConnection[Any], writes: dict[BuildKey, Sequence[RunWrite]]
 ) -> None:
@@ -332,50 +342,30 @@ async def write_runs(
                     for proj, build, w in tails
                 ],
             )
-            appended = [
-                (proj, build, w.run_id, seq, payload)
-                for proj, build, w in tails
-                for seq, payload in w.tail.items()
-            ]
-            if appended:
-                await cur.executemany(
-                    "INSERT INTO al_tail (projection, build, run_id, sequence_no, payload) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    appended,
-                )
-        holds = [
-            (proj, build, w.run_id, seq, payload)
-            for proj, build, w in flat
-            for seq, payload in w.hold.items()
-        ]
-        if holds:
-            await cur.executemany(
-                "INSERT INTO al_held (projection, build, run_id, sequence_no, payload) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                holds,
+            await _append(
+                cur,
+                "al_tail (projection, build, run_id, sequence_no, payload)",
+                [(p, b, w.run_id, seq, data) for p, b, w in tails for seq, data in w.tail.items()],
             )
-        history = [
-            (proj, build, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc, dumps=_dumps))
-            for proj, build, w in flat
-            for h in w.history
-        ]
-        if history:
-            await cur.executemany(
-                "INSERT INTO al_history (projection, build, run_id, kind, key, seq, doc) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                history,
-            )
-        ids = [
-            (proj, build, w.run_id, seq, entry_id)
-            for proj, build, w in flat
-            for seq, entry_id in w.entry_ids.items()
-        ]
-        if ids:
-            await cur.executemany(
-                "INSERT INTO al_entry_ids (projection, build, run_id, sequence_no, entry_id) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                ids,
-            )
+        await _append(
+            cur,
+            "al_held (projection, build, run_id, sequence_no, payload)",
+            [(p, b, w.run_id, seq, data) for p, b, w in flat for seq, data in w.hold.items()],
+        )
+        await _append(
+            cur,
+            "al_history (projection, build, run_id, kind, key, seq, doc)",
+            [
+                (p, b, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc, dumps=_dumps))
+                for p, b, w in flat
+                for h in w.history
+            ],
+        )
+        await _append(
+            cur,
+            "al_entry_ids (projection, build, run_id, sequence_no, entry_id)",
+            [(p, b, w.run_id, seq, eid) for p, b, w in flat for seq, eid in w.entry_ids.items()],
+        )
         releases = [(proj, build, w.run_id, seq) for proj, build, w in flat for seq in w.release]
         if releases:
             await cur.executemany(
@@ -387,9 +377,10 @@ async def write_runs(
 
 # A build recorded before its inputs were (workers' first builds) gets them filled in once.
 RECORD_BUILD: LiteralString = (
-    "INSERT INTO al_builds (projection, build, version, inputs) VALUES (%s, %s, %s, %s) "
+    "INSERT INTO al_builds (projection, build, version, inputs) "
+    "VALUES (%s, %s, %s, coalesce(%s, '{}'::jsonb)) "
     "ON CONFLICT (projection, build) DO UPDATE SET inputs = EXCLUDED.inputs "
-    "WHERE al_builds.inputs IS NULL AND EXCLUDED.inputs IS NOT NULL"
+    "WHERE al_builds.inputs = '{}'::jsonb"
 )
 
 

@@ -21,6 +21,7 @@ from fastavro.schema import to_parsing_canonical_form
 from infra.settings import Settings
 from schemas.catalog import AVSC_DIR
 from schemas.models import LedgerEntry, to_avro
+from streams.admin import create_fleet_topics
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
 from streams.source import read_all
@@ -95,6 +96,7 @@ async def test_published_entries_decode_with_apache_avro(services: Settings) -> 
     entries = simulate(fleets=1, runs=10, seed=42)
     assert any(SECRET_RE.search(e.model_dump_json().encode()) for e in entries)
 
+    await create_fleet_topics(settings, ["fleet-01"])
     async with AsyncPublisher(settings) as publisher:
         sent = await publisher.publish_batch(entries)
     assert [e.entry_id for e in sent] == [e.entry_id for e in entries]

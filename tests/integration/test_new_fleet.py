@@ -4,6 +4,8 @@ seconds, with no restart: the worker finds its ledger topic and subscribes to it
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,5 +55,71 @@ def test_a_fleet_created_after_the_worker_started_is_projected_within_10_s(
             time.sleep(0.2)
         print(f"new fleet projected {time.monotonic() - published:.1f}s after its first publish")
         assert "new fleet topics" in d.log_of("w").read_text()
+    finally:
+        d.drop()
+
+
+def test_a_first_publish_to_a_fleet_without_topics_is_a_clear_error_and_sends_nothing(
+    services: Settings, tmp_path: Path
+) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from schemas.json_form import to_json_text
+    from streams.publisher import FleetTopicMissingError
+
+    d = PrivateDeployment(services, "nofleet", ["fleet-01"], tmp_path)
+    asyncio.run(d.create())
+    try:
+        b = EntryBuilder("run-newco-1", fleet_id="newco")
+        b.add(EntryKind.RUN_STARTED)
+        b.add(EntryKind.RUN_FINISHED, run_status=RunStatus.SUCCEEDED)
+
+        async def publish() -> None:
+            async with AsyncPublisher(d.settings) as publisher:
+                await publisher.publish_batch(b.entries)
+
+        with pytest.raises(FleetTopicMissingError) as caught:
+            asyncio.run(publish())
+        assert caught.value.fleets == ["newco"]
+        assert "agentledger topics create --fleet newco" in str(caught.value)
+
+        async def topics() -> set[str]:
+            admin = AIOKafkaAdminClient(bootstrap_servers=d.settings.kafka_address)
+            await admin.start()
+            try:
+                return set(await admin.list_topics())
+            finally:
+                await admin.close()
+
+        ledger = f"{d.settings.topic_prefix}.ledger.newco"
+        assert ledger not in asyncio.run(topics())  # the publisher made nothing
+
+        path = tmp_path / "newco.jsonl"
+        path.write_text("".join(to_json_text(e) + "\n" for e in b.entries))
+        cli = [sys.executable, "-m", "consumers.cli"]
+        sent = subprocess.run(
+            [*cli, "publish", str(path)], env=d.env(), capture_output=True, text=True, timeout=120
+        )
+        assert sent.returncode == 1 and "Traceback" not in sent.stderr
+        assert "no ledger topic for fleet newco" in sent.stderr
+        assert "topics create --fleet newco" in sent.stderr and len(sent.stderr.splitlines()) == 1
+
+        # The deliberate step, then the same file goes.
+        d.fleets.append("newco")  # (dropped with the deployment)
+        made = subprocess.run(
+            [*cli, "topics", "create", "--fleet", "newco"],
+            env=d.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert made.returncode == 0 and f"created {ledger}" in made.stdout, made.stderr
+        assert "kept forever" in made.stdout
+        again = subprocess.run(
+            [*cli, "publish", str(path)], env=d.env(), capture_output=True, text=True, timeout=120
+        )
+        assert again.returncode == 0 and "published 2 entries (newco=2)" in again.stdout, (
+            again.stdout + again.stderr
+        )
     finally:
         d.drop()

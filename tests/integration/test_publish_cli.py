@@ -15,6 +15,7 @@ import pytest
 from infra.settings import Settings
 from schemas.codec import LedgerCodec
 from schemas.json_form import to_json, to_json_text
+from streams.admin import create_fleet_topics
 from streams.simulate import simulate_runs
 from streams.source import read_all
 from streams.topics import ledger_topic
@@ -48,6 +49,7 @@ async def test_an_invalid_line_means_nothing_sent_and_partial_sends_the_valid_ru
     path = tmp_path / "entries.jsonl"
     path.write_text("\n".join(lines) + "\n")
     topic = ledger_topic(settings.topic_prefix, "fleet-01")
+    await create_fleet_topics(settings, ["fleet-01"])  # the deliberate step before a publish
 
     proc = _cli(settings, "publish", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr

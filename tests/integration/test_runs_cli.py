@@ -30,7 +30,6 @@ from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.engine import Engine, SourceRecord
 from streams.simulate import simulate
-from streams.source import read_all
 from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
@@ -189,28 +188,3 @@ def test_the_analytics_docs_queries_run(deployment: Any) -> None:
             assert isinstance(rows, list)
         failures = conn.execute(blocks[2].encode()).fetchall()
         assert failures, "the failure counts of the simulated runs"
-
-
-def test_the_readme_publisher_example_runs(deployment: Any) -> None:
-    """The README's Python example publishes, as written, given its ``entries``."""
-    d, _ = deployment
-    [block] = [b for b in _code_blocks(ROOT / "README.md", "python") if "Publisher" in b]
-    run = simulate(1, 1, seed=77)
-    env = {
-        "AGENTLEDGER_KAFKA_BOOTSTRAP": d.settings.kafka_address,
-        "AGENTLEDGER_TOPIC_PREFIX": d.settings.topic_prefix,
-    }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        exec(compile(block, "README.md", "exec"), {"entries": run})
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    records = asyncio.run(
-        read_all(d.settings.kafka_address, [ledger_topic(d.settings.topic_prefix, "fleet-01")])
-    )
-    assert {r.key for r in records} >= {run[0].run_id.encode()}
