@@ -20,7 +20,7 @@ from infra import local
 from infra.services import ServiceStatus
 from infra.settings import Settings, load_settings
 from schemas.errors import AgentLedgerError, BadArgumentError
-from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
+from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE, RunStatus
 
 app = typer.Typer(
     no_args_is_help=True, help="AgentLedger: the event-sourced ledger for agent fleets."
@@ -602,17 +602,7 @@ def failures(
     print_failures(console, report)
 
 
-RUN_STATUSES = (
-    "RUNNING",
-    "SUCCEEDED",
-    "FAILED",
-    "BLOCKED",
-    "CANCELLED",
-    "TIMED_OUT",
-    "BUDGET_EXCEEDED",
-    "POLICY_DENIED",
-    "UNKNOWN",
-)
+RUN_STATUSES = ("RUNNING", *(status.value for status in RunStatus))
 
 
 @app.command("runs")

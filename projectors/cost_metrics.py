@@ -10,8 +10,21 @@ cost is None and the run's cost counts priced calls only.
 When the provider reports its own cost it is kept beside ours; the two disagree when they differ
 by more than both ``rel_tolerance`` of the reported cost and ``abs_tolerance_usd``.
 
+**Unknown is not zero** (schema v3 ``unknown_fields``): a call whose latency is unknown adds
+nothing to ``latency_ms_sum`` and is not in ``latency_calls`` (the average is over the calls that
+report one); a call whose token counts are unknown is counted in ``usage_unknown_calls``, adds no
+tokens and has no cost (``cost_usd`` None, not $0), so the run's cost is then a lower bound.
+
+**Reported run totals**: an agent that accounts only per run (SWE-agent's ``model_stats``) sends a
+``JsonPart`` with ``schema_ref`` :data:`RUN_TOTALS_REF` (``{"cost_usd": "1.26719",
+"input_tokens": 122612, "output_tokens": 1369, "calls": 2}``, each key optional). They are kept
+beside the per-call sums (``reported_totals``), never added to them, and ``reported_disagrees``
+flags a difference (cost beyond the tolerances, or any token or call count that differs) when
+the run has per-call figures to compare.
+
 The task budget comes from the ``task_budget_usd`` metadata of ``RUN_STARTED``; the run is
-``over_budget`` once its cost exceeds it.
+``over_budget`` once its cost exceeds it, or, when its calls are unpriced, once the provider's
+reported cost does (the budget check never treats an unpriced call as free).
 
 Every counted call leaves one flat history row (kind ``model_call``), the rows SQL roll-ups by
 fleet, model, purpose and day read; :func:`rollup` is the same roll-up in Python. USD amounts are
@@ -20,6 +33,7 @@ exact decimals, written as decimal text (``"0.0123"``) in documents.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -37,6 +51,7 @@ from projectors.pricing import (
 )
 from schemas.models import (
     EntryKind,
+    JsonPart,
     LedgerEntry,
     ModelCallStatus,
     ModelUsagePart,
@@ -75,12 +90,13 @@ class CallCost(_Frozen):
     model: str
     purpose: str
     status: str
-    input_tokens: int
-    cached_input_tokens: int
-    output_tokens: int
-    reasoning_tokens: int
-    latency_ms: int
-    cost_usd: UsdAmount | None
+    input_tokens: int | None  # None: the source did not report the call's usage (then all four)
+    cached_input_tokens: int | None
+    output_tokens: int | None
+    reasoning_tokens: int | None
+    cache_write_input_tokens: int | None = None  # None: not reported
+    latency_ms: int | None  # None: unknown
+    cost_usd: UsdAmount | None  # None: unpriced, or usage unknown
     provider_reported_cost_usd: UsdAmount | None
     cost_disagreement: bool
     unpriced: bool
@@ -98,35 +114,58 @@ class CostTotals(_Frozen):
     cached_input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    latency_ms_sum: int = 0
+    cache_write_input_tokens: int = 0  # over the calls that report cache writes
+    latency_ms_sum: int = 0  # over the calls with a known latency
+    latency_calls: int = 0
+    usage_unknown_calls: int = 0  # calls whose token counts the source did not report
     cost_usd: UsdAmount = _ZERO
     unpriced_calls: int = 0
     reported_calls: int = 0
     provider_reported_cost_usd: UsdAmount = _ZERO  # over the calls that report one
+    unpriced_reported_cost_usd: UsdAmount = _ZERO  # the reported cost of unpriced calls
     cost_disagreements: int = 0
 
     @property
     def avg_latency_ms(self) -> float | None:
-        return self.latency_ms_sum / self.calls if self.calls else None
+        return self.latency_ms_sum / self.latency_calls if self.latency_calls else None
 
     def plus(self, call: CallCost) -> CostTotals:
         reported = call.provider_reported_cost_usd
+        known = call.input_tokens is not None
         return self.model_copy(
             update={
                 "calls": self.calls + 1,
                 "failed_calls": self.failed_calls + (call.status != ModelCallStatus.OK),
-                "input_tokens": capped(self.input_tokens + call.input_tokens),
-                "cached_input_tokens": capped(self.cached_input_tokens + call.cached_input_tokens),
-                "output_tokens": capped(self.output_tokens + call.output_tokens),
-                "reasoning_tokens": capped(self.reasoning_tokens + call.reasoning_tokens),
-                "latency_ms_sum": capped(self.latency_ms_sum + call.latency_ms),
+                "input_tokens": capped(self.input_tokens + (call.input_tokens or 0)),
+                "cached_input_tokens": capped(
+                    self.cached_input_tokens + (call.cached_input_tokens or 0)
+                ),
+                "output_tokens": capped(self.output_tokens + (call.output_tokens or 0)),
+                "reasoning_tokens": capped(self.reasoning_tokens + (call.reasoning_tokens or 0)),
+                "cache_write_input_tokens": capped(
+                    self.cache_write_input_tokens + (call.cache_write_input_tokens or 0)
+                ),
+                "latency_ms_sum": capped(self.latency_ms_sum + (call.latency_ms or 0)),
+                "latency_calls": self.latency_calls + (call.latency_ms is not None),
+                "usage_unknown_calls": self.usage_unknown_calls + (not known),
                 "cost_usd": self.cost_usd + (call.cost_usd or _ZERO),
                 "unpriced_calls": self.unpriced_calls + call.unpriced,
                 "reported_calls": self.reported_calls + (reported is not None),
                 "provider_reported_cost_usd": self.provider_reported_cost_usd + (reported or _ZERO),
+                "unpriced_reported_cost_usd": self.unpriced_reported_cost_usd
+                + ((reported or _ZERO) if call.cost_usd is None else _ZERO),
                 "cost_disagreements": self.cost_disagreements + call.cost_disagreement,
             }
         )
+
+
+class ReportedTotals(_Frozen):
+    """A run's totals as its agent reported them (not summed from calls); None: not reported."""
+
+    cost_usd: UsdAmount | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    calls: int | None = None
 
 
 class CostMetrics(_Frozen):
@@ -141,6 +180,8 @@ class CostMetrics(_Frozen):
     by_purpose: dict[str, CostTotals] = {}
     task_budget_usd: UsdAmount | None = None
     over_budget: bool = False
+    reported_totals: ReportedTotals | None = None
+    reported_disagrees: bool = False
     duplicate_reports: int = 0
     seen_keys: IdSet = frozenset()  # response ids, or entry ids of calls without one
     first_at: UtcDatetime | None = None  # the run's start (or first counted call)
@@ -150,7 +191,7 @@ class CostMetrics(_Frozen):
 
 class CostMetricsProjection(ModelProjection[CostMetrics]):
     name = "cost-metrics"
-    version = 1
+    version = 2
     hot = False
     state_type = CostMetrics
     unbounded = ("seen_keys",)  # one per counted call; the calls themselves are history rows
@@ -167,7 +208,9 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
         self.abs_tolerance_usd = abs_tolerance_usd
 
     def accepts(self, entry: LedgerEntry) -> bool:
-        return entry.kind in _ACCEPTED
+        return entry.kind in _ACCEPTED or (
+            entry.kind in _TOTALS_KINDS and _reported_totals(entry) is not None
+        )
 
     def initial(self, entry: LedgerEntry) -> CostMetrics:
         return CostMetrics(
@@ -182,7 +225,29 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             return self._model_call(state, entry)
         if entry.kind is EntryKind.RUN_STARTED:
             return _started(state, entry)
+        totals = _reported_totals(entry)
+        if totals is not None:
+            return self._judged(state.model_copy(update={"reported_totals": totals}))
         return state
+
+    def _judged(self, state: CostMetrics) -> CostMetrics:
+        """Budget and reported-totals flags for the state's current sums."""
+        t, r = state.totals, state.reported_totals
+        disagrees = False
+        if r is not None and t.calls:
+            disagrees = (
+                (r.calls is not None and r.calls != t.calls)
+                or (r.input_tokens is not None and r.input_tokens != t.input_tokens)
+                or (r.output_tokens is not None and r.output_tokens != t.output_tokens)
+                or (
+                    r.cost_usd is not None
+                    and not t.unpriced_calls
+                    and self._disagree(t.cost_usd, r.cost_usd)
+                )
+            )
+        return state.model_copy(
+            update={"over_budget": _over(state), "reported_disagrees": disagrees}
+        )
 
     def history(
         self, before: CostMetrics | None, after: CostMetrics, entry: LedgerEntry
@@ -214,20 +279,27 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             return state.model_copy(
                 update={"duplicate_reports": state.duplicate_reports + duplicates}
             )
-        return _counted(state, calls, seen, duplicates, entry.occurred_at)
+        return self._judged(_counted(state, calls, seen, duplicates, entry.occurred_at))
 
     def _call(self, part: ModelUsagePart, entry: LedgerEntry, key: str) -> CallCost:
         usage = normalize_usage(part)
         price = self.prices.price(part.provider, part.model, entry.occurred_at)
-        cost = price.cost(usage) if price is not None else None
+        cost = price.cost(usage) if price is not None and usage is not None else None
         reported = _usd(part.provider_reported_cost_usd)
-        normalized = (usage.input, usage.cached_input, usage.output, usage.reasoning)
         own = (
             part.input_tokens,
             part.cached_input_tokens,
             part.output_tokens,
             part.reasoning_tokens,
         )
+        if usage is None:
+            counts: tuple[int | None, ...] = (None, None, None, None)
+            mismatch = False
+        else:
+            counts = (usage.input, usage.cached_input, usage.output, usage.reasoning)
+            mismatch = (
+                usage.normalizer != ENTRY_FIELDS and not part.unknown_fields and counts != own
+            )
         return CallCost(
             key=key,
             response_id=part.provider_response_id,
@@ -238,18 +310,19 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             model=part.model,
             purpose=part.purpose,
             status=part.status.value,
-            input_tokens=usage.input,
-            cached_input_tokens=usage.cached_input,
-            output_tokens=usage.output,
-            reasoning_tokens=usage.reasoning,
-            latency_ms=part.latency_ms,
+            input_tokens=counts[0],
+            cached_input_tokens=counts[1],
+            output_tokens=counts[2],
+            reasoning_tokens=counts[3],
+            cache_write_input_tokens=usage.cache_write if usage is not None else None,
+            latency_ms=part.latency_ms if part.known("latency_ms") else None,
             cost_usd=cost,
             provider_reported_cost_usd=reported,
             cost_disagreement=self._disagree(cost, reported),
             unpriced=price is None,
             price_effective_from=price.effective_from if price is not None else None,
-            normalizer=usage.normalizer,
-            usage_mismatch=usage.normalizer != ENTRY_FIELDS and normalized != own,
+            normalizer=usage.normalizer if usage is not None else "unknown",
+            usage_mismatch=mismatch,
         )
 
     def _disagree(self, ours: Decimal | None, reported: Decimal | None) -> bool:
@@ -300,13 +373,36 @@ def _call_from_doc(row: Mapping[str, Any]) -> CallCost:
 
 def _started(state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
     budget = _budget(entry.metadata.get(BUDGET_KEY))
-    return state.model_copy(
-        update={
-            "task_budget_usd": budget,
-            "over_budget": budget is not None and state.totals.cost_usd > budget,
-            "first_at": state.first_at or entry.occurred_at,
-        }
+    started = state.model_copy(
+        update={"task_budget_usd": budget, "first_at": state.first_at or entry.occurred_at}
     )
+    return started.model_copy(update={"over_budget": _over(started)})
+
+
+def _over(state: CostMetrics) -> bool:
+    """Over the task budget by our priced cost plus the provider's reported cost of the calls we
+    could not price (an unpriced call is never free to the budget)."""
+    budget = state.task_budget_usd
+    if budget is None:
+        return False
+    return state.totals.cost_usd + state.totals.unpriced_reported_cost_usd > budget
+
+
+RUN_TOTALS_REF = "agentledger.run-totals@1"
+_TOTALS_KINDS = frozenset({EntryKind.RUN_FINISHED, EntryKind.RUN_SUMMARY})
+
+
+def _reported_totals(entry: LedgerEntry) -> ReportedTotals | None:
+    """The run totals an entry reports (a JsonPart with schema_ref RUN_TOTALS_REF), if any; a
+    malformed document is ignored rather than trusted."""
+    for part in entry.parts:
+        if isinstance(part, JsonPart) and part.schema_ref == RUN_TOTALS_REF:
+            try:
+                doc = json.loads(part.json_text)
+                return ReportedTotals.model_validate(doc) if isinstance(doc, dict) else None
+            except ValueError:
+                return None
+    return None
 
 
 def _counted(
@@ -322,13 +418,11 @@ def _counted(
         model = f"{call.provider}/{call.model}"
         by_model[model] = by_model.get(model, _EMPTY).plus(call)
         by_purpose[call.purpose] = by_purpose.get(call.purpose, _EMPTY).plus(call)
-    budget = state.task_budget_usd
     return state.model_copy(
         update={
             "totals": totals,
             "by_model": by_model,
             "by_purpose": by_purpose,
-            "over_budget": budget is not None and totals.cost_usd > budget,
             "duplicate_reports": state.duplicate_reports + duplicates,
             "seen_keys": seen,
             "first_at": state.first_at or at,

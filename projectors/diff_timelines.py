@@ -78,6 +78,7 @@ from schemas.models import (
     ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
+    UsageField,
     UtcDatetime,
     VerificationPart,
     VerificationStatus,
@@ -893,21 +894,31 @@ def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
 
 
 def _model_row(entry: LedgerEntry, u: ModelUsagePart) -> TimelineRow:
+    def count(name: UsageField, value: int) -> int | None:  # None: the source did not say (v3)
+        return value if u.known(name) else None
+
+    def text(value: int | None) -> str:
+        return "?" if value is None else f"{value:,}"
+
+    tokens_in = count("input_tokens", u.input_tokens)
+    cached = count("cached_input_tokens", u.cached_input_tokens)
+    out = count("output_tokens", u.output_tokens)
+    latency = count("latency_ms", u.latency_ms)
     summary = (
-        f"{u.provider}/{u.model} {u.purpose}: {u.input_tokens:,} in "
-        f"({u.cached_input_tokens:,} cached) / {u.output_tokens:,} out, "
-        f"{u.latency_ms / 1000:.1f}s"
+        f"{u.provider}/{u.model} {u.purpose}: {text(tokens_in)} in "
+        f"({text(cached)} cached) / {text(out)} out, "
+        + (f"{latency / 1000:.1f}s" if latency is not None else "latency unknown")
     )
     detail: Detail = {
         "provider": u.provider,
         "model": u.model,
         "purpose": u.purpose,
         "provider_response_id": u.provider_response_id,
-        "input_tokens": u.input_tokens,
-        "cached_input_tokens": u.cached_input_tokens,
-        "output_tokens": u.output_tokens,
-        "reasoning_tokens": u.reasoning_tokens,
-        "latency_ms": u.latency_ms,
+        "input_tokens": tokens_in,
+        "cached_input_tokens": cached,
+        "output_tokens": out,
+        "reasoning_tokens": count("reasoning_tokens", u.reasoning_tokens),
+        "latency_ms": latency,
         "context_entry_id": entry.causation.parent_entry_id,
         "cost_usd": None,  # joined in from the cost projection
     }

@@ -1,21 +1,30 @@
 """Model-call pricing: a versioned usage normalizer and a versioned price table.
 
-**Normalized usage** (``NORMALIZER_VERSION`` 1), the convention of ``ModelUsagePart``'s fields:
+**Normalized usage** (``NORMALIZER_VERSION`` 2), the convention of ``ModelUsagePart``'s fields:
 
 * ``input``: every prompt token the provider processed, cache reads and cache writes included;
 * ``cached_input``: the prompt tokens read from the provider's cache (a part of ``input``);
 * ``output``: every generated token, reasoning ("thinking") included;
-* ``reasoning``: the generated tokens spent on reasoning (a part of ``output``).
+* ``reasoning``: the generated tokens spent on reasoning (a part of ``output``);
+* ``cache_write``: the prompt tokens written to the cache (a part of ``input``), when reported.
+
+A call whose entry marks input or output tokens unknown (``unknown_fields``, schema v3) and whose
+raw usage does not give them has unknown usage: :func:`normalize_usage` returns None, never zeros.
 
 Each provider's raw usage is read in its own shape:
 
 * ``anthropic``: ``input_tokens`` excludes cache reads and writes, so input = input_tokens +
   cache_read_input_tokens + cache_creation_input_tokens and cached = cache_read_input_tokens.
   Thinking is billed inside ``output_tokens`` and not reported apart: reasoning = 0.
+  cache_write = cache_creation_input_tokens.
 * ``openai``: Chat Completions (``prompt_tokens``/``completion_tokens``) or Responses
   (``input_tokens``/``output_tokens``), each with ``*_details.cached_tokens`` and
   ``*_details.reasoning_tokens``. Prompt includes cached and completion includes reasoning, so the
-  counts map one to one.
+  counts map one to one. Codex's flattened ``token_count`` shape (``cached_input_tokens``,
+  ``reasoning_output_tokens`` beside ``input_tokens``/``output_tokens``) is read the same way.
+* ``openrouter``, ``portkey`` (OpenAI-compatible gateways): as ``openai``, except that for Google
+  models (``google/...``, ``gemini...``) ``completion_tokens`` excludes the reasoning tokens they
+  report apart, so output = completion + reasoning (:data:`REASONING_APART`).
 * ``google``: ``promptTokenCount`` includes ``cachedContentTokenCount``; ``candidatesTokenCount``
   excludes ``thoughtsTokenCount``, so output = candidates + thoughts and reasoning = thoughts;
   ``toolUsePromptTokenCount`` is prompt input too. camelCase (REST) or snake_case (SDK) keys.
@@ -27,8 +36,9 @@ input, reasoning above output), falls back to the entry's own fields: normalizer
 **Charging**, per million tokens at the price in effect on the call's UTC date: uncached input
 (input - cached) at ``input``; cached input at ``cached_input`` (``input`` when the table gives
 none); non-reasoning output (output - reasoning) at ``output``; reasoning at ``reasoning``
-(``output`` when none). Cache writes are charged as uncached input, and tiered (long-context)
-prices are not modelled. Amounts are exact ``Decimal`` USD, never floats.
+(``output`` when none); cache writes at ``cache_write`` (as uncached input when the table gives
+none). Tiered (long-context) prices are not modelled. Amounts are exact ``Decimal`` USD, never
+floats.
 
 **Price table** (JSON, ``projectors/data/prices.v1.json`` ships)::
 
@@ -62,7 +72,7 @@ from projectors.base import BIGINT_MAX
 from schemas.errors import AgentLedgerError
 from schemas.models import ModelUsagePart
 
-NORMALIZER_VERSION = 1
+NORMALIZER_VERSION = 2
 ENTRY_FIELDS = "entry-fields"
 SHIPPED_PRICES = "data/prices.v1.json"
 _MILLION = Decimal(1_000_000)
@@ -87,6 +97,7 @@ class Usage:
     output: int
     reasoning: int
     normalizer: str
+    cache_write: int | None = None
 
 
 class _Frozen(BaseModel):
@@ -104,13 +115,17 @@ class ModelPrice(_Frozen):
     cached_input: PerMillion | None = None
     output: PerMillion
     reasoning: PerMillion | None = None
+    cache_write: PerMillion | None = None
 
     def cost(self, usage: Usage) -> Decimal:
         """The exact USD cost of ``usage`` at these prices."""
         cached_rate = self.input if self.cached_input is None else self.cached_input
         reasoning_rate = self.output if self.reasoning is None else self.reasoning
+        # cache writes at their own rate when the table has one, else inside uncached input
+        written = (usage.cache_write or 0) if self.cache_write is not None else 0
         per_million = (
-            (usage.input - usage.cached_input) * self.input
+            (usage.input - usage.cached_input - written) * self.input
+            + written * (self.cache_write or _ZERO)
             + usage.cached_input * cached_rate
             + (usage.output - usage.reasoning) * self.output
             + usage.reasoning * reasoning_rate
@@ -206,25 +221,55 @@ class _ShapeError(Exception):
     """Raw usage is not of the shape a normalizer reads."""
 
 
-def normalize_usage(part: ModelUsagePart) -> Usage:
-    """The call's usage in the normalized convention, read from its provider's raw usage."""
-    normalizer = _NORMALIZERS.get(part.provider.lower())
-    if normalizer is not None:
-        try:
-            usage = normalizer(_raw(part.raw_usage_json))
-        except _ShapeError:
-            pass
-        else:
-            fits = usage.input <= BIGINT_MAX and usage.output <= BIGINT_MAX  # a stored count
-            if fits and usage.cached_input <= usage.input and usage.reasoning <= usage.output:
-                return usage
+def normalize_usage(part: ModelUsagePart) -> Usage | None:
+    """The call's usage in the normalized convention, read from its provider's raw usage; None
+    when its token counts are unknown (and the raw usage does not give them)."""
+    usage = normalize_raw(part.provider, part.model, part.raw_usage_json)
+    if usage is not None:
+        return usage
+    if not (part.known("input_tokens") and part.known("output_tokens")):
+        return None
     return Usage(
         part.input_tokens,
-        part.cached_input_tokens,
+        part.cached_input_tokens if part.known("cached_input_tokens") else 0,
         part.output_tokens,
-        part.reasoning_tokens,
+        part.reasoning_tokens if part.known("reasoning_tokens") else 0,
         ENTRY_FIELDS,
+        part.cache_write_input_tokens,
     )
+
+
+def normalize_raw(provider: str, model: str, raw_usage_json: str) -> Usage | None:
+    """A provider's raw usage read in its own convention (importers fill an entry's normalized
+    fields with it); None when the provider has no normalizer or the raw usage is not of its
+    shape."""
+    name = provider.lower()
+    normalizer = _NORMALIZERS.get(name)
+    if normalizer is None:
+        return None
+    try:
+        raw = _raw(raw_usage_json)
+        usage = (
+            _openai(raw, reasoning_apart=True)
+            if name in REASONING_APART and _is_google(model)
+            else normalizer(raw)
+        )
+    except _ShapeError:
+        return None
+    fits = usage.input <= BIGINT_MAX and usage.output <= BIGINT_MAX  # a stored count
+    if fits and usage.cached_input <= usage.input and usage.reasoning <= usage.output:
+        return usage
+    return None
+
+
+# OpenAI-compatible gateways that report a Google model's reasoning tokens apart from (not inside)
+# its completion tokens.
+REASONING_APART = frozenset({"openrouter", "portkey"})
+
+
+def _is_google(model: str) -> bool:
+    name = model.lower()
+    return name.startswith(("google/", "gemini")) or "/gemini" in name
 
 
 def _raw(text: str) -> Mapping[str, Any]:
@@ -264,19 +309,24 @@ def _anthropic(raw: Mapping[str, Any]) -> Usage:
     read = _count(raw, "cache_read_input_tokens")
     written = _count(raw, "cache_creation_input_tokens")
     output = _count(raw, "output_tokens", required=True)
-    return Usage(uncached + read + written, read, output, 0, "anthropic")
+    return Usage(uncached + read + written, read, output, 0, "anthropic", written)
 
 
-def _openai(raw: Mapping[str, Any]) -> Usage:
+def _openai(raw: Mapping[str, Any], reasoning_apart: bool = False) -> Usage:
     prompt, completion = (
         ("prompt_tokens", "completion_tokens")  # Chat Completions
         if "prompt_tokens" in raw
         else ("input_tokens", "output_tokens")  # Responses
     )
-    cached = _count(_details(raw, f"{prompt}_details"), "cached_tokens")
-    reasoning = _count(_details(raw, f"{completion}_details"), "reasoning_tokens")
+    if "cached_input_tokens" in raw or "reasoning_output_tokens" in raw:  # Codex's token_count
+        cached = _count(raw, "cached_input_tokens")
+        reasoning = _count(raw, "reasoning_output_tokens")
+    else:
+        cached = _count(_details(raw, f"{prompt}_details"), "cached_tokens")
+        reasoning = _count(_details(raw, f"{completion}_details"), "reasoning_tokens")
     total_in = _count(raw, prompt, required=True)
-    return Usage(total_in, cached, _count(raw, completion, required=True), reasoning, "openai")
+    output = _count(raw, completion, required=True) + (reasoning if reasoning_apart else 0)
+    return Usage(total_in, cached, output, reasoning, "openai")
 
 
 _GOOGLE_CAMEL = (
@@ -309,4 +359,6 @@ _NORMALIZERS: dict[str, Callable[[Mapping[str, Any]], Usage]] = {
     "anthropic": _anthropic,
     "openai": _openai,
     "google": _google,
+    "openrouter": _openai,
+    "portkey": _openai,
 }

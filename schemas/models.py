@@ -183,6 +183,8 @@ class RunStatus(StrEnum):
     TIMED_OUT = "TIMED_OUT"
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     POLICY_DENIED = "POLICY_DENIED"
+    STEP_LIMIT = "STEP_LIMIT"  # v3: stopped at its step or iteration limit
+    SUBMITTED = "SUBMITTED"  # v3: submitted its result (e.g. a patch); a verdict may follow
     UNKNOWN = "UNKNOWN"
 
 
@@ -447,6 +449,12 @@ class ErrorPart(_Record):
     signature: Name | None = None
 
 
+# The usage fields a source may leave unreported (ModelUsagePart.unknown_fields, v3).
+UsageField = Literal[
+    "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "latency_ms"
+]
+
+
 class ModelUsagePart(_Record):
     """One model provider call: normalized usage plus the provider's raw usage verbatim."""
 
@@ -464,6 +472,10 @@ class ModelUsagePart(_Record):
     status: ModelCallStatus
     provider_reported_cost_usd: Usd | None = None
     raw_usage_json: JsonText
+    cache_write_input_tokens: Count | None = None  # v3
+    # v3: the usage fields the source did not report; each is written as 0 for older readers and
+    # read as unknown (never as zero) by everything that reads v3.
+    unknown_fields: tuple[UsageField, ...] = ()
 
     @field_validator("cached_input_tokens")
     @classmethod
@@ -474,6 +486,27 @@ class ModelUsagePart(_Record):
     @classmethod
     def _reasoning_within_output(cls, value: int, info: ValidationInfo) -> int:
         return _at_most(value, info, "output_tokens")
+
+    @field_validator("cache_write_input_tokens")
+    @classmethod
+    def _writes_within_input(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _at_most(value, info, "input_tokens")
+
+    @field_validator("unknown_fields")
+    @classmethod
+    def _unknown_is_written_as_zero(
+        cls, value: tuple[str, ...], info: ValidationInfo
+    ) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("names a field twice")
+        for name in value:
+            if info.data.get(name, 0) != 0:
+                raise ValueError(f"{name} is unknown, so it must be written as 0")
+        return value
+
+    def known(self, field: UsageField) -> bool:
+        """Whether the source reported this usage field (v3; every field of older entries)."""
+        return field not in self.unknown_fields
 
 
 def _at_most(value: int, info: ValidationInfo, total: str) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from projectors.base import HistoryRow
 from projectors.cost_metrics import (
@@ -23,14 +24,16 @@ from projectors.pricing import (
     PriceTable,
     PriceTableError,
     Usage,
+    normalize_raw,
     normalize_usage,
 )
 from schemas.factory import EntryBuilder, model_usage
-from schemas.models import EntryKind, LedgerEntry, ModelCallStatus, ModelUsagePart
+from schemas.models import EntryKind, LedgerEntry, ModelCallStatus, ModelUsagePart, RunStatus
 from streams.simulate import MODELS, simulate_runs
 
 SHIPPED_FILE = Path(__file__).parents[2] / "projectors" / "data" / "prices.v1.json"
 DOC_KEYS = {
+    "cache_write_input_tokens",
     "run_id",
     "fleet_id",
     "entry_id",
@@ -151,7 +154,7 @@ def table(tmp_path: Path, models: dict[str, Any], version: str = "user-1") -> Pr
 
 def test_anthropic_input_excludes_cache_reads_and_writes() -> None:
     got = normalize_usage(usage("anthropic", raw=ANTHROPIC_RAW))
-    assert got == Usage(4500, 3000, 700, 0, "anthropic")
+    assert got == Usage(4500, 3000, 700, 0, "anthropic", cache_write=500)
 
 
 def test_openai_chat_and_responses_include_cached_and_reasoning() -> None:
@@ -624,3 +627,135 @@ def test_simulated_run_costs_equal_their_rows_and_an_independent_derivation() ->
         )
         duplicates += state.duplicate_reports
     assert duplicates > 0, "the simulator re-reports some responses"
+
+
+# -- unknown is not zero (schema v3), reported run totals, gateways ------------------------------
+
+
+def test_an_unknown_latency_is_left_out_of_the_average_not_counted_as_zero() -> None:
+    run = Run()
+    run.call(usage(response_id="a", latency_ms=1000))
+    run.call(usage(response_id="b", latency_ms=0, unknown_fields=("latency_ms",)))
+    state, rows = fold(run.entries)
+    assert state.totals.calls == 2 and state.totals.latency_calls == 1
+    assert state.totals.avg_latency_ms == 1000
+    assert rows[1].doc["latency_ms"] is None
+
+
+def test_unknown_token_counts_give_no_tokens_and_no_cost_never_zero_dollars() -> None:
+    unknown = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens")
+    run = Run(budget="1.00")
+    run.call(usage(response_id="a"))
+    run.call(
+        usage(
+            response_id="b",
+            raw=None,
+            raw_usage_json="null",
+            input_tokens=0,
+            output_tokens=0,
+            unknown_fields=unknown,
+        )
+    )
+    state, rows = fold(run.entries)
+    priced = fold(run.entries[:2])[0]
+    assert state.totals.calls == 2 and state.totals.usage_unknown_calls == 1
+    assert state.totals.cost_usd == priced.totals.cost_usd  # the known call's cost alone
+    assert rows[1].doc["cost_usd"] is None and rows[1].doc["input_tokens"] is None
+
+
+def test_a_zero_that_is_called_unknown_is_refused() -> None:
+    with pytest.raises(ValidationError, match="latency_ms is unknown"):
+        usage(latency_ms=5, unknown_fields=("latency_ms",))
+
+
+def test_cache_writes_are_counted_and_priced_at_their_own_rate_when_the_table_has_one() -> None:
+    table = PriceTable.from_json(
+        json.dumps(
+            {
+                "version": "t",
+                "currency": "USD",
+                "models": {
+                    "anthropic/claude-sonnet-4-5": [
+                        {
+                            "effective_from": "2025-01-01",
+                            "input": 3,
+                            "cached_input": 0.3,
+                            "output": 15,
+                            "cache_write": 3.75,
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    run = Run()
+    run.call(usage())
+    state, _ = fold(run.entries, CostMetricsProjection(table))
+    assert state.totals.cache_write_input_tokens == 500
+    # 1,000 uncached at $3 + 500 written at $3.75 + 3,000 read at $0.30 + 700 out at $15, per M
+    expected = (Decimal(1000) * 3 + 500 * Decimal("3.75") + 3000 * Decimal("0.3") + 700 * 15) / (
+        10**6
+    )
+    assert state.totals.cost_usd == expected
+
+
+def test_reported_run_totals_stand_beside_the_call_sums_and_a_difference_is_flagged() -> None:
+    from projectors.cost_metrics import RUN_TOTALS_REF
+    from schemas.models import JsonPart
+
+    totals = {"cost_usd": "1.26719", "input_tokens": 122612, "output_tokens": 1369, "calls": 2}
+    only = Run()
+    only.b.add(
+        EntryKind.RUN_FINISHED,
+        (JsonPart(json_text=json.dumps(totals), schema_ref=RUN_TOTALS_REF),),
+        run_status=RunStatus.SUBMITTED,
+    )
+    state, _ = fold(only.entries)
+    assert state.totals.calls == 0 and state.totals.cost_usd == 0  # never added to the sums
+    assert state.reported_totals is not None
+    assert state.reported_totals.cost_usd == Decimal("1.26719")
+    assert not state.reported_disagrees  # nothing per call to compare with
+
+    both = Run()
+    both.call(usage(response_id="a"))
+    both.b.add(
+        EntryKind.RUN_FINISHED,
+        (JsonPart(json_text=json.dumps(totals), schema_ref=RUN_TOTALS_REF),),
+        run_status=RunStatus.SUCCEEDED,
+    )
+    assert fold(both.entries)[0].reported_disagrees
+
+
+def test_an_unpriced_call_spends_the_budget_by_its_reported_cost() -> None:
+    run = Run(budget="0.01")
+    run.call(usage("acme", "no-such-model", response_id="a", provider_reported_cost_usd=0.02))
+    state, _ = fold(run.entries)
+    assert state.totals.unpriced_calls == 1 and state.totals.cost_usd == 0
+    assert state.over_budget
+
+
+def test_gateways_report_a_google_models_reasoning_apart_from_its_completion() -> None:
+    raw = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 200,
+        "completion_tokens_details": {"reasoning_tokens": 300},
+    }
+    got = normalize_raw("openrouter", "google/gemini-2.5-pro", json.dumps(raw))
+    assert got is not None and (got.output, got.reasoning) == (500, 300)
+    plain = normalize_raw(
+        "openrouter", "openai/gpt-4.1", json.dumps(raw | {"completion_tokens": 400})
+    )
+    assert plain is not None and (plain.output, plain.reasoning) == (400, 300)
+
+
+def test_codex_token_count_shape_is_read_as_openai() -> None:
+    raw = {
+        "input_tokens": 44218,
+        "cached_input_tokens": 42880,
+        "output_tokens": 96,
+        "reasoning_output_tokens": 17,
+        "total_tokens": 44314,
+    }
+    assert normalize_raw("openai", "gpt-5.3-codex", json.dumps(raw)) == Usage(
+        44218, 42880, 96, 17, "openai"
+    )

@@ -95,6 +95,9 @@ def python_shape(annotation: Any, metadata: list[Any]) -> Any:
         item, ellipsis = get_args(annotation)
         assert ellipsis is Ellipsis, annotation
         return ("array", python_shape(item, []))
+    if origin is Literal:  # a string narrowed to named values (the schema keeps it a string)
+        assert all(isinstance(arg, str) for arg in get_args(annotation)), annotation
+        return "string"
     if origin is dict:
         key, value = get_args(annotation)
         assert get_origin(key) is Annotated or key is str, annotation
