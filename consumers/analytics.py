@@ -83,14 +83,23 @@ class CostRow:
     reported_calls: int
     provider_reported_cost_usd: Decimal
     cost_disagreements: int
+    cache_write_input_tokens: int = 0  # part of input_tokens
+    usage_unknown_calls: int = 0  # calls whose tokens the source did not report (not summed)
+    latency_calls: int = 0  # calls with a known latency (avg_latency_ms is over these)
     fleet_id: str | None = None  # --by run only
     task_budget_usd: Decimal | None = None  # --by run only
     over_budget: bool | None = None  # --by run only
+    # --by run only: the totals the agent reported for the whole run, beside the call sums
+    reported_cost_usd: Decimal | None = None
+    reported_input_tokens: int | None = None
+    reported_output_tokens: int | None = None
+    reported_disagrees: bool | None = None
 
     def as_json(self) -> dict[str, Any]:
         doc = asdict(self)
         for name in ("cost_usd", "provider_reported_cost_usd", "task_budget_usd"):
             doc[name] = usd(doc[name])
+        doc["reported_cost_usd"] = usd(self.reported_cost_usd)
         return doc
 
 
@@ -118,22 +127,26 @@ def cost_report(
     """Counted model calls of the live cost-metrics build rolled up by ``by``, with a total."""
     with _connect(settings) as conn:
         found = ops.cost_rollup(conn, by, fleet, since, run_ids)
-        budgets = _budgets(conn, [str(r[0]) for r in found if not r[-1]]) if by == "run" else {}
+        # runs whose agent reported only run totals (no call to roll up) are rows too
+        only = ops.runs_reported_only(conn, fleet, run_ids) if by == "run" else []
+        keys = [str(r[0]) for r in found if not r[-1]] + only
+        budgets = _budgets(conn, keys) if by == "run" else {}
+    no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown, not 0
     rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
+    rows += [_cost_row((run, *no_calls), budgets.get(run)) for run in only]
+    rows.sort(key=lambda r: r.key)
     total = next(_cost_row(r, None, key="total") for r in found if r[-1])
     return CostReport(by, rows, total)
 
 
-def _budgets(
-    conn: psycopg.Connection[Any], run_ids: list[str]
-) -> dict[str, tuple[str, Decimal | None, bool]]:
-    return {r: (f, b, o) for r, f, b, o in ops.run_budgets(conn, run_ids)}
+def _budgets(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    return {str(row[0]): tuple(row[1:]) for row in ops.run_budgets(conn, run_ids)}
 
 
-def _cost_row(
-    r: Sequence[Any], budget: tuple[str, Decimal | None, bool] | None, key: str | None = None
-) -> CostRow:
-    fleet, limit, over = budget if budget is not None else (None, None, None)
+def _cost_row(r: Sequence[Any], budget: tuple[Any, ...] | None, key: str | None = None) -> CostRow:
+    fleet, limit, over, r_cost, r_in, r_out, r_disagrees = (
+        budget if budget is not None else (None,) * 7
+    )
     return CostRow(
         key=key if key is not None else str(r[0]),
         calls=r[1],
@@ -148,9 +161,16 @@ def _cost_row(
         reported_calls=r[10],
         provider_reported_cost_usd=Decimal(r[11]),
         cost_disagreements=r[12],
+        cache_write_input_tokens=int(r[13]),
+        usage_unknown_calls=r[14],
+        latency_calls=r[15],
         fleet_id=fleet,
         task_budget_usd=limit,
         over_budget=over,
+        reported_cost_usd=None if r_cost is None else Decimal(r_cost),
+        reported_input_tokens=r_in,
+        reported_output_tokens=r_out,
+        reported_disagrees=r_disagrees,
     )
 
 

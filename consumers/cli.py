@@ -256,6 +256,76 @@ def publish_cmd(
         raise typer.Exit(code=2)
 
 
+@app.command("import")
+def import_cmd(
+    source_format: Annotated[
+        str, typer.Argument(metavar="FORMAT", help="the agent's log format: claude-code")
+    ],
+    paths: Annotated[list[Path], typer.Argument(help="log files or folders (searched)")],
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet", help="the fleet the runs belong to (default: the first configured fleet)"
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the summaries as JSON")] = False,
+) -> None:
+    """Import real agents' logs as ledger runs: each format's double counts avoided, entry ids
+    from the source's own ids. Importing a file again publishes nothing new; an import stopped
+    half way resumes where it stopped."""
+    from streams.importers import FORMATS
+    from streams.importers.base import ImportFormatError
+    from streams.importers.publish import publish_runs
+
+    module = FORMATS.get(source_format)
+    if module is None:
+        raise typer.BadParameter(
+            f"{source_format!r} is not a format this version imports ({', '.join(FORMATS)})",
+            param_hint="FORMAT",
+        )
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise typer.BadParameter(f"no such file or folder: {', '.join(missing)}", param_hint="PATH")
+    settings = _settings()
+    fleet_id = fleet or settings.fleet_ids[0]
+    _fleet_option([fleet_id])
+    files = module.discover(paths)
+    if not files:
+        raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
+    reports = []
+    for path in files:
+        try:
+            runs, summary = module.import_file(path, fleet_id)
+        except ImportFormatError as exc:
+            err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        try:
+            sent = asyncio.run(publish_runs(settings, runs))
+        except AgentLedgerError as exc:
+            err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(code=1) from None
+        report = summary.as_json() | {
+            "fleet_id": fleet_id,
+            "published": sum(s.sent for s in sent),
+            "already_on_ledger": sum(s.already for s in sent),
+            "run_ids": [r.run_id for r in runs],
+        }
+        reports.append(report)
+        if not as_json:
+            skipped = ", ".join(f"{n} {why}" for why, n in sorted(report["skipped"].items()))
+            console.print(
+                f"{path.name}: {summary.runs} runs, {summary.entries} entries "
+                f"({report['published']} published, {report['already_on_ledger']} already on "
+                f"the ledger), {summary.calls} model calls ({summary.duplicate_reports} repeated "
+                f"usage reports not counted), {summary.input_tokens:,} in / "
+                f"{summary.output_tokens:,} out tokens"
+                + (f"; skipped: {skipped}" if skipped else ""),
+                soft_wrap=True,
+            )
+    if as_json:
+        print(json.dumps(reports, indent=2))
+
+
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: poison records and their reasons.")
 app.add_typer(dlq_app, name="dlq")
 

@@ -200,15 +200,19 @@ def print_costs(console: Console, report: CostReport) -> None:
         ("failed", lambda r: f"{r.failed_calls:,}"),
         ("in", lambda r: tokens(r.input_tokens)),
         ("cached", lambda r: tokens(r.cached_input_tokens)),
+        ("cache write", lambda r: tokens(r.cache_write_input_tokens)),
         ("out", lambda r: tokens(r.output_tokens)),
         ("reasoning", lambda r: tokens(r.reasoning_tokens)),
+        ("usage unknown", lambda r: f"{r.usage_unknown_calls:,}"),
         ("latency", _latency),
-        ("cost", lambda r: money(r.cost_usd)),
+        ("cost", cost_cell),
         ("reported", lambda r: money(r.provider_reported_cost_usd) if r.reported_calls else "-"),
         ("disagree", lambda r: f"{r.cost_disagreements:,}"),
     ]
     empty = {
         "failed": not t.failed_calls,
+        "cache write": not t.cache_write_input_tokens,
+        "usage unknown": not t.usage_unknown_calls,
         "reasoning": not t.reasoning_tokens,
         "reported": not t.reported_calls,
         "disagree": not t.reported_calls,
@@ -216,6 +220,8 @@ def print_costs(console: Console, report: CostReport) -> None:
     columns = [c for c in columns if not empty.get(c[0], False)]
     if report.by == "run":
         columns += [("budget", lambda r: money(r.task_budget_usd, 2)), ("over", _over)]
+        if any(r.reported_cost_usd is not None or r.reported_input_tokens for r in report.rows):
+            columns += [("run total (agent's)", _reported_run)]
     table = Table(report.by)
     # Whole keys (run ids are what a reader copies); the numbers' columns give way first.
     table.columns[0].min_width = min(40, max(len(r.key) for r in [*report.rows, t]))
@@ -224,13 +230,45 @@ def print_costs(console: Console, report: CostReport) -> None:
     for row in report.rows:
         table.add_row(escape(row.key), *(cell(row) for _, cell in columns))
     table.add_section()
-    table.add_row("total", *(cell(t) for name, cell in columns if name not in ("over",)))
+    table.add_row(
+        "total",
+        *(cell(t) if name not in ("over", "run total (agent's)") else "" for name, cell in columns),
+    )
     table.rows[-1].style = "bold"
     console.print(table)
     if t.unpriced_calls:
         console.print(
-            f"[yellow]{t.unpriced_calls} calls of models the price table lacks: not in cost[/]"
+            f"[yellow]{t.unpriced_calls} calls of models the price table lacks: unpriced, not "
+            "in cost (never counted as $0)[/]"
         )
+    if t.usage_unknown_calls:
+        console.print(
+            f"[yellow]{t.usage_unknown_calls} calls whose log gives no token counts: their cost "
+            "is unknown, so a cost shown with >= is a lower bound[/]"
+        )
+
+
+def cost_cell(row: CostRow) -> str:
+    """Our cost of the row's calls: "unpriced" when no call could be priced, never $0; a lower
+    bound (>=) when some calls are unpriced or of unknown usage."""
+    unknown = row.unpriced_calls + row.usage_unknown_calls
+    if row.calls and unknown >= row.calls:
+        return "unpriced" if row.unpriced_calls else "unknown"
+    return (">= " if unknown else "") + money(row.cost_usd)
+
+
+def _reported_run(row: CostRow) -> str:
+    """The run totals the agent reported itself (e.g. SWE-agent's model_stats)."""
+    if row.reported_cost_usd is None and row.reported_input_tokens is None:
+        return "-"
+    parts = []
+    if row.reported_cost_usd is not None:
+        parts.append(money(row.reported_cost_usd))
+    if row.reported_input_tokens is not None or row.reported_output_tokens is not None:
+        sent, received = row.reported_input_tokens or 0, row.reported_output_tokens or 0
+        parts.append(f"{tokens(sent)} in / {tokens(received)} out")
+    flag = " [red]differs from the calls[/]" if row.reported_disagrees else ""
+    return ", ".join(parts) + flag
 
 
 def _latency(row: CostRow) -> str:

@@ -338,6 +338,7 @@ class AsyncPublisher:
         wanted = [r for r in runs if r[1] not in self.book.last]
         if not wanted:
             return {}
+        await self._ensure_fleets({fleet for fleet, _ in wanted})
         found: dict[str, int] = await self._bounded(
             last_sequence_nos(self.settings, wanted, self.codec), "reading where runs stand"
         )

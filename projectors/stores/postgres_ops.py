@@ -157,6 +157,9 @@ SELECT {key} AS key,
        count(provider_reported_cost_usd) AS reported_calls,
        coalesce(sum(provider_reported_cost_usd), 0) AS provider_reported_cost_usd,
        count(*) FILTER (WHERE cost_disagreement) AS cost_disagreements,
+       coalesce(sum(cache_write_input_tokens), 0) AS cache_write_input_tokens,
+       count(*) FILTER (WHERE input_tokens IS NULL) AS usage_unknown_calls,
+       count(latency_ms) AS latency_calls,
        GROUPING({key}) AS is_total
 FROM al_cost_calls
 {where}
@@ -213,16 +216,31 @@ def cost_rollup(
     return list(conn.execute(query, params).fetchall())
 
 
-def run_budgets(
-    conn: psycopg.Connection[Any], run_ids: Sequence[str]
-) -> list[tuple[str, str, Any, bool]]:
-    """(run_id, fleet_id, task_budget_usd, over_budget) of these runs."""
+def runs_reported_only(
+    conn: psycopg.Connection[Any], fleet: str | None, run_ids: Sequence[str] | None
+) -> list[str]:
+    """Runs of the live cost-metrics build with no counted call but totals their agent reported
+    for the whole run (they have no row in al_cost_calls)."""
     rows = conn.execute(
-        "SELECT run_id, fleet_id, task_budget_usd, over_budget FROM al_cost_runs "
-        "WHERE run_id = ANY(%s)",
+        "SELECT run_id FROM al_cost_runs WHERE coalesce(calls, 0) = 0 "
+        "AND (reported_cost_usd IS NOT NULL OR reported_input_tokens IS NOT NULL) "
+        "AND (%(fleet)s::text IS NULL OR fleet_id = %(fleet)s) "
+        "AND (%(runs)s::text[] IS NULL OR run_id = ANY(%(runs)s)) ORDER BY run_id",
+        {"fleet": fleet, "runs": None if run_ids is None else list(run_ids)},
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def run_budgets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+    """(run_id, fleet_id, task_budget_usd, over_budget, reported_cost_usd, reported_input_tokens,
+    reported_output_tokens, reported_disagrees) of these runs."""
+    rows = conn.execute(
+        "SELECT run_id, fleet_id, task_budget_usd, over_budget, reported_cost_usd, "
+        "reported_input_tokens, reported_output_tokens, coalesce(reported_disagrees, false) "
+        "FROM al_cost_runs WHERE run_id = ANY(%s)",
         (list(run_ids),),
     ).fetchall()
-    return [(str(r), str(f), b, bool(o)) for r, f, b, o in rows]
+    return [tuple(r) for r in rows]
 
 
 def failure_rollup(

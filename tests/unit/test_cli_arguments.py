@@ -25,6 +25,7 @@ BAD: dict[str, list[str]] = {
     "topics create": ["topics", "create", "--fleet", "bad fleet!"],
     "simulate": ["simulate", "--length-profile", "bogus", "--out", "x.jsonl"],
     "publish": ["publish", "missing.jsonl"],
+    "import": ["import", "telepathy-agent", "some.jsonl"],
     "dlq list": ["dlq", "list", "--fleet", "bad fleet!"],
     "dlq redrive": ["dlq", "redrive", "--fleet", "../etc"],
     "dlq dismiss": ["dlq", "dismiss", "not-a-source", "--reason", "seen"],

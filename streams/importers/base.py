@@ -1,0 +1,221 @@
+"""What every importer shares: a run being built from a real agent's log, and its summary.
+
+An importer is a pure function from a log file's bytes to :class:`ImportedRun` s: the ledger
+entries of each run the file holds, numbered 1, 2, 3, ... in the order the file records them, with
+entry ids derived from the source's own ids (so importing the same file again yields the same
+entries, and the publisher sends only what the ledger does not hold yet). I/O is at the edge:
+:mod:`streams.importers.publish` reads the files and publishes.
+
+Times: every format here writes UTC timestamps with a ``Z`` (stated per importer); a timestamp
+without a zone is read as UTC only where the format documents it as UTC, and the importer says so
+in its summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas.factory import PROFILES
+from schemas.models import (
+    Actor,
+    ActorType,
+    Causation,
+    EntryKind,
+    LedgerEntry,
+    Part,
+    PermissionClass,
+    RunStatus,
+)
+
+# Tool output kept inline in a TOOL_CALL_RESULT's summary; the rest is counted, not imported.
+MAX_SUMMARY_CHARS = 4000
+
+
+class ImportFormatError(ValueError):
+    """The file is not of the format asked for (the message says what was expected)."""
+
+
+@dataclass
+class Summary:
+    """What one import of one file found: counts, and what was skipped and why."""
+
+    path: str
+    runs: int = 0
+    entries: int = 0
+    calls: int = 0
+    duplicate_reports: int = 0  # usage reports of a call already counted (the format's trap)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reported_cost_usd: str | None = None
+    skipped: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "runs": self.runs,
+            "entries": self.entries,
+            "calls": self.calls,
+            "duplicate_reports": self.duplicate_reports,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "reported_cost_usd": self.reported_cost_usd,
+            "skipped": dict(sorted(self.skipped.items())),
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class ImportedRun:
+    """One run's entries as imported (numbered from 1 in source order)."""
+
+    run_id: str
+    fleet_id: str
+    session_id: str
+    source: str  # the format, e.g. "claude-code"
+    entries: list[LedgerEntry] = field(default_factory=list)
+    _ids: set[str] = field(default_factory=set)
+
+    def add(
+        self,
+        kind: EntryKind,
+        at: datetime,
+        source_id: str,
+        parts: tuple[Part, ...] | list[Part] = (),
+        *,
+        actor: ActorType | None = None,
+        actor_id: str | None = None,
+        tool_call_id: str | None = None,
+        run_status: RunStatus | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> LedgerEntry:
+        """Append the next entry; ``source_id`` (the source's own id for what this entry records)
+        makes its entry id, so a second import of the same file yields the same entry."""
+        entry_id = stable_id(f"{self.source}:{self.run_id}", source_id)
+        if entry_id in self._ids:
+            raise ValueError(f"two entries of run {self.run_id} from one source id {source_id!r}")
+        self._ids.add(entry_id)
+        profile_actor, trust, visibility = PROFILES[kind]
+        who = actor or profile_actor
+        parent = self.entries[-1].entry_id if self.entries else None
+        entry = LedgerEntry(
+            entry_id=entry_id,
+            fleet_id=self.fleet_id,
+            session_id=self.session_id,
+            run_id=self.run_id,
+            attempt_id="import-1",
+            sequence_no=len(self.entries) + 1,
+            occurred_at=at,
+            actor=Actor(type=who, id=actor_id or f"{self.source}-{who.value.lower()}"),
+            kind=kind,
+            trust_level=trust,
+            visibility=visibility,
+            causation=Causation(parent_entry_id=parent, tool_call_id=tool_call_id),
+            run_status=run_status,
+            parts=tuple(parts),
+            metadata={"import.source": self.source, **(metadata or {})},
+        )
+        self.entries.append(entry)
+        return entry
+
+
+def stable_id(scope: str, source_id: str) -> str:
+    """An entry id from a source id: readable when the source id is a plain id, else hashed; both
+    within the contract's id charset and length."""
+    text = f"{scope}:{source_id}"
+    if len(text) <= 200 and all(c.isalnum() or c in "_.:@/+=#~-" for c in text):
+        return text
+    return f"{scope[:120]}:h{hashlib.sha256(text.encode()).hexdigest()[:40]}"
+
+
+def sha256_digest(value: Any) -> str:
+    """``sha256:<hex>`` of a value's canonical JSON (tool arguments)."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def parse_time(text: Any, zone_note: str | None = None) -> datetime | None:
+    """An ISO timestamp; one without a zone is read as UTC (the importer says so in ``zone_note``);
+    None when not a time."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def shorten(text: str) -> str:
+    """Tool output as kept inline: whole up to MAX_SUMMARY_CHARS, else its start and a count."""
+    if len(text) <= MAX_SUMMARY_CHARS:
+        return text
+    rest = len(text) - MAX_SUMMARY_CHARS
+    return f"{text[:MAX_SUMMARY_CHARS]}\n[... {rest:,} more characters not imported]"
+
+
+# Tools by what they may do; a tool not named here is taken as the most privileged (fail safe).
+TOOL_PERMISSIONS: dict[str, PermissionClass] = {
+    **dict.fromkeys(
+        ["Read", "Glob", "Grep", "LS", "TaskOutput", "TodoWrite", "NotebookRead", "view"],
+        PermissionClass.READ_ONLY,
+    ),
+    **dict.fromkeys(
+        ["Edit", "MultiEdit", "Write", "NotebookEdit", "apply_patch", "str_replace_editor"],
+        PermissionClass.WORKSPACE_WRITE,
+    ),
+    **dict.fromkeys(
+        ["WebFetch", "WebSearch", "web_search", "web_search_call"], PermissionClass.NETWORK_ACCESS
+    ),
+}
+
+
+def permission_of(tool_name: str) -> PermissionClass:
+    return TOOL_PERMISSIONS.get(tool_name, PermissionClass.EXECUTE_PRIVILEGED)
+
+
+def patch_numstat(patch: str) -> dict[str, tuple[int, int]]:
+    """Lines added and deleted per file of a unified diff, as ``git apply --numstat`` counts them
+    (CRLF line ends are line ends; ``+++``/``---`` headers are not lines); files by their new path
+    (the old path for a deletion)."""
+    counts: dict[str, list[int]] = {}
+    current: str | None = None
+    old: str | None = None
+    in_hunk = False
+    for raw in patch.splitlines():
+        line = raw.rstrip("\r")
+        if line.startswith("diff --git "):
+            current, in_hunk = None, False
+            continue
+        if line.startswith("--- ") and not in_hunk:
+            old = _patch_path(line[4:])
+            continue
+        if line.startswith("+++ ") and not in_hunk:
+            new = _patch_path(line[4:])
+            current = new if new is not None else old
+            if current is not None:
+                counts.setdefault(current, [0, 0])
+            continue
+        if line.startswith("@@"):
+            in_hunk = current is not None
+            continue
+        if in_hunk and current is not None:
+            if line.startswith("+"):
+                counts[current][0] += 1
+            elif line.startswith("-"):
+                counts[current][1] += 1
+            elif not line.startswith((" ", "\\")) and line:
+                in_hunk = False
+    return {path: (a, d) for path, (a, d) in counts.items()}
+
+
+def _patch_path(text: str) -> str | None:
+    path = text.split("\t", 1)[0].strip()
+    if path == "/dev/null":
+        return None
+    return path[2:] if path.startswith(("a/", "b/")) else path
