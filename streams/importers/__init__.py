@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 
-from streams.importers import claude_code
+from streams.importers import claude_code, codex
 from streams.importers.base import ImportedRun, Summary
 
 Discover = Callable[[Iterable[Path]], list[Path]]
@@ -19,4 +19,5 @@ ImportFile = Callable[[Path, str], tuple[list[ImportedRun], Summary]]
 
 FORMATS: dict[str, ModuleType] = {
     claude_code.FORMAT: claude_code,
+    codex.FORMAT: codex,
 }
