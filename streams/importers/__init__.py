@@ -1,23 +1,32 @@
 """Importers: real agents' logs as ledger runs (``agentledger import FORMAT PATH...``).
 
-Each format module has ``discover(paths)`` (the files to read under files or folders) and
+Each format has ``discover(paths)`` (the files to read under files or folders) and
 ``import_file(path, fleet_id)`` (a pure mapping of one file to runs and a summary);
 :mod:`streams.importers.publish` sends what the ledger does not hold yet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol
 
 from streams.importers import claude_code, codex
 from streams.importers.base import ImportedRun, Summary
+from streams.importers.swe_agent import MiniSweAgent, SweAgent
 
-Discover = Callable[[Iterable[Path]], list[Path]]
-ImportFile = Callable[[Path, str], tuple[list[ImportedRun], Summary]]
 
-FORMATS: dict[str, ModuleType] = {
+class Importer(Protocol):
+    FORMAT: str
+
+    def discover(self, paths: Iterable[Path]) -> list[Path]: ...
+
+    def import_file(self, path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]: ...
+
+
+FORMATS: dict[str, Importer] = {
     claude_code.FORMAT: claude_code,
     codex.FORMAT: codex,
+    MiniSweAgent.FORMAT: MiniSweAgent(),
+    SweAgent.FORMAT: SweAgent(),
 }

@@ -124,6 +124,11 @@ class ImportedRun:
         return entry
 
 
+def obj(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (logs are read defensively)."""
+    return value if isinstance(value, dict) else {}
+
+
 def stable_id(scope: str, source_id: str) -> str:
     """An entry id from a source id: readable when the source id is a plain id, else hashed; both
     within the contract's id charset and length."""

@@ -1,0 +1,368 @@
+"""SWE-agent (``.traj``) and mini-swe-agent (``.traj.json``) trajectories as ledger runs.
+
+One trajectory is one run that ends: ``info.exit_status`` gives the final status (``submitted``
+→ ``SUBMITTED``: the patch was handed in, not yet evaluated; a step, cost or call limit →
+``STEP_LIMIT`` or ``BUDGET_EXCEEDED``; anything else → ``FAILED``), the submitted patch is a
+``DIFF_SNAPSHOT`` counted per file like ``git apply --numstat``, and ``info.model_stats`` is sent as
+the run's reported totals (a ``JsonPart`` ``agentledger.run-totals@1``, kept beside the per-call
+sums, never added to them).
+
+* **mini-swe-agent**: each assistant message carries its call's ``extra.response`` (id, model,
+  OpenAI-style ``usage`` whose ``prompt_tokens`` include the cached ones) and ``extra.cost``: one
+  model call per response id, the cost as the provider-reported cost. Times are the messages'
+  ``extra.timestamp`` (Unix seconds, so UTC); messages before the first one get its time.
+* **SWE-agent** (0.x ``.traj``): there is no per-call usage (``model_stats`` is the only
+  accounting, so no model-call entries are made and the run's tokens and cost are the reported
+  totals) and no timestamps: every entry is given the file's modification time, in UTC.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from projectors.cost_metrics import RUN_TOTALS_REF
+from schemas.models import (
+    DiffFile,
+    DiffPart,
+    EntryKind,
+    FileChangeStatus,
+    JsonPart,
+    ModelCallStatus,
+    ModelUsagePart,
+    RunStatus,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolResultStatus,
+    UsageField,
+)
+from streams.importers.base import (
+    ImportedRun,
+    ImportFormatError,
+    Summary,
+    obj,
+    patch_numstat,
+    permission_of,
+    sha256_digest,
+    shorten,
+)
+from streams.importers.claude_code import classify
+
+
+def discover_traj(paths: Iterable[Path], suffix: str) -> list[Path]:
+    found: list[Path] = []
+    for path in paths:
+        found.extend(sorted(path.rglob(f"*{suffix}")) if path.is_dir() else [path])
+    return list(dict.fromkeys(found))
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise ImportFormatError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("info"), dict):
+        raise ImportFormatError(f"{path}: no 'info' object; not a trajectory")
+    return doc
+
+
+def end_status(exit_status: Any) -> RunStatus:
+    """A trajectory's ``exit_status`` as a run status."""
+    text = str(exit_status or "").lower()
+    if text.startswith("submitted") or text == "submitted":
+        return RunStatus.SUBMITTED
+    if "cost" in text or "budget" in text:
+        return RunStatus.BUDGET_EXCEEDED
+    if "limit" in text or "step" in text or "max" in text:
+        return RunStatus.STEP_LIMIT
+    return RunStatus.FAILED
+
+
+def _finish(run: ImportedRun, info: dict[str, Any], at: datetime, summary: Summary) -> None:
+    submission = info.get("submission")
+    if isinstance(submission, str) and submission.strip():
+        files = [
+            DiffFile(
+                path=path,
+                status=FileChangeStatus.MODIFIED,
+                lines_added=added,
+                lines_deleted=deleted,
+                classification=classify(path),
+            )
+            for path, (added, deleted) in sorted(patch_numstat(submission).items())
+        ]
+        if files:
+            run.add(EntryKind.DIFF_SNAPSHOT, at, "submission", [DiffPart(files=tuple(files))])
+    stats = obj(info.get("model_stats"))
+    totals: dict[str, Any] = {}
+    cost = stats.get("instance_cost")
+    if isinstance(cost, int | float):
+        totals["cost_usd"] = str(Decimal(repr(float(cost))).quantize(Decimal("1e-12")).normalize())
+        summary.reported_cost_usd = totals["cost_usd"]
+    for ours, theirs in (
+        ("input_tokens", "tokens_sent"),
+        ("output_tokens", "tokens_received"),
+        ("calls", "api_calls"),
+    ):
+        if type(stats.get(theirs)) is int:
+            totals[ours] = stats[theirs]
+    status = end_status(info.get("exit_status"))
+    parts: list[Any] = [
+        TextPart(text=f"exit status {info.get('exit_status')!s}"),
+    ]
+    if totals:
+        parts.append(JsonPart(json_text=json.dumps(totals), schema_ref=RUN_TOTALS_REF))
+    meta = {"exit_status": str(info.get("exit_status"))}
+    if not (isinstance(submission, str) and submission.strip()):
+        meta["submission"] = "empty"
+    run.add(EntryKind.RUN_FINISHED, at, "finish", parts, run_status=status, metadata=meta)
+
+
+# -- mini-swe-agent -------------------------------------------------------------------------
+
+
+class MiniSweAgent:
+    FORMAT = "mini-swe-agent"
+
+    @staticmethod
+    def discover(paths: Iterable[Path]) -> list[Path]:
+        return discover_traj(paths, ".traj.json")
+
+    @staticmethod
+    def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
+        doc = _load(path)
+        messages = doc.get("messages")
+        if not isinstance(messages, list):
+            raise ImportFormatError(f"{path}: no 'messages' list; not a mini-swe-agent trajectory")
+        summary = Summary(str(path))
+        instance = str(doc.get("instance_id") or path.name.removesuffix(".traj.json"))
+        run = ImportedRun(f"mini-{instance}", fleet_id, instance, MiniSweAgent.FORMAT)
+        times = [
+            _unix(m.get("extra", {}).get("timestamp")) for m in messages if isinstance(m, dict)
+        ]
+        first = next((t for t in times if t is not None), None)
+        if first is None:
+            raise ImportFormatError(f"{path}: no message has a timestamp")
+        at = first
+        config = doc["info"].get("config") or {}
+        model_name = str((config.get("model") or {}).get("model_name") or "unknown/unknown")
+        provider = model_name.split("/", 1)[0] if "/" in model_name else "unknown"
+        version = str(doc["info"].get("mini_version") or "?")
+        run.add(
+            EntryKind.RUN_STARTED,
+            at,
+            "start",
+            [TextPart(text="run imported")],
+            metadata={"mini_swe_agent.version": version},
+        )
+        seen: set[str] = set()
+        for n, message in enumerate(messages):
+            if not isinstance(message, dict):
+                summary.skipped["not a message"] += 1
+                continue
+            extra = obj(message.get("extra"))
+            at = _unix(extra.get("timestamp")) or at
+            role = message.get("role")
+            content = message.get("content")
+            text: str = content if isinstance(content, str) else ""
+            if role == "system":
+                run.add(EntryKind.SYSTEM_INSTRUCTION, at, f"m{n}", [TextPart(text=text or "-")])
+            elif role == "user":
+                run.add(EntryKind.USER_TASK, at, f"m{n}", [TextPart(text=text or "-")])
+            elif role == "assistant":
+                _mini_call(run, extra, provider, at, n, seen, summary)
+                if text.strip():
+                    run.add(EntryKind.ASSISTANT_RESPONSE, at, f"m{n}", [TextPart(text=text)])
+                for call in message.get("tool_calls") or []:
+                    if isinstance(call, dict) and isinstance(call.get("id"), str):
+                        fn = call.get("function") or {}
+                        name = str(fn.get("name") or "tool")
+                        request = ToolCallPart(
+                            tool_call_id=call["id"],
+                            tool_name=name,
+                            permission_class=permission_of(name),
+                            arguments_hash=sha256_digest(fn.get("arguments")),
+                            started_at=at,
+                        )
+                        run.add(
+                            EntryKind.TOOL_CALL_REQUEST,
+                            at,
+                            f"call-{call['id']}",
+                            [request],
+                            tool_call_id=call["id"],
+                        )
+            elif role == "tool" and isinstance(message.get("tool_call_id"), str):
+                code = extra.get("returncode")
+                exit_code = code if type(code) is int else None
+                failed = exit_code not in (None, 0) or bool(extra.get("exception_info"))
+                part = ToolResultPart(
+                    tool_call_id=message["tool_call_id"],
+                    status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
+                    exit_code=exit_code,
+                    timed_out=False,
+                    summary=shorten(text),
+                )
+                run.add(
+                    EntryKind.TOOL_CALL_RESULT,
+                    at,
+                    f"m{n}",
+                    [part],
+                    tool_call_id=message["tool_call_id"],
+                )
+            else:
+                summary.skipped[f"{role} message"] += 1
+        _finish(run, doc["info"], at, summary)
+        summary.runs, summary.entries = 1, len(run.entries)
+        return [run], summary
+
+
+def _unix(value: Any) -> datetime | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return datetime.fromtimestamp(value, UTC)
+    return None
+
+
+def _mini_call(
+    run: ImportedRun,
+    extra: dict[str, Any],
+    provider: str,
+    at: datetime,
+    n: int,
+    seen: set[str],
+    summary: Summary,
+) -> None:
+    response = extra.get("response") if isinstance(extra.get("response"), dict) else None
+    usage = response.get("usage") if response is not None else None
+    if response is None or not isinstance(usage, dict):
+        summary.skipped["assistant message without a response"] += 1
+        return
+    rid = response.get("id") if isinstance(response.get("id"), str) else None
+    if rid is not None and rid in seen:
+        summary.duplicate_reports += 1
+        return
+    if rid is not None:
+        seen.add(rid)
+    prompt = _count(usage.get("prompt_tokens"))
+    completion = _count(usage.get("completion_tokens"))
+    details = usage.get("prompt_tokens_details") or {}
+    cached = _count(details.get("cached_tokens") if isinstance(details, dict) else None)
+    if cached is None:
+        cached = _count(usage.get("prompt_cache_hit_tokens"))
+    out_details = usage.get("completion_tokens_details")
+    reasoning = (
+        _count(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else None
+    )
+    unknown: list[UsageField] = ["latency_ms"]
+    if prompt is None or completion is None:
+        unknown += ["input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens"]
+    else:
+        if cached is None:
+            unknown.append("cached_input_tokens")
+        if reasoning is None:
+            unknown.append("reasoning_tokens")
+    cost = extra.get("cost")
+    choices = response.get("choices") or [{}]
+    finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+    part = ModelUsagePart(
+        provider=provider,
+        model=str(response.get("model") or "unknown"),
+        purpose="agent",
+        provider_response_id=rid,
+        input_tokens=prompt or 0 if "input_tokens" not in unknown else 0,
+        cached_input_tokens=cached or 0 if "cached_input_tokens" not in unknown else 0,
+        output_tokens=completion or 0 if "output_tokens" not in unknown else 0,
+        reasoning_tokens=reasoning or 0 if "reasoning_tokens" not in unknown else 0,
+        latency_ms=0,
+        finish_reason=str(finish) if finish else None,
+        status=ModelCallStatus.OK,
+        provider_reported_cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        raw_usage_json=json.dumps(usage),
+        unknown_fields=tuple(unknown),
+    )
+    run.add(EntryKind.MODEL_CALL, at, f"call-{rid or n}", [part])
+    summary.calls += 1
+    summary.input_tokens += part.input_tokens
+    summary.output_tokens += part.output_tokens
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+# -- SWE-agent ------------------------------------------------------------------------------
+
+
+class SweAgent:
+    FORMAT = "swe-agent"
+
+    @staticmethod
+    def discover(paths: Iterable[Path]) -> list[Path]:
+        return discover_traj(paths, ".traj")
+
+    @staticmethod
+    def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
+        doc = _load(path)
+        steps = doc.get("trajectory")
+        if not isinstance(steps, list):
+            raise ImportFormatError(f"{path}: no 'trajectory' list; not a SWE-agent trajectory")
+        summary = Summary(str(path))
+        summary.notes.append(
+            "SWE-agent .traj has no timestamps: every entry is given the file's modification "
+            "time (UTC); it has no per-call usage: tokens and cost are the reported run totals"
+        )
+        at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        stem = path.name.removesuffix(".traj")
+        run = ImportedRun(f"swe-{stem}", fleet_id, stem, SweAgent.FORMAT)
+        run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
+        for n, message in enumerate(doc.get("history") or []):
+            if not isinstance(message, dict):
+                continue
+            if message.get("role") == "assistant":
+                break  # the steps below carry the rest
+            text = str(message.get("content") or "")
+            kind = (
+                EntryKind.SYSTEM_INSTRUCTION
+                if message.get("role") == "system"
+                else EntryKind.USER_TASK
+            )
+            if text.strip():
+                run.add(kind, at, f"h{n}", [TextPart(text=text)])
+        for n, step in enumerate(steps):
+            if not isinstance(step, dict):
+                summary.skipped["not a step"] += 1
+                continue
+            thought = str(step.get("thought") or step.get("response") or "")
+            if thought.strip():
+                run.add(EntryKind.ASSISTANT_RESPONSE, at, f"s{n}", [TextPart(text=thought)])
+            action = str(step.get("action") or "").strip()
+            if not action:
+                continue
+            call_id = f"step-{n}"
+            name = action.split()[0]
+            request = ToolCallPart(
+                tool_call_id=call_id,
+                tool_name=name,
+                permission_class=permission_of(name),
+                arguments_hash=sha256_digest(action),
+                started_at=at,
+            )
+            run.add(EntryKind.TOOL_CALL_REQUEST, at, f"s{n}-call", [request], tool_call_id=call_id)
+            result = ToolResultPart(
+                tool_call_id=call_id,
+                status=ToolResultStatus.SUCCEEDED,
+                exit_code=None,
+                timed_out=False,
+                summary=shorten(str(step.get("observation") or "")),
+            )
+            run.add(EntryKind.TOOL_CALL_RESULT, at, f"s{n}-result", [result], tool_call_id=call_id)
+        _finish(run, doc["info"], at, summary)
+        stats = doc["info"].get("model_stats") or {}
+        summary.input_tokens = int(stats.get("tokens_sent") or 0)
+        summary.output_tokens = int(stats.get("tokens_received") or 0)
+        summary.runs, summary.entries = 1, len(run.entries)
+        return [run], summary
