@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from streams.importers import claude_code, codex
+from streams.importers import claude_code, codex, openhands
 from streams.importers.base import ImportedRun, Summary
 from streams.importers.swe_agent import MiniSweAgent, SweAgent
 
@@ -27,6 +27,7 @@ class Importer(Protocol):
 FORMATS: dict[str, Importer] = {
     claude_code.FORMAT: claude_code,
     codex.FORMAT: codex,
+    openhands.FORMAT: openhands,
     MiniSweAgent.FORMAT: MiniSweAgent(),
     SweAgent.FORMAT: SweAgent(),
 }
