@@ -100,6 +100,8 @@ class CostRow:
         for name in ("cost_usd", "provider_reported_cost_usd", "task_budget_usd"):
             doc[name] = usd(doc[name])
         doc["reported_cost_usd"] = usd(self.reported_cost_usd)
+        if not self.calls:  # no per-call figures: no cost of ours (never $0)
+            doc["cost_usd"] = None
         return doc
 
 

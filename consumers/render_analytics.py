@@ -251,8 +251,10 @@ def print_costs(console: Console, report: CostReport) -> None:
 def cost_cell(row: CostRow) -> str:
     """Our cost of the row's calls: "unpriced" when no call could be priced, never $0; a lower
     bound (>=) when some calls are unpriced or of unknown usage."""
+    if not row.calls:
+        return "-"  # no per-call figures (a run may still have totals its agent reported)
     unknown = row.unpriced_calls + row.usage_unknown_calls
-    if row.calls and unknown >= row.calls:
+    if unknown >= row.calls:
         return "unpriced" if row.unpriced_calls else "unknown"
     return (">= " if unknown else "") + money(row.cost_usd)
 

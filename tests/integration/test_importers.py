@@ -1,0 +1,234 @@
+"""Real agents in: every sample log of ../shared/samples imported with `agentledger import` into a
+real stack, projected by a real worker; `costs --by run --json` must give exactly the
+deduplicated totals of the samples' README (each format's double count avoided), the changed
+files must be the patch's, and a second import must publish nothing.
+
+The expected figures below are the samples README's, recomputed there from the files' bytes
+(they are the specification, not our output)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.views import live_states
+from infra.settings import Settings
+from streams.deployment import PrivateDeployment
+
+pytestmark = pytest.mark.integration
+
+SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
+FLEET = "imports"
+
+
+def _cc(uncached: int, out: int, written: int, read: int, calls: int) -> dict[str, int]:
+    """Claude Code's README figures (input without the cache) as our totals (input with it)."""
+    return {
+        "input_tokens": uncached + written + read,
+        "cached_input_tokens": read,
+        "cache_write_input_tokens": written,
+        "output_tokens": out,
+        "calls": calls,
+    }
+
+
+def _oai(prompt: int, cached: int, out: int, calls: int, reasoning: int = 0) -> dict[str, int]:
+    return {
+        "input_tokens": prompt,
+        "cached_input_tokens": cached,
+        "output_tokens": out,
+        "reasoning_tokens": reasoning,
+        "calls": calls,
+    }
+
+
+EXPECTED: dict[str, tuple[str, dict[str, int]]] = {
+    "258c7280-ae70-4798-800f-63464d01a85d.jsonl": (
+        "claude-code",
+        _cc(180, 38899, 349474, 14771617, 152),
+    ),
+    "agent-a881341.jsonl": ("claude-code", _cc(15, 3, 42176, 34159, 3)),
+    "agent-acompact-fffbd0.jsonl": ("claude-code", _cc(3, 6, 2487, 166758, 1)),
+    "spotter-short.jsonl": ("claude-code", _cc(3, 13, 13835, 11515, 1)),
+    "codemie-session-9eda1058-summary.jsonl": ("claude-code", _cc(47, 4509, 147267, 22912, 5)),
+    "turn-2.jsonl": ("claude-code", _cc(537, 10099, 157962, 223343, 11)),
+    "agent-a485154.jsonl": ("claude-code", _cc(5233, 1845, 115531, 91980, 6)),
+    "codemie-rollout-2026-05-11T11-26-55-019e1625-789d-76c0-80ab-3724b5ddb799.jsonl": (
+        "codex",
+        _oai(6055836, 4929536, 9118, 66, reasoning=1759),
+    ),
+    "localpush-rollout-2026-02-23T20-34-25-019c8bfe-ec25-79e0-97d7-bda6a9c575ff.jsonl": (
+        "codex",
+        _oai(298373, 238848, 1123, 6, reasoning=483),
+    ),
+    "localpush-rollout-2026-02-23T12-54-34-019c8a59-e9dd-71f0-9ae3-4079fe9726a9.jsonl": (
+        "codex",
+        _oai(33810485, 31621504, 133999, 286, reasoning=42113),
+    ),
+    "basic_gui_mode.json": ("openhands", _cc(17297 - 5482 - 11793, 2024, 5482, 11793, 4)),
+    "basic.json": ("openhands", _cc(8132 - 4640 - 3482, 1312, 4640, 3482, 2)),
+    "wrong_initial_state.json": ("openhands", _cc(14828 - 3927 - 10879, 358, 3927, 10879, 4)),
+    "pr854-astropy__astropy-12907.traj.json": (
+        "mini-swe-agent",
+        _oai(1111619, 1093760, 17133, 64),
+    ),
+    "pr814-django__django-11039.traj.json": ("mini-swe-agent", _oai(445781, 388736, 7841, 38)),
+}
+# Reported by the agent itself (the only accounting SWE-agent keeps; mini-swe-agent's per-call
+# costs must sum to it).
+REPORTED_COST = {
+    "pr854-astropy__astropy-12907.traj.json": Decimal("0.04282166"),
+    "pr814-django__django-11039.traj.json": Decimal("0.030150428"),
+    "swe-agent-pr843-commit0-97af1e.traj": Decimal("0.153342"),
+}
+FOLDERS = {
+    "claude-code": ["claude-code"],
+    "codex": ["codex"],
+    "openhands": ["openhands"],
+    "mini-swe-agent": ["mini-swe-agent"],
+    "swe-agent": ["swe-agent"],
+}
+
+
+def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumers.cli", *args],
+        env={**d.env(), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def imported(
+    services: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[PrivateDeployment, dict[str, dict[str, Any]]]]:
+    assert SAMPLES.is_dir(), f"the samples are not at {SAMPLES}"
+    d = PrivateDeployment(services, "imp", [FLEET], tmp_path_factory.mktemp("imp"))
+    asyncio.run(d.create())
+    try:
+        d.start_worker("imp-worker")
+        d.wait_partitions("imp-worker")
+        by_file: dict[str, dict[str, Any]] = {}
+        for fmt, folders in FOLDERS.items():
+            done = _cli(d, "import", fmt, *(str(SAMPLES / f) for f in folders), "--json")
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+            assert "Traceback" not in done.stderr
+            for report in json.loads(done.stdout):
+                by_file[Path(report["path"]).name] = report | {"format": fmt}
+        for report in by_file.values():
+            for run_id in report["run_ids"]:
+                _wait(d, run_id, report["entries"])
+        yield d, by_file
+    finally:
+        d.drop()
+
+
+def _wait(d: PrivateDeployment, run_id: str, entries: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = [
+            live_states(d.settings, p, [run_id]).get(run_id)
+            for p in ("run-stats", "cost-metrics", "diff-timelines")
+        ]
+        if all(s is not None and s["applied_seq"] == entries for s in states):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{run_id}: not applied through {entries} within {timeout_s}s")
+
+
+def test_every_sample_file_is_imported_as_one_run(imported: Any) -> None:
+    _, by_file = imported
+    assert set(by_file) == {*EXPECTED, "swe-agent-pr843-commit0-97af1e.traj"}
+    for name, report in by_file.items():
+        assert report["runs"] == 1 and len(report["run_ids"]) == 1, name
+        assert report["published"] == report["entries"] > 0, name
+
+
+def test_costs_by_run_give_the_readmes_deduplicated_totals_exactly(imported: Any) -> None:
+    d, by_file = imported
+    done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
+    for name, (_, expected) in EXPECTED.items():
+        [run_id] = by_file[name]["run_ids"]
+        row = rows[run_id]
+        got = {k: row[k] for k in expected}
+        assert got == expected, name
+        assert row["usage_unknown_calls"] == 0 and row["latency_calls"] == 0, name  # unknown, not 0
+        assert row["avg_latency_ms"] is None, name
+    for name, cost in REPORTED_COST.items():
+        [run_id] = by_file[name]["run_ids"]
+        row = rows[run_id]
+        assert abs(Decimal(row["reported_cost_usd"]) - cost) < Decimal("1e-8"), name
+        if row["calls"]:  # mini-swe-agent: the per-call costs the agent reported sum to it
+            assert abs(Decimal(row["provider_reported_cost_usd"]) - cost) < Decimal("1e-8"), name
+    swe = rows[by_file["swe-agent-pr843-commit0-97af1e.traj"]["run_ids"][0]]
+    assert swe["calls"] == 0 and swe["cost_usd"] is None  # nothing per call: not $0
+    assert (swe["reported_input_tokens"], swe["reported_output_tokens"]) == (28434, 4536)
+
+
+def test_the_runs_end_as_the_logs_say(imported: Any) -> None:
+    d, by_file = imported
+    status = {}
+    for name, report in by_file.items():
+        [run_id] = report["run_ids"]
+        status[name] = live_states(d.settings, "run-stats", [run_id])[run_id]["state"]["status"]
+    assert status["pr854-astropy__astropy-12907.traj.json"] == "SUBMITTED"
+    assert status["swe-agent-pr843-commit0-97af1e.traj"] == "SUBMITTED"
+    assert status["basic.json"] == "SUCCEEDED"
+    assert status["spotter-short.jsonl"] is None  # a session records no end: still running
+
+
+def test_changed_files_equal_the_patch(imported: Any) -> None:
+    d, by_file = imported
+
+    def files(name: str) -> dict[str, tuple[int, int]]:
+        [run_id] = by_file[name]["run_ids"]
+        state = live_states(d.settings, "diff-timelines", [run_id])[run_id]["state"]
+        return {
+            f["path"]: (f["lines_added"], f["lines_deleted"])
+            for snap in state["snapshots"]
+            for f in snap["files"]
+        }
+
+    # git apply --numstat of the submission: 2 2 django/core/management/commands/sqlmigrate.py
+    assert files("pr814-django__django-11039.traj.json") == {
+        "django/core/management/commands/sqlmigrate.py": (2, 2)
+    }
+    codex = files("codemie-rollout-2026-05-11T11-26-55-019e1625-789d-76c0-80ab-3724b5ddb799.jsonl")
+    assert len(codex) == 3 and all(p.startswith("/Users/Sample_User/") for p in codex), codex
+    assert files("basic.json") == {"/workspace/game_2048.py": (117, 0)}
+
+
+def test_a_second_import_publishes_nothing(imported: Any) -> None:
+    d, by_file = imported
+    for fmt, folders in FOLDERS.items():
+        done = _cli(d, "import", fmt, *(str(SAMPLES / f) for f in folders), "--json")
+        assert done.returncode == 0, done.stderr
+        for report in json.loads(done.stdout):
+            first = by_file[Path(report["path"]).name]
+            assert report["published"] == 0, report["path"]
+            assert report["already_on_ledger"] == first["entries"], report["path"]
+
+
+def test_the_costs_table_shows_unknown_and_unpriced_never_as_zero(imported: Any) -> None:
+    d, by_file = imported
+    done = _cli(d, "costs", "--by", "run", "--fleet", FLEET)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if "│" in line}
+    swe = rows[by_file["swe-agent-pr843-commit0-97af1e.traj"]["run_ids"][0]]
+    assert "$0.1533" in swe and "$0.0000" not in swe, swe  # its own totals, no $0 of ours
+    opus = rows[by_file["spotter-short.jsonl"]["run_ids"][0]]
+    assert "unpriced" in opus and "$0.0000" not in opus, opus  # claude-opus-4-6: not in the table
+    assert "calls of models the price table lacks: unpriced" in done.stdout
