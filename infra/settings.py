@@ -8,6 +8,7 @@ given address. Unset, the service is *local*: started by ``infra up`` on loopbac
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -91,7 +92,15 @@ class Settings(BaseSettings):
 
     # Projection inputs kept as data; changing one and rebuilding re-derives history.
     price_table: Path | None = Field(
-        default=None, description="a price table JSON replacing the shipped one (cost-metrics)"
+        default=None,
+        description="a price table JSON over the maintained price database: the models it "
+        "prices are priced by it (cost-metrics)",
+    )
+    price_source: Literal["genai-prices", "table"] = Field(
+        default="genai-prices",
+        description="genai-prices: the maintained database (pydantic's genai-prices, its bundled "
+        "data) under AGENTLEDGER_PRICE_TABLE; table: our table alone (the shipped one unless "
+        "AGENTLEDGER_PRICE_TABLE), as builds before 2026-12 priced",
     )
     failure_taxonomy: Path | None = Field(
         default=None, description="a taxonomy JSON replacing the shipped one (failure classes)"

@@ -45,7 +45,8 @@ from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped
 from projectors.pricing import (
     ENTRY_FIELDS,
     NORMALIZER_VERSION,
-    PriceTable,
+    LayeredPrices,
+    PriceSource,
     normalize_usage,
     usd_text,
 )
@@ -198,12 +199,13 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
 
     def __init__(
         self,
-        prices: PriceTable | None = None,
+        prices: PriceSource | None = None,
         *,
         rel_tolerance: Decimal = Decimal("0.01"),
         abs_tolerance_usd: Decimal = Decimal("0.000001"),
     ) -> None:
-        self.prices = prices if prices is not None else PriceTable.shipped()
+        # default: the maintained price database (genai-prices); a table given over it
+        self.prices: PriceSource = prices if prices is not None else LayeredPrices()
         self.rel_tolerance = rel_tolerance
         self.abs_tolerance_usd = abs_tolerance_usd
 
@@ -283,8 +285,12 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
 
     def _call(self, part: ModelUsagePart, entry: LedgerEntry, key: str) -> CallCost:
         usage = normalize_usage(part)
-        price = self.prices.price(part.provider, part.model, entry.occurred_at)
-        cost = price.cost(usage) if price is not None and usage is not None else None
+        price = (
+            self.prices.price_call(part.provider, part.model, entry.occurred_at, usage)
+            if usage is not None
+            else None
+        )
+        cost = price.cost if price is not None else None
         reported = _usd(part.provider_reported_cost_usd)
         own = (
             part.input_tokens,
@@ -319,7 +325,7 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             cost_usd=cost,
             provider_reported_cost_usd=reported,
             cost_disagreement=self._disagree(cost, reported),
-            unpriced=price is None,
+            unpriced=usage is not None and price is None,
             price_effective_from=price.effective_from if price is not None else None,
             normalizer=usage.normalizer if usage is not None else "unknown",
             usage_mismatch=mismatch,

@@ -64,7 +64,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -209,6 +209,93 @@ class PriceTable:
                 return None
         i = bisect_right(starts, at.astimezone(UTC).date())
         return self._periods[key][i - 1] if i else None
+
+    def price_call(
+        self, provider: str, model: str, at: datetime, usage: Usage
+    ) -> PricedCall | None:
+        price = self.price(provider, model, at)
+        if price is None:
+            return None
+        return PricedCall(price.cost(usage), price.effective_from, f"table {self.version}")
+
+
+@dataclass(frozen=True, slots=True)
+class PricedCall:
+    """A call's exact cost, the day its price took effect (when the source says) and the source."""
+
+    cost: Decimal
+    effective_from: date | None
+    source: str
+
+
+class PriceSource(Protocol):
+    """Where call prices come from; ``version`` is recorded with every build that used it, so a
+    rebuild with the same source reprices exactly."""
+
+    version: str
+
+    def price_call(
+        self, provider: str, model: str, at: datetime, usage: Usage
+    ) -> PricedCall | None:
+        """The call's cost at the price in effect at ``at``; None: unpriced (never $0)."""
+
+
+# Our provider names where genai-prices names a provider otherwise.
+_GENAI_PROVIDERS = {"meta": "groq"}
+
+
+class GenaiPrices:
+    """Pydantic's maintained price database (`genai-prices`): historic prices by date, cache
+    read and write rates, per-request tiers (long context). Only its bundled data is read (no
+    network update), so its package version is its data version."""
+
+    def __init__(self) -> None:
+        from importlib.metadata import version
+
+        self.version = f"genai-prices {version('genai-prices')}"
+
+    def price_call(
+        self, provider: str, model: str, at: datetime, usage: Usage
+    ) -> PricedCall | None:
+        import genai_prices
+
+        counts = genai_prices.Usage(
+            input_tokens=usage.input,
+            cache_read_tokens=usage.cached_input,
+            cache_write_tokens=usage.cache_write or 0,
+            output_tokens=usage.output,
+        )
+        try:
+            found = genai_prices.calc_price(
+                counts,
+                model_ref=model,
+                provider_id=_GENAI_PROVIDERS.get(provider.lower(), provider.lower()),
+                genai_request_timestamp=at,
+            )
+        except LookupError:
+            return None
+        return PricedCall(Decimal(found.total_price), None, self.version)
+
+
+class LayeredPrices:
+    """Our own table (when given) over the maintained database: a model the table prices is
+    priced by it, any other by genai-prices."""
+
+    def __init__(self, override: PriceTable | None = None, base: GenaiPrices | None = None) -> None:
+        self.override = override
+        self.base = base or GenaiPrices()
+        self.version = self.base.version + (
+            f" + table {override.version}" if override is not None else ""
+        )
+
+    def price_call(
+        self, provider: str, model: str, at: datetime, usage: Usage
+    ) -> PricedCall | None:
+        if self.override is not None:
+            found = self.override.price_call(provider, model, at, usage)
+            if found is not None:
+                return found
+        return self.base.price_call(provider, model, at, usage)
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from projectors.context_manifests import ContextBudget, ContextManifestsProjecti
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.diff_timelines import DiffTimelinesProjection
 from projectors.failure_classifications import FailureClassifications, Taxonomy
-from projectors.pricing import PriceTable
+from projectors.pricing import LayeredPrices, PriceSource, PriceTable
 from projectors.run_stats import RunStatsProjection
 from projectors.working_memory import WorkingMemoryProjection
 from schemas.errors import BadArgumentError
@@ -27,12 +27,16 @@ NAMES = (
 
 def all_projections(settings: Settings | None = None) -> list[Projection[Any]]:
     """Every projection; ``settings`` may replace the shipped price table, taxonomy, budget."""
-    budget = prices = taxonomy = None
+    budget = taxonomy = None
+    prices: PriceSource | None = None
     if settings is not None:
         if settings.context_budget:
             budget = ContextBudget.from_overrides(settings.context_budget)
-        if settings.price_table is not None:
-            prices = PriceTable.load(settings.price_table)
+        table = PriceTable.load(settings.price_table) if settings.price_table else None
+        if settings.price_source == "table":  # our table alone (builds made before genai-prices)
+            prices = table or PriceTable.shipped()
+        else:
+            prices = LayeredPrices(table)
         if settings.failure_taxonomy is not None:
             taxonomy = Taxonomy.load(settings.failure_taxonomy)
     return [

@@ -130,7 +130,7 @@ def fold(
     entries: list[LedgerEntry], projection: CostMetricsProjection | None = None
 ) -> tuple[CostMetrics, list[HistoryRow]]:
     """Fold like the engine does: history after every accepted entry."""
-    p = projection or CostMetricsProjection()
+    p = projection or CostMetricsProjection(PriceTable.shipped())
     state: CostMetrics | None = None
     rows: list[HistoryRow] = []
     for entry in entries:
@@ -239,7 +239,7 @@ def test_calls_without_response_id_count_by_entry_id() -> None:
     run = Run()
     run.call(usage(response_id=None))
     entry = run.call(usage(response_id=None), usage(response_id=None))
-    p = CostMetricsProjection()
+    p = CostMetricsProjection(PriceTable.shipped())
     state, rows = fold(run.entries, p)
     assert [r.key for r in rows] == ["run-1-e2", "run-1-e3", "run-1-e3#1"]
     assert all(r.doc["response_id"] is None for r in rows)
@@ -248,7 +248,7 @@ def test_calls_without_response_id_count_by_entry_id() -> None:
 
 
 def test_accepts_only_run_start_and_model_calls() -> None:
-    p = CostMetricsProjection()
+    p = CostMetricsProjection(PriceTable.shipped())
     accepted = {k for k in EntryKind if p.accepts(EntryBuilder().add(k))}
     assert accepted == {EntryKind.RUN_STARTED, EntryKind.MODEL_CALL}
 
@@ -389,7 +389,7 @@ def test_over_budget(budget: str | None, expected_budget: Decimal | None, over: 
 def test_over_budget_after_the_first_call_that_crosses_it() -> None:
     run = Run(budget="0.0159")
     run.call(usage(response_id="a"))
-    p = CostMetricsProjection()
+    p = CostMetricsProjection(PriceTable.shipped())
     state, _ = fold(run.entries, p)
     assert not state.over_budget, "equal to the budget is within it"
     run.call(usage(response_id="b"))
@@ -459,7 +459,7 @@ def test_missing_price_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_doc_round_trip_through_json() -> None:
-    p = CostMetricsProjection()
+    p = CostMetricsProjection(PriceTable.shipped())
     run = Run(budget="0.50")
     run.call(usage(response_id="z", provider_reported_cost_usd=0.0161))
     run.call(
@@ -759,3 +759,63 @@ def test_codex_token_count_shape_is_read_as_openai() -> None:
     assert normalize_raw("openai", "gpt-5.3-codex", json.dumps(raw)) == Usage(
         44218, 42880, 96, 17, "openai"
     )
+
+
+# -- prices from a maintained database (genai-prices), our table over it -------------------------
+
+
+def test_the_default_prices_are_the_maintained_database_with_its_version() -> None:
+    from projectors.pricing import LayeredPrices
+
+    p = CostMetricsProjection()
+    assert isinstance(p.prices, LayeredPrices)
+    assert p.prices.version.startswith("genai-prices 0.2.3")
+    run = Run()
+    run.call(usage("anthropic", "claude-opus-4-6", response_id="a"))  # not in our table
+    state, _ = fold(run.entries, p)
+    assert state.price_version == p.prices.version
+    assert state.totals.unpriced_calls == 0 and state.totals.cost_usd > 0
+
+
+def test_genai_prices_charge_cache_reads_and_writes_at_their_rates() -> None:
+    from projectors.pricing import GenaiPrices
+
+    prices = GenaiPrices()
+    at = datetime(2026, 2, 10, tzinfo=UTC)
+    plain = prices.price_call("anthropic", "claude-opus-4-6", at, Usage(1000, 0, 0, 0, "x"))
+    read = prices.price_call("anthropic", "claude-opus-4-6", at, Usage(1000, 1000, 0, 0, "x"))
+    written = prices.price_call(
+        "anthropic", "claude-opus-4-6", at, Usage(1000, 0, 0, 0, "x", cache_write=1000)
+    )
+    assert plain is not None and read is not None and written is not None
+    # Opus 4.6: $5 input, $0.50 cache read, $6.25 cache write, per million tokens
+    assert (plain.cost, read.cost, written.cost) == (
+        Decimal("0.005"),
+        Decimal("0.0005"),
+        Decimal("0.00625"),
+    )
+    assert prices.price_call("meta", "llama-4-maverick", at, Usage(1, 0, 1, 0, "x")) is None
+
+
+def test_our_table_prices_what_it_names_and_the_database_the_rest() -> None:
+    from projectors.pricing import LayeredPrices
+
+    table = PriceTable.from_json(
+        json.dumps(
+            {
+                "version": "ours-1",
+                "currency": "USD",
+                "models": {
+                    "acme/house-model": [{"effective_from": "2025-01-01", "input": 1, "output": 2}]
+                },
+            }
+        )
+    )
+    prices = LayeredPrices(table)
+    assert prices.version == "genai-prices 0.2.3 + table ours-1"
+    at = datetime(2026, 2, 10, tzinfo=UTC)
+    ours = prices.price_call("acme", "house-model", at, Usage(10**6, 0, 10**6, 0, "x"))
+    theirs = prices.price_call("openai", "gpt-4", at, Usage(10**6, 0, 0, 0, "x"))
+    assert ours is not None and ours.cost == 3 and ours.source == "table ours-1"
+    assert theirs is not None and theirs.source.startswith("genai-prices")
+    assert prices.price_call("acme", "other", at, Usage(1, 0, 1, 0, "x")) is None
