@@ -75,7 +75,10 @@ async def analytics(
         async with AsyncPublisher(settings) as publisher:
             sent = await publisher.publish_batch(simulate(len(FLEETS), 14, SEED))
         # The first builds, made live in this private database: what the CLI and views read.
-        targets = live_targets(settings.pg_address, selected("run-stats,analytics"))
+        # Priced by our shipped table alone (AGENTLEDGER_PRICE_SOURCE=table): the test sums
+        # the costs itself from that table's rates.
+        table = settings.model_copy(update={"price_source": "table"})
+        targets = live_targets(settings.pg_address, selected("run-stats,analytics", table))
         sink = KafkaDeadLetterSink(settings)
         engine = Engine(targets, settings.pg_address, None, sink)
         await engine.start()
