@@ -222,7 +222,9 @@ def test_a_second_import_publishes_nothing(imported: Any) -> None:
             assert report["already_on_ledger"] == first["entries"], report["path"]
 
 
-def test_the_costs_table_prices_by_the_maintained_database_and_never_shows_unknown_as_zero(imported: Any) -> None:
+def test_the_costs_table_prices_by_the_maintained_database_and_never_shows_unknown_as_zero(
+    imported: Any,
+) -> None:
     d, by_file = imported
     done = _cli(d, "costs", "--by", "run", "--fleet", FLEET)
     assert done.returncode == 0, done.stderr
