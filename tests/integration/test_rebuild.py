@@ -23,9 +23,10 @@ import redis.asyncio as aioredis
 
 from consumers.views import live_state
 from infra.settings import Settings
+from projectors.base import fold_all
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.failure_classifications import FailureClassifications, Taxonomy
-from projectors.pricing import PriceTable
+from projectors.pricing import GenaiPrices, LayeredPrices, PriceTable
 from projectors.registry import NAMES, projection
 from projectors.run_stats import RunStats, RunStatsProjection
 from projectors.stores.redis import RedisViewStore
@@ -227,6 +228,11 @@ def _costs(d: Deployment, build: str) -> dict[str, Decimal]:
     return {r: Decimal(c) for r, c in rows}
 
 
+def _total(state: Any) -> Decimal:
+    assert state is not None
+    return Decimal(state.totals.cost_usd)
+
+
 def test_drill_2_price_change_rebuild_keeps_as_billed_and_as_repriced(
     deployment: Deployment, tmp_path: Path
 ) -> None:
@@ -245,20 +251,24 @@ def test_drill_2_price_change_rebuild_keeps_as_billed_and_as_repriced(
                     period[key] = period[key] * 2
     table = tmp_path / "prices.json"
     table.write_text(json.dumps(doubled))
-    repriced_projection = CostMetricsProjection(PriceTable.load(table))
+    # billed by the default source (genai-prices); repriced with our table over it (it names
+    # every model the simulator uses, at twice the shipped table's rates)
+    repriced_projection = CostMetricsProjection(LayeredPrices(PriceTable.load(table)))
     billed_build = d.live("cost-metrics")
     repriced_build = asyncio.run(create_build(d.settings, repriced_projection, Start()))
     asyncio.run(run_build(d.settings, repriced_projection, repriced_build))
     billed, repriced = _costs(d, billed_build), _costs(d, repriced_build)
     assert set(billed) == set(repriced) == {run[0].run_id for run in runs}
-    assert all(repriced[r] == 2 * billed[r] for r in billed)
+    at_shipped = CostMetricsProjection(PriceTable.shipped())
+    as_shipped = {run[0].run_id: _total(fold_all(at_shipped, run)) for run in runs}
+    assert all(repriced[r] == 2 * as_shipped[r] for r in billed)
+    assert billed != repriced
+    genai = GenaiPrices().version
     docs = d.states("cost-metrics", repriced_build)
-    assert {st["price_version"] for _, st in docs.values()} == {"2026-12-01"}
-    assert {st["price_version"] for _, st in d.states("cost-metrics").values()} == {
-        shipped["version"]
-    }
+    assert {st["price_version"] for _, st in docs.values()} == {f"{genai} + table 2026-12-01"}
+    assert {st["price_version"] for _, st in d.states("cost-metrics").values()} == {genai}
     builds = {i.build: i for i in list_builds(d.settings, "cost-metrics")}
-    assert builds[repriced_build].inputs["price_table"] == "2026-12-01"
+    assert builds[repriced_build].inputs["price_table"] == f"{genai} + table 2026-12-01"
     asyncio.run(swap(d.settings, repriced_projection, repriced_build))
     assert d.live("cost-metrics") == repriced_build  # readers now see the repriced figures
     assert _costs(d, billed_build) == billed  # and "as billed" stays queryable
@@ -413,8 +423,8 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
         mine[("diff-timelines", old)]["inputs"]["version"]
         == mine[("diff-timelines", new)]["inputs"]["version"]
     )
-    shared = d.live("run-stats")  # cost-metrics and failure-classifications have one so named
-    assert shared == d.live("cost-metrics")
+    shared = d.live("run-stats")  # failure-classifications has one so named
+    assert shared == d.live("failure-classifications")
     ambiguous = _cli(d, "rebuild", "drop", shared)
     assert ambiguous.returncode == 2 and "PROJECTION/BUILD" in ambiguous.stderr
     refused = _cli(d, "rebuild", "drop", f"diff-timelines/{old}")
