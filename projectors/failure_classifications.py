@@ -2,7 +2,7 @@
 
 The fold collects a run's *evidence* — small, bounded tallies that do not depend on any taxonomy —
 and classifies it with the projection's :class:`Taxonomy`: rules kept as data
-(``projectors/data/failure_taxonomy.v1.json``), tried in order, the first match naming the class.
+(``projectors/data/failure_taxonomy.v2.json``; v1 kept beside it), tried in order, the first match naming the class.
 A finished run gets its final class; an unfinished one a provisional class (``final`` is false),
 which is what the CLI shows for a stalled run. A succeeded run is class ``none``. The RUN_FINISHED
 entry contributes its ``run_status`` only: the outcome a producer may write into its metadata or
@@ -51,6 +51,13 @@ patterns; ``"@name"`` in a list stands for the set ``name``. Keys:
 - ``repair_loop``: bool — the repair-loop flag is (not) set.
 - ``any`` / ``all``: [condition] — one / every sub-condition holds; ``not``: condition.
 
+v2 adds ``step-limit`` (``STEP_LIMIT``), ``unevaluated`` (``SUBMITTED`` with no verdict yet) and
+the class of a submission's *evaluation*: a ``VERIFIER_RESULT`` whose check id or profile names
+an evaluation (``*eval*``, e.g. profile ``swe-bench-eval``), which a benchmark harness may send
+after ``RUN_FINISHED``; it reclassifies the run (passed: ``none``, failed: ``verifier``). Its
+error rules look at the run's latest error only (``last``), so an error the run recovered from
+does not outrank the one that ended it.
+
 A run no rule matches is ``unknown``. Classifying is a pure function of (evidence, taxonomy):
 pass another taxonomy and re-fold (or :func:`reclassify`) to reclassify history; a stored
 document whose taxonomy version differs is reclassified by :meth:`~FailureClassifications.from_doc`.
@@ -89,7 +96,7 @@ from schemas.models import (
     VerificationStatus,
 )
 
-DEFAULT_TAXONOMY = "failure_taxonomy.v1.json"
+DEFAULT_TAXONOMY = "failure_taxonomy.v2.json"
 SUCCESS_CLASS = "none"
 UNKNOWN_CLASS = "unknown"
 _MAX_KEYS = 32  # distinct error categories, tools, checks, approval decisions kept per run
@@ -222,7 +229,7 @@ class Taxonomy(_Frozen):
 
     @classmethod
     def default(cls) -> Taxonomy:
-        """The shipped taxonomy (``projectors/data/failure_taxonomy.v1.json``)."""
+        """The shipped taxonomy (``projectors/data/failure_taxonomy.v2.json``)."""
         return _shipped()
 
 

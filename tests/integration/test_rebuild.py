@@ -292,7 +292,7 @@ def test_drill_3_taxonomy_change_reclassifies_history(
     runs = _runs(14, seed=44)  # one run per outcome
     _applied_by_a_worker(d, runs)
     shipped = json.loads(
-        (Path(__file__).parents[2] / "projectors" / "data" / "failure_taxonomy.v1.json").read_text()
+        (Path(__file__).parents[2] / "projectors" / "data" / "failure_taxonomy.v2.json").read_text()
     )
     changed = copy.deepcopy(shipped)
     changed["version"] = "failure-taxonomy.v2-test"

@@ -141,6 +141,8 @@ ONE_PER_CLASS: dict[str, list[LedgerEntry]] = {
     "repository-baseline": Run().verify(FAILED).change().verify(FAILED).finish(F),
     "timeout": Run().change().finish(RunStatus.TIMED_OUT),
     "unknown": Run().change().error("internal", message="worker lost heartbeat").finish(F),
+    "step-limit": Run().change().model().finish(RunStatus.STEP_LIMIT),
+    "unevaluated": Run().change().finish(RunStatus.SUBMITTED),
 }
 
 
@@ -148,7 +150,7 @@ ONE_PER_CLASS: dict[str, list[LedgerEntry]] = {
 def test_every_class_has_a_positive_case(expected: str) -> None:
     c = fold(ONE_PER_CLASS[expected]).classification
     assert c.failure_class == expected
-    assert c.final and c.taxonomy_version == "failure-taxonomy.v1"
+    assert c.final and c.taxonomy_version == "failure-taxonomy.v2"
     assert c.explanation and "\n" not in c.explanation
     assert c.evidence and c.evidence[-1].seq == len(ONE_PER_CLASS[expected])  # RUN_FINISHED
 
@@ -479,3 +481,42 @@ def test_simulator_repair_loops() -> None:
         if fold(run).classification.repair_loop
     }
     assert loops == {"model", "tool", "verifier"}
+
+
+# -- taxonomy v2: limits, submissions and their evaluation, the error that ended the run ---------
+
+
+def test_an_evaluation_verdict_after_a_submission_decides_its_class() -> None:
+    submitted = Run().change()
+    submitted.finish(RunStatus.SUBMITTED)
+    assert fold(submitted.entries).classification.failure_class == "unevaluated"
+    submitted.verify(FAILED, check="swe-bench-eval")  # the harness, after RUN_FINISHED
+    c = fold(submitted.entries).classification
+    assert (c.failure_class, c.rule, c.final) == ("verifier", "submitted-evaluation-failed", True)
+    passed = Run().change()
+    passed.finish(RunStatus.SUBMITTED)
+    passed.verify(PASSED, check="swe-bench-eval")
+    assert fold(passed.entries).classification.failure_class == "none"
+
+
+def test_the_agents_own_checks_are_not_the_evaluation() -> None:
+    own = Run().change().verify(PASSED)  # the agent ran the tests itself, then submitted
+    assert fold(own.finish(RunStatus.SUBMITTED)).classification.failure_class == "unevaluated"
+
+
+def test_a_step_limit_is_neither_a_budget_nor_a_timeout() -> None:
+    c = fold(Run().change().finish(RunStatus.STEP_LIMIT)).classification
+    assert (c.failure_class, c.rule) == ("step-limit", "step-limit")
+
+
+def test_a_recovered_early_error_does_not_outrank_the_one_that_ended_the_run() -> None:
+    # the sandbox ran out of memory early and was restarted; the model's output ended the run
+    entries = Run().error("sandbox.oom").change().error("model.invalid_output").finish(F)
+    assert fold(entries).classification.failure_class == "model"
+    v1 = Taxonomy.parse(
+        (
+            Path(__file__).parents[2] / "projectors" / "data" / "failure_taxonomy.v1.json"
+        ).read_bytes()
+    )
+    before = fold_all(FailureClassifications(v1), entries)
+    assert before is not None and before.classification.failure_class == "sandbox"  # v1 did
