@@ -269,6 +269,17 @@ def import_cmd(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="the summaries as JSON")] = False,
+    follow_on: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            help="keep going: tail the files (and new ones under the folders), publishing new "
+            "lines as they are written; a restart resumes where the ledger stands",
+        ),
+    ] = False,
+    poll_s: Annotated[
+        float, typer.Option("--poll-s", min=0.05, help="with --follow: seconds between looks")
+    ] = 0.5,
 ) -> None:
     """Import real agents' logs as ledger runs: each format's double counts avoided, entry ids
     from the source's own ids. Importing a file again publishes nothing new; an import stopped
@@ -289,6 +300,9 @@ def import_cmd(
     settings = _settings()
     fleet_id = fleet or settings.fleet_ids[0]
     _fleet_option([fleet_id])
+    if follow_on:
+        _follow_imports(settings, module, paths, fleet_id, poll_s, as_json)
+        return
     files = module.discover(paths)
     if not files:
         raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
@@ -324,6 +338,34 @@ def import_cmd(
             )
     if as_json:
         print(json.dumps(reports, indent=2))
+
+
+def _follow_imports(
+    settings: Any, module: Any, paths: list[Path], fleet_id: str, poll_s: float, as_json: bool
+) -> None:
+    """``import --follow``: one line (or JSON object) per file that grew, until interrupted."""
+    from streams.importers.base import Summary
+    from streams.importers.publish import Sent, follow
+
+    def report(path: Path, summary: Summary | None, sent: list[Sent], waiting: str | None) -> None:
+        published = sum(s.sent for s in sent)
+        if as_json:
+            doc = {"path": str(path), "published": published, "waiting": waiting}
+            print(json.dumps(doc), flush=True)
+        elif waiting is not None:
+            console.print(f"{path.name}: waiting ({escape(waiting)})", soft_wrap=True)
+        elif published:
+            console.print(f"{path.name}: {published} new entries published", soft_wrap=True)
+
+    if not as_json:
+        console.print(f"following {', '.join(map(str, paths))} (Ctrl-C stops)")
+    try:
+        asyncio.run(follow(settings, module, paths, fleet_id, report, poll_s))
+    except KeyboardInterrupt:
+        console.print("stopped")
+    except AgentLedgerError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
 
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: poison records and their reasons.")

@@ -2,7 +2,8 @@
 
 The fold collects a run's *evidence* — small, bounded tallies that do not depend on any taxonomy —
 and classifies it with the projection's :class:`Taxonomy`: rules kept as data
-(``projectors/data/failure_taxonomy.v2.json``; v1 kept beside it), tried in order, the first match naming the class.
+(``projectors/data/failure_taxonomy.v2.json``; v1 kept beside it), tried in order, the first
+match naming the class.
 A finished run gets its final class; an unfinished one a provisional class (``final`` is false),
 which is what the CLI shows for a stalled run. A succeeded run is class ``none``. The RUN_FINISHED
 entry contributes its ``run_status`` only: the outcome a producer may write into its metadata or

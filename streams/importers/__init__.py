@@ -21,7 +21,11 @@ class Importer(Protocol):
 
     def discover(self, paths: Iterable[Path]) -> list[Path]: ...
 
-    def import_file(self, path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]: ...
+    def import_file(
+        self, path: Path, fleet_id: str, settled: bool = False
+    ) -> tuple[list[ImportedRun], Summary]:
+        """``settled``: the file may still be growing; leave out what may still change."""
+        ...
 
 
 FORMATS: dict[str, Importer] = {

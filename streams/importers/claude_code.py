@@ -85,10 +85,16 @@ def read_lines(path: Path, summary: Summary) -> list[dict[str, Any]]:
     return out
 
 
-def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
-    """One session or subagent file as one run."""
+def import_file(
+    path: Path, fleet_id: str, settled: bool = False
+) -> tuple[list[ImportedRun], Summary]:
+    """One session or subagent file as one run. ``settled`` (for a file still being written):
+    leave out a response whose lines may still be coming (the last lines, if they are one
+    assistant message), so its usage is taken whole, once."""
     summary = Summary(str(path))
     lines = read_lines(path, summary)
+    if settled:
+        lines = _settled(lines, summary)
     session = next((d["sessionId"] for d in lines if isinstance(d.get("sessionId"), str)), None)
     if session is None:
         raise ImportFormatError(f"{path}: no line has a sessionId; not a Claude Code session log")
@@ -130,6 +136,22 @@ def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
     summary.entries = len(run.entries)
     summary.notes.append("Claude Code records no run end: the run is left open (RUNNING)")
     return [run], summary
+
+
+def _settled(lines: list[dict[str, Any]], summary: Summary) -> list[dict[str, Any]]:
+    last = len(lines)
+    tail = _message_id(lines[-1]) if lines else None
+    while tail is not None and last and _message_id(lines[last - 1]) == tail:
+        last -= 1
+    if last < len(lines):
+        summary.skipped["response still being written (waiting)"] += len(lines) - last
+    return lines[:last]
+
+
+def _message_id(doc: dict[str, Any]) -> str | None:
+    message = doc.get("message") if doc.get("type") == "assistant" else None
+    mid = message.get("id") if isinstance(message, dict) else None
+    return mid if isinstance(mid, str) else None
 
 
 def _agent_id(path: Path) -> str | None:

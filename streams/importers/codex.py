@@ -60,7 +60,9 @@ def discover(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
+def import_file(
+    path: Path, fleet_id: str, settled: bool = False
+) -> tuple[list[ImportedRun], Summary]:
     summary = Summary(str(path))
     lines = read_lines(path, summary)
     meta = next((d.get("payload") for d in lines if d.get("type") == "session_meta"), None)

@@ -61,7 +61,9 @@ def discover(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
+def import_file(
+    path: Path, fleet_id: str, settled: bool = False
+) -> tuple[list[ImportedRun], Summary]:
     try:
         events = json.loads(path.read_bytes())
     except ValueError as exc:

@@ -2,17 +2,25 @@
 
 For every run it first reads where the run stands on its ledger partition (its highest sequence
 number), then sends the entries after it, in batches, each batch all or nothing. So importing a
-file again publishes nothing, and an import stopped half way resumes where it stopped.
+file again publishes nothing, and an import stopped half way (or a follower killed and started
+again) resumes where the ledger stands: nothing lost, nothing doubled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.settings import Settings
-from streams.importers.base import ImportedRun
+from streams.importers.base import ImportedRun, ImportFormatError, Summary
 from streams.publisher import AsyncPublisher
+
+if TYPE_CHECKING:
+    from streams.importers import Importer
 
 BATCH = 500
 
@@ -30,18 +38,70 @@ async def publish_runs(
     progress: Callable[[Sent], None] | None = None,
 ) -> list[Sent]:
     """Send each run's entries after the ledger's last one; returns what each run got."""
-    out: list[Sent] = []
     if not runs:
-        return out
+        return []
     async with AsyncPublisher(settings) as publisher:
-        stand = await publisher.resume({(r.fleet_id, r.run_id) for r in runs})
-        for run in runs:
-            last = stand.get(run.run_id, 0)
-            todo = [e for e in run.entries if e.sequence_no > last]
-            for start in range(0, len(todo), BATCH):
-                await publisher.publish_batch(todo[start : start + BATCH])
-            done = Sent(run.run_id, min(last, len(run.entries)), len(todo))
-            out.append(done)
-            if progress is not None:
-                progress(done)
+        return await send_new(publisher, runs, progress)
+
+
+async def send_new(
+    publisher: AsyncPublisher,
+    runs: Sequence[ImportedRun],
+    progress: Callable[[Sent], None] | None = None,
+) -> list[Sent]:
+    """With a started publisher: each run's entries after the last one the ledger (or this
+    publisher, which remembers what it sent) holds."""
+    await publisher.resume({(r.fleet_id, r.run_id) for r in runs})
+    out = []
+    for run in runs:
+        last = publisher.book.last.get(run.run_id, 0)
+        todo = [e for e in run.entries if e.sequence_no > last]
+        for start in range(0, len(todo), BATCH):
+            await publisher.publish_batch(todo[start : start + BATCH])
+        done = Sent(run.run_id, min(last, len(run.entries)), len(todo))
+        out.append(done)
+        if progress is not None:
+            progress(done)
     return out
+
+
+Report = Callable[[Path, Summary | None, list[Sent], str | None], None]
+
+
+async def follow(
+    settings: Settings,
+    importer: Importer,
+    paths: Iterable[Path],
+    fleet_id: str,
+    report: Report,
+    poll_s: float = 0.5,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Tail the files under ``paths`` (new ones included): whenever one grows, import it again
+    and publish what the ledger lacks. A partly written last line, or a response whose lines are
+    still coming, waits for the next pass; a restart resumes from the ledger itself."""
+    roots = list(paths)
+    seen: dict[Path, tuple[int, int]] = {}
+    async with AsyncPublisher(settings) as publisher:
+        while stop is None or not stop.is_set():
+            for path in importer.discover(roots):
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue
+                key = (stat.st_size, stat.st_mtime_ns)
+                if seen.get(path) == key:
+                    continue
+                try:
+                    runs, summary = importer.import_file(path, fleet_id, settled=True)
+                except ImportFormatError as exc:  # e.g. a JSON document still being written
+                    report(path, None, [], str(exc))
+                    continue
+                sent = await send_new(publisher, runs)
+                seen[path] = key
+                report(path, summary, sent, None)
+            if stop is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), poll_s)
+            else:
+                await asyncio.sleep(poll_s)

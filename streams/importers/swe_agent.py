@@ -134,7 +134,9 @@ class MiniSweAgent:
         return discover_traj(paths, ".traj.json")
 
     @staticmethod
-    def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
+    def import_file(
+        path: Path, fleet_id: str, settled: bool = False
+    ) -> tuple[list[ImportedRun], Summary]:
         doc = _load(path)
         messages = doc.get("messages")
         if not isinstance(messages, list):
@@ -305,7 +307,9 @@ class SweAgent:
         return discover_traj(paths, ".traj")
 
     @staticmethod
-    def import_file(path: Path, fleet_id: str) -> tuple[list[ImportedRun], Summary]:
+    def import_file(
+        path: Path, fleet_id: str, settled: bool = False
+    ) -> tuple[list[ImportedRun], Summary]:
         doc = _load(path)
         steps = doc.get("trajectory")
         if not isinstance(steps, list):
