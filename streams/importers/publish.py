@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,12 +77,14 @@ async def follow(
     report: Report,
     poll_s: float = 0.5,
     stop: asyncio.Event | None = None,
+    quiet_s: float = 2.0,
 ) -> None:
     """Tail the files under ``paths`` (new ones included): whenever one grows, import it again
-    and publish what the ledger lacks. A partly written last line, or a response whose lines are
-    still coming, waits for the next pass; a restart resumes from the ledger itself."""
+    and publish what the ledger lacks. A partly written last line, or a response whose lines may
+    still be coming, waits: until the next pass, or until the file has been quiet for
+    ``quiet_s`` (then it is taken as it stands). A restart resumes from the ledger itself."""
     roots = list(paths)
-    seen: dict[Path, tuple[int, int]] = {}
+    seen: dict[Path, tuple[int, int, bool]] = {}  # size, mtime, imported settled (held back)
     async with AsyncPublisher(settings) as publisher:
         while stop is None or not stop.is_set():
             for path in importer.discover(roots):
@@ -89,16 +92,19 @@ async def follow(
                     stat = path.stat()
                 except FileNotFoundError:
                     continue
-                key = (stat.st_size, stat.st_mtime_ns)
-                if seen.get(path) == key:
-                    continue
+                quiet = time.time() - stat.st_mtime >= quiet_s
+                before = seen.get(path)
+                unchanged = before is not None and before[:2] == (stat.st_size, stat.st_mtime_ns)
+                if unchanged and not (before is not None and before[2] and quiet):
+                    continue  # nothing new, and nothing held back that may go now
+                settled = not quiet
                 try:
-                    runs, summary = importer.import_file(path, fleet_id, settled=True)
+                    runs, summary = importer.import_file(path, fleet_id, settled=settled)
                 except ImportFormatError as exc:  # e.g. a JSON document still being written
                     report(path, None, [], str(exc))
                     continue
                 sent = await send_new(publisher, runs)
-                seen[path] = key
+                seen[path] = (stat.st_size, stat.st_mtime_ns, settled)
                 report(path, summary, sent, None)
             if stop is not None:
                 with contextlib.suppress(TimeoutError):
