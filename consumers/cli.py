@@ -340,6 +340,38 @@ def import_cmd(
         print(json.dumps(reports, indent=2))
 
 
+@app.command("otlp")
+def otlp_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="OTLP/HTTP port")] = 4318,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    fleet: Annotated[
+        str | None, typer.Option("--fleet", help="the fleet (default: the first configured)")
+    ] = None,
+    run_attribute: Annotated[
+        str | None,
+        typer.Option(
+            "--run-attribute", help="a span or resource attribute naming the run (default: trace)"
+        ),
+    ] = None,
+) -> None:
+    """Receive OpenTelemetry GenAI spans over OTLP/HTTP (POST /v1/traces, protobuf or JSON) and
+    publish them as ledger entries: a trace is a run, LLM spans model calls (usage taken once,
+    from the span that made the call), tool spans tool calls."""
+    from streams.otlp import serve
+
+    settings = _settings()
+    fleet_id = fleet or settings.fleet_ids[0]
+    _fleet_option([fleet_id])
+    console.print(f"OTLP/HTTP receiver on http://{host}:{port}/v1/traces (fleet {fleet_id})")
+    try:
+        asyncio.run(serve(settings, fleet_id, host, port, run_attribute))
+    except KeyboardInterrupt:
+        console.print("stopped")
+    except OSError as exc:
+        err.print(f"[red]error:[/] cannot listen on {host}:{port}: {escape(str(exc))}")
+        raise typer.Exit(code=1) from None
+
+
 def _follow_imports(
     settings: Any, module: Any, paths: list[Path], fleet_id: str, poll_s: float, as_json: bool
 ) -> None:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from streams.importers import claude_code, codex, openhands
 from streams.importers.base import ImportedRun, Summary
+from streams.importers.otel import OtelFiles
 from streams.importers.swe_agent import MiniSweAgent, SweAgent
 
 
@@ -34,4 +35,5 @@ FORMATS: dict[str, Importer] = {
     openhands.FORMAT: openhands,
     MiniSweAgent.FORMAT: MiniSweAgent(),
     SweAgent.FORMAT: SweAgent(),
+    OtelFiles.FORMAT: OtelFiles(),
 }

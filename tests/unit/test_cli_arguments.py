@@ -26,6 +26,7 @@ BAD: dict[str, list[str]] = {
     "simulate": ["simulate", "--length-profile", "bogus", "--out", "x.jsonl"],
     "publish": ["publish", "missing.jsonl"],
     "import": ["import", "telepathy-agent", "some.jsonl"],
+    "otlp": ["otlp", "--port", "99999"],
     "dlq list": ["dlq", "list", "--fleet", "bad fleet!"],
     "dlq redrive": ["dlq", "redrive", "--fleet", "../etc"],
     "dlq dismiss": ["dlq", "dismiss", "not-a-source", "--reason", "seen"],

@@ -1,0 +1,401 @@
+"""OpenTelemetry GenAI spans as ledger entries: the mapping the OTLP receiver and
+``agentledger import otel`` share (pure; I/O in :mod:`streams.otlp`).
+
+Spans come as OTLP (protobuf or JSON, ``resourceSpans``) or as a list of ReadableSpan-style JSON
+objects. A trace is a run (``otel-<trace id>``), unless ``run_attribute`` names a span or
+resource attribute whose value is the run id. Recognised usage attributes:
+
+* OTel GenAI semantic conventions: ``gen_ai.usage.input_tokens`` / ``output_tokens``, with
+  ``gen_ai.request.model`` / ``gen_ai.response.model``, ``gen_ai.response.id``,
+  ``gen_ai.system`` / ``gen_ai.provider.name``;
+* OpenLLMetry: ``gen_ai.usage.prompt_tokens`` / ``completion_tokens``,
+  ``gen_ai.usage.cache_read.input_tokens`` (or ``cache_read_input_tokens``),
+  ``gen_ai.usage.reasoning_tokens``;
+* OpenInference: ``llm.token_count.prompt`` / ``completion`` /
+  ``prompt_details.cache_read`` / ``completion_details.reasoning``, ``llm.model_name``,
+  ``llm.system`` / ``llm.provider``.
+
+**Usage is taken once**, from the span that made the call: a span whose descendant (in the
+same batch or an earlier one) carries usage adds nothing (Vercel-style parents repeat their
+child's usage; they use ``ai.usage.*``, which is never read). A span's duration is its call's
+latency, known here. Tool spans (``gen_ai.operation.name`` ``execute_tool``, ``gen_ai.tool.name``
+or OpenInference kind ``TOOL``) are a tool call and its result, failed when the span's status is
+an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from schemas.models import (
+    EntryKind,
+    LedgerEntry,
+    ModelCallStatus,
+    ModelUsagePart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolResultStatus,
+    UsageField,
+)
+from streams.importers.base import (
+    ImportedRun,
+    ImportFormatError,
+    Summary,
+    obj,
+    permission_of,
+    sha256_digest,
+    stable_id,
+)
+
+FORMAT = "otel"
+
+
+@dataclass(frozen=True)
+class Span:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, Any]
+    error: bool
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+
+def spans_from_otlp_json(doc: Any) -> list[Span]:
+    """OTLP/JSON (``resourceSpans``) or a list of ReadableSpan-style objects."""
+    if isinstance(doc, list):
+        return [s for s in (_readable(d) for d in doc) if s is not None]
+    out: list[Span] = []
+    for rs in obj(doc).get("resourceSpans") or obj(doc).get("resource_spans") or []:
+        resource = _attrs(obj(obj(rs).get("resource")).get("attributes"))
+        for ss in obj(rs).get("scopeSpans") or obj(rs).get("scope_spans") or []:
+            for raw in obj(ss).get("spans") or []:
+                s = obj(raw)
+                status = obj(s.get("status"))
+                code = status.get("code")
+                out.append(
+                    Span(
+                        trace_id=_hex_id(s.get("traceId") or s.get("trace_id")),
+                        span_id=_hex_id(s.get("spanId") or s.get("span_id")),
+                        parent_span_id=_hex_id(s.get("parentSpanId") or s.get("parent_span_id"))
+                        or None,
+                        name=str(s.get("name") or "span"),
+                        start_ns=int(
+                            s.get("startTimeUnixNano") or s.get("start_time_unix_nano") or 0
+                        ),
+                        end_ns=int(s.get("endTimeUnixNano") or s.get("end_time_unix_nano") or 0),
+                        attributes={**resource, **_attrs(s.get("attributes"))},
+                        error=code in (2, "STATUS_CODE_ERROR", "ERROR"),
+                    )
+                )
+    return out
+
+
+def spans_from_otlp_proto(data: bytes) -> list[Span]:
+    """An OTLP/HTTP protobuf ``ExportTraceServiceRequest``."""
+    from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(data)
+    out: list[Span] = []
+    for rs in request.resource_spans:
+        resource = _attrs(MessageToDict(rs.resource).get("attributes"))
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                attributes = _attrs(MessageToDict(s).get("attributes"))
+                out.append(
+                    Span(
+                        trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(),
+                        parent_span_id=s.parent_span_id.hex() or None,
+                        name=s.name or "span",
+                        start_ns=s.start_time_unix_nano,
+                        end_ns=s.end_time_unix_nano,
+                        attributes={**resource, **attributes},
+                        error=s.status.code == 2,
+                    )
+                )
+    return out
+
+
+def _readable(d: Any) -> Span | None:
+    doc = obj(d)
+    context = obj(doc.get("spanContext"))
+    if not context.get("traceId"):
+        return None
+    return Span(
+        trace_id=str(context["traceId"]),
+        span_id=str(context.get("spanId") or ""),
+        parent_span_id=str(doc["parentSpanId"]) if doc.get("parentSpanId") else None,
+        name=str(doc.get("name") or "span"),
+        start_ns=_hr_ns(doc.get("startTime")),
+        end_ns=_hr_ns(doc.get("endTime")),
+        attributes=obj(doc.get("attributes")),
+        error=obj(doc.get("status")).get("code") == 2,
+    )
+
+
+def _hr_ns(value: Any) -> int:
+    """An OTel JS HrTime ([seconds, nanos]) or a number of milliseconds, in nanoseconds."""
+    if isinstance(value, list) and len(value) == 2:
+        return int(value[0]) * 1_000_000_000 + int(value[1])
+    if isinstance(value, int | float):
+        return int(value * 1_000_000)
+    return 0
+
+
+def _hex_id(value: Any) -> str:
+    return str(value or "").lower()
+
+
+def _attrs(items: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        entry = obj(item)
+        value = obj(entry.get("value"))
+        for kind in ("stringValue", "intValue", "doubleValue", "boolValue"):
+            if kind in value:
+                raw = value[kind]
+                out[str(entry.get("key"))] = int(raw) if kind == "intValue" else raw
+                break
+    return out
+
+
+# -- mapping --------------------------------------------------------------------------------
+
+_INPUT = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+_OUTPUT = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+    "llm.token_count.completion",
+)
+_CACHED = (
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_read_input_tokens",
+    "llm.token_count.prompt_details.cache_read",
+)
+_REASONING = (
+    "gen_ai.usage.reasoning_tokens",
+    "gen_ai.usage.reasoning.output_tokens",
+    "llm.token_count.completion_details.reasoning",
+)
+
+
+def _first_int(attributes: Mapping[str, Any], keys: Iterable[str]) -> int | None:
+    for key in keys:
+        value = attributes.get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            return int(value)
+    return None
+
+
+def has_usage(span: Span) -> bool:
+    a = span.attributes
+    return _first_int(a, _INPUT) is not None or _first_int(a, _OUTPUT) is not None
+
+
+def is_tool(span: Span) -> bool:
+    a = span.attributes
+    return (
+        a.get("gen_ai.operation.name") == "execute_tool"
+        or "gen_ai.tool.name" in a
+        or a.get("openinference.span.kind") == "TOOL"
+    )
+
+
+@dataclass
+class TraceBook:
+    """What the mapping remembers across batches: spans with usage and each span's parent (to
+    take usage once), and the spans already turned into entries."""
+
+    parents: dict[str, str] = field(default_factory=dict)
+    with_usage: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)
+
+
+def runs_from_spans(
+    spans: list[Span],
+    fleet_id: str,
+    book: TraceBook | None = None,
+    run_attribute: str | None = None,
+) -> list[ImportedRun]:
+    """Entries for spans not seen before, grouped by run, each run's numbered from 1 (the
+    caller renumbers after what the ledger holds)."""
+    book = book or TraceBook()
+    for s in spans:
+        if s.parent_span_id:
+            book.parents[s.span_id] = s.parent_span_id
+        if has_usage(s):
+            book.with_usage.add(s.span_id)
+    has_usage_below: set[str] = set()
+    for span_id in book.with_usage:
+        parent = book.parents.get(span_id)
+        hops = 0
+        while parent is not None and hops < 1000:
+            has_usage_below.add(parent)
+            parent, hops = book.parents.get(parent), hops + 1
+    runs: dict[str, ImportedRun] = {}
+    for s in sorted(spans, key=lambda x: (x.start_ns, x.span_id)):
+        if s.span_id in book.done:
+            continue
+        book.done.add(s.span_id)
+        run_key = (
+            str(s.attributes.get(run_attribute))
+            if run_attribute and run_attribute in s.attributes
+            else None
+        )
+        run_id = stable_id("otel", run_key or s.trace_id)
+        run = runs.get(run_id)
+        if run is None:
+            run = runs[run_id] = ImportedRun(run_id, fleet_id, s.trace_id, FORMAT)
+        at = datetime.fromtimestamp(s.start_ns / 1e9, UTC)
+        if has_usage(s) and s.span_id not in has_usage_below:
+            _model_call(run, s, at)
+        elif is_tool(s):
+            _tool(run, s, at)
+    return [run for run in runs.values() if run.entries]
+
+
+def _model_call(run: ImportedRun, s: Span, at: datetime) -> None:
+    a = s.attributes
+    tokens_in, out = _first_int(a, _INPUT), _first_int(a, _OUTPUT)
+    cached, reasoning = _first_int(a, _CACHED), _first_int(a, _REASONING)
+    unknown: list[UsageField] = []
+    if tokens_in is None:
+        unknown.append("input_tokens")
+    if out is None:
+        unknown.append("output_tokens")
+    if cached is None:
+        unknown.append("cached_input_tokens")
+    if reasoning is None:
+        unknown.append("reasoning_tokens")
+    latency = (s.end_ns - s.start_ns) // 1_000_000 if s.end_ns >= s.start_ns > 0 else None
+    if latency is None:
+        unknown.append("latency_ms")
+    model = str(
+        a.get("gen_ai.response.model")
+        or a.get("gen_ai.request.model")
+        or a.get("llm.model_name")
+        or "unknown"
+    )
+    provider = str(
+        a.get("gen_ai.provider.name")
+        or a.get("gen_ai.system")
+        or a.get("llm.provider")
+        or a.get("llm.system")
+        or "unknown"
+    )
+    raw = {k: v for k, v in a.items() if k.startswith(("gen_ai.usage.", "llm.token_count."))}
+    response_id = a.get("gen_ai.response.id")
+    part = ModelUsagePart(
+        provider=provider,
+        model=model,
+        purpose=str(a.get("gen_ai.operation.name") or "chat"),
+        provider_response_id=str(response_id) if response_id else None,
+        input_tokens=tokens_in or 0,
+        cached_input_tokens=min(cached or 0, tokens_in or 0),
+        output_tokens=out or 0,
+        reasoning_tokens=min(reasoning or 0, out or 0),
+        latency_ms=latency or 0,
+        status=ModelCallStatus.ERROR if s.error else ModelCallStatus.OK,
+        raw_usage_json=json.dumps(raw),
+        unknown_fields=tuple(unknown),
+    )
+    _start(run, at)
+    run.add(
+        EntryKind.MODEL_CALL, at, f"span-{s.span_id}", [part], metadata={"otel.span": s.name[:200]}
+    )
+
+
+def _tool(run: ImportedRun, s: Span, at: datetime) -> None:
+    a = s.attributes
+    name = str(a.get("gen_ai.tool.name") or a.get("tool.name") or s.name)
+    call_id = str(a.get("gen_ai.tool.call.id") or f"span-{s.span_id}")
+    _start(run, at)
+    request = ToolCallPart(
+        tool_call_id=call_id,
+        tool_name=name,
+        permission_class=permission_of(name),
+        arguments_hash=sha256_digest(
+            a.get("gen_ai.tool.call.arguments") or a.get("input.value") or ""
+        ),
+        started_at=at,
+        finished_at=datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns >= s.start_ns else None,
+    )
+    run.add(EntryKind.TOOL_CALL_REQUEST, at, f"span-{s.span_id}", [request], tool_call_id=call_id)
+    result = ToolResultPart(
+        tool_call_id=call_id,
+        status=ToolResultStatus.FAILED if s.error else ToolResultStatus.SUCCEEDED,
+        timed_out=False,
+        summary=str(a.get("gen_ai.tool.call.result") or a.get("output.value") or "")[:4000],
+    )
+    end = datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns else at
+    run.add(
+        EntryKind.TOOL_CALL_RESULT, end, f"span-{s.span_id}-result", [result], tool_call_id=call_id
+    )
+
+
+def _start(run: ImportedRun, at: datetime) -> None:
+    if not run.entries:
+        run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run from OpenTelemetry spans")])
+
+
+def renumbered(run: ImportedRun, after: int, first_known: bool) -> list[LedgerEntry]:
+    """A batch's entries numbered after the ``after`` entries the ledger holds (a run seen
+    before needs no second RUN_STARTED)."""
+    entries = [e for e in run.entries if not (first_known and e.kind is EntryKind.RUN_STARTED)]
+    return [e.model_copy(update={"sequence_no": after + i}) for i, e in enumerate(entries, 1)]
+
+
+class OtelFiles:
+    """``agentledger import otel FILE...``: OTLP/JSON exports or ReadableSpan lists on disk."""
+
+    FORMAT = FORMAT
+
+    @staticmethod
+    def discover(paths: Iterable[Path]) -> list[Path]:
+        found: list[Path] = []
+        for path in paths:
+            found.extend(sorted(path.rglob("*.json")) if path.is_dir() else [path])
+        return list(dict.fromkeys(found))
+
+    @staticmethod
+    def import_file(
+        path: Path, fleet_id: str, settled: bool = False
+    ) -> tuple[list[ImportedRun], Summary]:
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise ImportFormatError(f"{path}: not JSON ({exc})") from None
+        spans = spans_from_otlp_json(doc)
+        if not spans:
+            raise ImportFormatError(f"{path}: no spans (OTLP/JSON resourceSpans or a span list)")
+        summary = Summary(str(path))
+        runs = runs_from_spans(spans, fleet_id)
+        for run in runs:
+            for e in run.entries:
+                for p in e.parts:
+                    if isinstance(p, ModelUsagePart):
+                        summary.calls += 1
+                        summary.input_tokens += p.input_tokens
+                        summary.output_tokens += p.output_tokens
+        summary.runs, summary.entries = len(runs), sum(len(r.entries) for r in runs)
+        summary.skipped["spans without usage or a tool"] = len(spans) - sum(
+            1 for s in spans if has_usage(s) or is_tool(s)
+        )
+        return runs, summary

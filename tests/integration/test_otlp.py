@@ -1,0 +1,138 @@
+"""`agentledger otlp` on a real stack: a real OpenTelemetry SDK exporter (OTLP/HTTP protobuf)
+and the samples' OTLP/JSON files become runs with the right usage; a parent span that repeats
+its child's usage adds nothing; a bad body is a 400 and nothing is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from consumers.views import live_states
+from infra.settings import Settings
+from streams.deployment import PrivateDeployment
+from streams.importers.base import stable_id
+
+pytestmark = pytest.mark.integration
+
+SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "otel-genai"
+FLEET = "otel"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    pytest.fail(f"the receiver did not listen on {port}")
+
+
+def _cost(d: PrivateDeployment, run_id: str, calls: int, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = live_states(d.settings, "cost-metrics", [run_id]).get(run_id)
+        if found is not None and found["state"]["totals"]["calls"] >= calls:
+            return dict(found["state"])
+        time.sleep(0.3)
+    pytest.fail(f"{run_id}: {calls} calls not projected within {timeout_s}s")
+
+
+def _post(port: int, body: bytes, content_type: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=body,
+        headers={"Content-Type": content_type},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_spans_from_a_real_sdk_exporter_and_the_samples_become_runs(
+    services: Settings, tmp_path: Path
+) -> None:
+    d = PrivateDeployment(services, "otlp", [FLEET], tmp_path / "logs")
+    asyncio.run(d.create())
+    port = _free_port()
+    try:
+        d.start_worker("w")
+        d.wait_partitions("w")
+        d.start_process(
+            "otlp", ["-m", "consumers.cli", "otlp", "--port", str(port), "--fleet", FLEET]
+        )
+        _wait_port(port)
+
+        provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("agentledger-test")
+        usage = {"gen_ai.usage.input_tokens": 1200, "gen_ai.usage.output_tokens": 80}
+        with tracer.start_as_current_span("invoke_agent support", attributes=usage) as root:
+            # the agent span repeats its call's usage (as some instrumentations aggregate)
+            trace_id = format(root.get_span_context().trace_id, "032x")
+            chat = {
+                **usage,
+                "gen_ai.operation.name": "chat",
+                "gen_ai.system": "openai",
+                "gen_ai.request.model": "gpt-4o-mini",
+                "gen_ai.response.model": "gpt-4o-mini-2024-07-18",
+                "gen_ai.response.id": "chatcmpl-otel-1",
+                "gen_ai.usage.cache_read.input_tokens": 1000,
+            }
+            with tracer.start_as_current_span("chat gpt-4o-mini", attributes=chat):
+                time.sleep(0.05)
+            tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup_order"}
+            with tracer.start_as_current_span("execute_tool lookup_order", attributes=tool):
+                pass
+        assert provider.force_flush(30_000)
+        provider.shutdown()
+
+        run_id = stable_id("otel", trace_id)
+        state = _cost(d, run_id, 1)
+        time.sleep(1.0)  # the parent span has been exported too: it must have added nothing
+        state = _cost(d, run_id, 1)
+        t = state["totals"]
+        assert (t["calls"], t["input_tokens"], t["output_tokens"]) == (1, 1200, 80)
+        assert t["cached_input_tokens"] == 1000 and t["latency_calls"] == 1
+        assert t["latency_ms_sum"] >= 50  # the span's duration: latency is known here
+        # RUN_STARTED, the call, the tool's request and result; the parent span made no entry
+        assert live_states(d.settings, "run-stats", [run_id])[run_id]["applied_seq"] == 4
+
+        for name in (
+            "genai-interlingua-openllmetry-0.62.3-otlp.json",
+            "genai-interlingua-openinference-openai-0.1.58-otlp.json",
+        ):
+            doc = json.loads((SAMPLES / name).read_text())
+            status, _ = _post(port, json.dumps(doc).encode(), "application/json")
+            assert status == 200, name
+            trace = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"].lower()
+            t = _cost(d, stable_id("otel", trace), 1)["totals"]
+            assert (t["input_tokens"], t["output_tokens"]) == (412, 27), name
+            assert (t["cached_input_tokens"], t["reasoning_tokens"]) == (256, 8), name
+
+        status, body = _post(port, b"\x00not protobuf", "application/x-protobuf")
+        assert status == 400 and b"not an OTLP trace export" in body
+    finally:
+        d.drop()
