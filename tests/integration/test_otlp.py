@@ -88,11 +88,14 @@ def test_spans_from_a_real_sdk_exporter_and_the_samples_become_runs(
         exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         tracer = provider.get_tracer("agentledger-test")
-        usage = {"gen_ai.usage.input_tokens": 1200, "gen_ai.usage.output_tokens": 80}
+        usage: dict[str, str | int] = {
+            "gen_ai.usage.input_tokens": 1200,
+            "gen_ai.usage.output_tokens": 80,
+        }
         with tracer.start_as_current_span("invoke_agent support", attributes=usage) as root:
             # the agent span repeats its call's usage (as some instrumentations aggregate)
             trace_id = format(root.get_span_context().trace_id, "032x")
-            chat = {
+            chat: dict[str, str | int] = {
                 **usage,
                 "gen_ai.operation.name": "chat",
                 "gen_ai.system": "openai",
