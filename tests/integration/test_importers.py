@@ -96,6 +96,30 @@ FOLDERS = {
     "openhands": ["openhands"],
     "mini-swe-agent": ["mini-swe-agent"],
     "swe-agent": ["swe-agent"],
+    "otel": ["otel-genai"],
+}
+# OpenTelemetry span files: a trace is a run (the Vercel capture gives each span its own trace);
+# totals over the file's runs. The Vercel parents repeat their child's usage under ai.usage.*.
+OTEL: dict[str, dict[str, int]] = {
+    "openinference-vercel-ai-sdk-v6-all-spans.json": {
+        "calls": 4,
+        "input_tokens": 14 + 50 + 63 + 15,
+        "output_tokens": 20 + 9 + 156 + 112,
+    },
+    "genai-interlingua-openllmetry-0.62.3-otlp.json": {
+        "calls": 1,
+        "input_tokens": 412,
+        "output_tokens": 27,
+        "cached_input_tokens": 256,
+        "reasoning_tokens": 8,
+    },
+    "genai-interlingua-openinference-openai-0.1.58-otlp.json": {
+        "calls": 1,
+        "input_tokens": 412,
+        "output_tokens": 27,
+        "cached_input_tokens": 256,
+        "reasoning_tokens": 8,
+    },
 }
 
 
@@ -127,6 +151,10 @@ def imported(
             for report in json.loads(done.stdout):
                 by_file[Path(report["path"]).name] = report | {"format": fmt}
         for report in by_file.values():
+            if report["format"] == "otel":  # several runs per file: wait for their calls
+                for run_id in report["run_ids"]:
+                    _wait_calls(d, run_id)
+                continue
             for run_id in report["run_ids"]:
                 _wait(d, run_id, report["entries"])
         yield d, by_file
@@ -147,11 +175,33 @@ def _wait(d: PrivateDeployment, run_id: str, entries: int, timeout_s: float = 18
     pytest.fail(f"{run_id}: not applied through {entries} within {timeout_s}s")
 
 
+def _wait_calls(d: PrivateDeployment, run_id: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = live_states(d.settings, "cost-metrics", [run_id]).get(run_id)
+        if found is not None and found["state"]["totals"]["calls"] >= 1:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{run_id}: no call projected within {timeout_s}s")
+
+
+def test_otel_span_files_give_their_usage_once(imported: Any) -> None:
+    d, by_file = imported
+    done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
+    rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
+    for name, expected in OTEL.items():
+        mine = [rows[r] for r in by_file[name]["run_ids"]]
+        got = {k: sum(r[k] for r in mine) for k in expected}
+        assert got == expected, name
+        assert all(r["latency_calls"] == r["calls"] for r in mine), name  # spans time their calls
+
+
 def test_every_sample_file_is_imported_as_one_run(imported: Any) -> None:
     _, by_file = imported
-    assert set(by_file) == {*EXPECTED, "swe-agent-pr843-commit0-97af1e.traj"}
+    assert set(by_file) == {*EXPECTED, *OTEL, "swe-agent-pr843-commit0-97af1e.traj"}
     for name, report in by_file.items():
-        assert report["runs"] == 1 and len(report["run_ids"]) == 1, name
+        if name not in OTEL:
+            assert report["runs"] == 1 and len(report["run_ids"]) == 1, name
         assert report["published"] == report["entries"] > 0, name
 
 
