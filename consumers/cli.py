@@ -323,6 +323,7 @@ def import_cmd(
             "published": sum(s.sent for s in sent),
             "already_on_ledger": sum(s.already for s in sent),
             "run_ids": [r.run_id for r in runs],
+            "run_entries": {r.run_id: len(r.entries) for r in runs},
         }
         reports.append(report)
         if not as_json:

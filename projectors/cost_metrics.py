@@ -302,7 +302,15 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             counts: tuple[int | None, ...] = (None, None, None, None)
             mismatch = False
         else:
-            counts = (usage.input, usage.cached_input, usage.output, usage.reasoning)
+            from_entry = usage.normalizer == ENTRY_FIELDS  # then the entry's unknowns stay so
+            counts = (
+                usage.input,
+                None
+                if from_entry and not part.known("cached_input_tokens")
+                else usage.cached_input,
+                usage.output,
+                None if from_entry and not part.known("reasoning_tokens") else usage.reasoning,
+            )
             mismatch = (
                 usage.normalizer != ENTRY_FIELDS and not part.unknown_fields and counts != own
             )

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from streams.importers import claude_code, codex, openhands
+from streams.importers import aider, claude_code, codex, openhands
 from streams.importers.base import ImportedRun, Summary
 from streams.importers.otel import OtelFiles
 from streams.importers.swe_agent import MiniSweAgent, SweAgent
@@ -33,6 +33,7 @@ FORMATS: dict[str, Importer] = {
     claude_code.FORMAT: claude_code,
     codex.FORMAT: codex,
     openhands.FORMAT: openhands,
+    aider.FORMAT: aider,
     MiniSweAgent.FORMAT: MiniSweAgent(),
     SweAgent.FORMAT: SweAgent(),
     OtelFiles.FORMAT: OtelFiles(),

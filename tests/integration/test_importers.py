@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -97,7 +98,9 @@ FOLDERS = {
     "mini-swe-agent": ["mini-swe-agent"],
     "swe-agent": ["swe-agent"],
     "otel": ["otel-genai"],
+    "aider": ["aider"],
 }
+AIDER = "aider-tests-fixtures-chat-history.first-1MB.md"
 # OpenTelemetry span files: a trace is a run (the Vercel capture gives each span its own trace);
 # totals over the file's runs. The Vercel parents repeat their child's usage under ai.usage.*.
 OTEL: dict[str, dict[str, int]] = {
@@ -151,12 +154,8 @@ def imported(
             for report in json.loads(done.stdout):
                 by_file[Path(report["path"]).name] = report | {"format": fmt}
         for report in by_file.values():
-            if report["format"] == "otel":  # several runs per file: wait for their calls
-                for run_id in report["run_ids"]:
-                    _wait_calls(d, run_id)
-                continue
-            for run_id in report["run_ids"]:
-                _wait(d, run_id, report["entries"])
+            for run_id, entries in report["run_entries"].items():
+                _wait(d, run_id, entries)
         yield d, by_file
     finally:
         d.drop()
@@ -175,16 +174,6 @@ def _wait(d: PrivateDeployment, run_id: str, entries: int, timeout_s: float = 18
     pytest.fail(f"{run_id}: not applied through {entries} within {timeout_s}s")
 
 
-def _wait_calls(d: PrivateDeployment, run_id: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = live_states(d.settings, "cost-metrics", [run_id]).get(run_id)
-        if found is not None and found["state"]["totals"]["calls"] >= 1:
-            return
-        time.sleep(0.5)
-    pytest.fail(f"{run_id}: no call projected within {timeout_s}s")
-
-
 def test_otel_span_files_give_their_usage_once(imported: Any) -> None:
     d, by_file = imported
     done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
@@ -198,9 +187,9 @@ def test_otel_span_files_give_their_usage_once(imported: Any) -> None:
 
 def test_every_sample_file_is_imported_as_one_run(imported: Any) -> None:
     _, by_file = imported
-    assert set(by_file) == {*EXPECTED, *OTEL, "swe-agent-pr843-commit0-97af1e.traj"}
+    assert set(by_file) == {*EXPECTED, *OTEL, AIDER, "swe-agent-pr843-commit0-97af1e.traj"}
     for name, report in by_file.items():
-        if name not in OTEL:
+        if name not in OTEL and name != AIDER:
             assert report["runs"] == 1 and len(report["run_ids"]) == 1, name
         assert report["published"] == report["entries"] > 0, name
 
@@ -285,3 +274,18 @@ def test_the_costs_table_prices_by_the_maintained_database_and_never_shows_unkno
     # cache writes at $6.25, 11,515 cache reads at $0.50, 13 out at $25, per million tokens
     opus = rows[by_file["spotter-short.jsonl"]["run_ids"][0]]
     assert "$0.0926" in opus, opus
+
+
+def test_aider_counts_each_request_once_never_the_running_session_cost(imported: Any) -> None:
+    d, by_file = imported
+    text = (SAMPLES / "aider" / AIDER).read_text(encoding="utf-8", errors="replace")
+    requests = re.findall(r"^> Tokens: .* Cost: \$([\d.]+) (?:request|message), ", text, re.M)
+    tokens = re.findall(r"^> Tokens: ", text, re.M)
+    assert (len(tokens), len(requests)) == (204, 196)  # the samples README's counts
+    done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
+    rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
+    mine = [rows[r] for r in by_file[AIDER]["run_ids"] if r in rows]
+    assert sum(r["calls"] for r in mine) == 204
+    reported = sum(Decimal(r["provider_reported_cost_usd"]) for r in mine)
+    assert reported == sum(Decimal(x) for x in requests)  # the request costs, not the session's
+    assert all(r["latency_calls"] == 0 for r in mine)  # not in the history: unknown, not 0
