@@ -188,6 +188,23 @@ def _filters(
     """A WHERE clause (possibly empty) and its parameters."""
     clauses: list[sql.Composable] = []
     params: dict[str, Any] = {}
+    _common(clauses, params, fleet, since, run_ids, time_column)
+    return _where(clauses), params
+
+
+def _where(clauses: list[sql.Composable]) -> sql.Composable:
+    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses) if clauses else sql.SQL("")
+
+
+def _common(
+    clauses: list[sql.Composable],
+    params: dict[str, Any],
+    fleet: str | None,
+    since: datetime | None,
+    run_ids: Sequence[str] | None,
+    time_column: str,
+) -> None:
+    """The filters every run query shares: fleet, a time at or after ``since``, run ids."""
     if fleet is not None:
         clauses.append(sql.SQL("fleet_id = %(fleet)s"))
         params["fleet"] = fleet
@@ -197,9 +214,6 @@ def _filters(
     if run_ids is not None:
         clauses.append(sql.SQL("run_id = ANY(%(runs)s)"))
         params["runs"] = list(run_ids)
-    if not clauses:
-        return sql.SQL(""), params
-    return sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses), params
 
 
 def cost_rollup(
@@ -221,13 +235,14 @@ def runs_reported_only(
 ) -> list[str]:
     """Runs of the live cost-metrics build with no counted call but totals their agent reported
     for the whole run (they have no row in al_cost_calls)."""
-    rows = conn.execute(
-        "SELECT run_id FROM al_cost_runs WHERE coalesce(calls, 0) = 0 "
-        "AND (reported_cost_usd IS NOT NULL OR reported_input_tokens IS NOT NULL) "
-        "AND (%(fleet)s::text IS NULL OR fleet_id = %(fleet)s) "
-        "AND (%(runs)s::text[] IS NULL OR run_id = ANY(%(runs)s)) ORDER BY run_id",
-        {"fleet": fleet, "runs": None if run_ids is None else list(run_ids)},
-    ).fetchall()
+    clauses: list[sql.Composable] = [
+        sql.SQL("coalesce(calls, 0) = 0"),
+        sql.SQL("(reported_cost_usd IS NOT NULL OR reported_input_tokens IS NOT NULL)"),
+    ]
+    params: dict[str, Any] = {}
+    _common(clauses, params, fleet, None, run_ids, "last_at")
+    query = sql.SQL("SELECT run_id FROM al_cost_runs {} ORDER BY run_id").format(_where(clauses))
+    rows = conn.execute(query, params).fetchall()
     return [str(r[0]) for r in rows]
 
 
@@ -526,9 +541,7 @@ def find_runs(
     (case-insensitive, literally)."""
     clauses: list[sql.Composable] = []
     params: dict[str, Any] = {"limit": limit}
-    if fleet is not None:
-        clauses.append(sql.SQL("fleet_id = %(fleet)s"))
-        params["fleet"] = fleet
+    _common(clauses, params, fleet, since, None, "last_at")
     if status is not None:
         clauses.append(
             sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")
@@ -537,9 +550,6 @@ def find_runs(
     if failure_class is not None:
         clauses.append(sql.SQL("failure_class = %(class)s"))
         params["class"] = failure_class
-    if since is not None:
-        clauses.append(sql.SQL("last_at >= %(since)s"))
-        params["since"] = since
     if until is not None:
         clauses.append(sql.SQL("first_at < %(until)s"))
         params["until"] = until
@@ -554,8 +564,7 @@ def find_runs(
             )
         )
         params["text"] = pattern
-    where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(clauses) if clauses else sql.SQL("")
-    query = sql.SQL(_RUNS).format(where=where, order=sql.SQL(RUN_SORTS[sort]))
+    query = sql.SQL(_RUNS).format(where=_where(clauses), order=sql.SQL(RUN_SORTS[sort]))
     with conn.cursor() as cur:
         cur.execute(query, params)
         names = [d.name for d in cur.description or []]
