@@ -74,7 +74,7 @@ def test_follow_publishes_new_lines_within_2_s_and_survives_a_kill(
         cut = len(lines) // 2
         for at in range(10, cut, 6):
             with session.open("ab") as f:
-                f.write(b"".join(lines[at : at + 6]))
+                f.write(b"".join(lines[at : min(at + 6, cut)]))
             written = time.monotonic()
             waits.append(_wait_for(d, run_id, _expected(session), 10))
             assert time.monotonic() - written >= waits[-1]
