@@ -219,14 +219,24 @@ def test_costs_by_run_give_the_readmes_deduplicated_totals_exactly(imported: Any
 
 def test_the_runs_end_as_the_logs_say(imported: Any) -> None:
     d, by_file = imported
-    status = {}
-    for name, report in by_file.items():
-        [run_id] = report["run_ids"]
+    status, classes = {}, {}
+    for name in (
+        "pr854-astropy__astropy-12907.traj.json",
+        "swe-agent-pr843-commit0-97af1e.traj",
+        "basic.json",
+        "spotter-short.jsonl",
+    ):
+        [run_id] = by_file[name]["run_ids"]
         status[name] = live_states(d.settings, "run-stats", [run_id])[run_id]["state"]["status"]
+        found = live_states(d.settings, "failure-classifications", [run_id])[run_id]["state"]
+        classes[name] = found["classification"]["failure_class"]
     assert status["pr854-astropy__astropy-12907.traj.json"] == "SUBMITTED"
     assert status["swe-agent-pr843-commit0-97af1e.traj"] == "SUBMITTED"
     assert status["basic.json"] == "SUCCEEDED"
     assert status["spotter-short.jsonl"] is None  # a session records no end: still running
+    # submitted, no evaluation verdict yet: neither succeeded nor failed (taxonomy v2)
+    assert classes["pr854-astropy__astropy-12907.traj.json"] == "unevaluated"
+    assert classes["basic.json"] == "none"
 
 
 def test_changed_files_equal_the_patch(imported: Any) -> None:
