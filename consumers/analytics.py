@@ -461,6 +461,17 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
         else None,
         "cost_disagreements": t.cost_disagreements,
         "price_version": cost.price_version,
+        "cache_write_input_tokens": t.cache_write_input_tokens,
+        "usage_unknown_calls": t.usage_unknown_calls,
+        "latency_calls": t.latency_calls,
+        # what the agent reported for the whole run (not summed from calls), and whether the
+        # call sums disagree with it
+        "reported_totals": (
+            cost.reported_totals.model_dump(mode="json")
+            if cost.reported_totals is not None
+            else None
+        ),
+        "reported_disagrees": cost.reported_disagrees,
     }
 
 

@@ -155,8 +155,19 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
     console.print(
         f"cost {money(cost['cost_usd'])}{budget}: {cost['calls']} calls "
         f"({cost['unpriced_calls']} unpriced, {cost['duplicate_reports']} duplicate reports "
-        f"ignored){reported}; prices {cost['price_version']}"
+        f"ignored){reported}; prices {escape(str(cost['price_version']))}"
     )
+    totals = cost.get("reported_totals")
+    if totals:
+        said = [money(totals["cost_usd"])] if totals.get("cost_usd") is not None else []
+        if totals.get("input_tokens") is not None or totals.get("output_tokens") is not None:
+            said.append(
+                f"{totals.get('input_tokens') or 0:,} in / {totals.get('output_tokens') or 0:,} out"
+            )
+        if totals.get("calls") is not None:
+            said.append(f"{totals['calls']} calls")
+        flag = " [red]differs from the calls above[/]" if cost.get("reported_disagrees") else ""
+        console.print(f"the agent reported for the run: {', '.join(said)}{flag}")
 
 
 def _print_failure_header(console: Console, failure: dict[str, Any] | None) -> None:

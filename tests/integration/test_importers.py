@@ -299,3 +299,13 @@ def test_aider_counts_each_request_once_never_the_running_session_cost(imported:
     reported = sum(Decimal(r["provider_reported_cost_usd"]) for r in mine)
     assert reported == sum(Decimal(x) for x in requests)  # the request costs, not the session's
     assert all(r["latency_calls"] == 0 for r in mine)  # not in the history: unknown, not 0
+
+
+def test_the_timeline_shows_the_agents_own_run_totals(imported: Any) -> None:
+    d, by_file = imported
+    [run_id] = by_file["swe-agent-pr843-commit0-97af1e.traj"]["run_ids"]
+    done = _cli(d, "timeline", run_id)
+    assert done.returncode == 0, done.stderr
+    assert "the agent reported for the run: $0.1533, 28,434 in / 4,536 out, 2 calls" in done.stdout
+    doc = json.loads(_cli(d, "timeline", run_id, "--json").stdout)
+    assert doc["cost"]["reported_totals"]["cost_usd"] == "0.153342"
