@@ -307,7 +307,7 @@ def import_cmd(
     if not files:
         raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
     reports = []
-    for path in files:
+    for number, path in enumerate(files, 1):
         try:
             runs, summary = module.import_file(path, fleet_id)
         except ImportFormatError as exc:
@@ -329,7 +329,8 @@ def import_cmd(
         if not as_json:
             skipped = ", ".join(f"{n} {why}" for why, n in sorted(report["skipped"].items()))
             console.print(
-                f"{path.name}: {summary.runs} runs, {summary.entries} entries "
+                f"[{number}/{len(files)}] {path.name}: {summary.runs} runs, "
+                f"{summary.entries} entries "
                 f"({report['published']} published, {report['already_on_ledger']} already on "
                 f"the ledger), {summary.calls} model calls ({summary.duplicate_reports} repeated "
                 f"usage reports not counted), {summary.input_tokens:,} in / "
