@@ -7,6 +7,7 @@ import json
 import os
 import re
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -306,6 +307,11 @@ def import_cmd(
     files = module.discover(paths)
     if not files:
         raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
+    from projectors.base import fold_all
+    from projectors.pricing import usd_text
+    from projectors.registry import all_projections
+
+    [pricing] = [p for p in all_projections(settings) if p.name == "cost-metrics"]
     reports = []
     for number, path in enumerate(files, 1):
         try:
@@ -318,7 +324,20 @@ def import_cmd(
         except AgentLedgerError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(code=1) from None
+        priced = [fold_all(pricing, r.entries) for r in runs]
+        totals = [s.totals for s in priced if s is not None]
+        cost = sum((t.cost_usd for t in totals), Decimal(0))
+        unpriced = sum(t.unpriced_calls for t in totals)
+        calls = sum(t.calls for t in totals)
         report = summary.as_json() | {
+            # priced as the projection will (None: no call, or none could be priced; never $0)
+            "cost_usd": usd_text(cost) if calls > unpriced else None,
+            "unpriced_calls": unpriced,
+            "provider_reported_cost_usd": usd_text(
+                sum((t.provider_reported_cost_usd for t in totals), Decimal(0))
+            )
+            if any(t.reported_calls for t in totals)
+            else None,
             "fleet_id": fleet_id,
             "published": sum(s.sent for s in sent),
             "already_on_ledger": sum(s.already for s in sent),
@@ -334,7 +353,13 @@ def import_cmd(
                 f"({report['published']} published, {report['already_on_ledger']} already on "
                 f"the ledger), {summary.calls} model calls ({summary.duplicate_reports} repeated "
                 f"usage reports not counted), {summary.input_tokens:,} in / "
-                f"{summary.output_tokens:,} out tokens"
+                f"{summary.output_tokens:,} out tokens, cost "
+                + (
+                    f"${report['cost_usd']}"
+                    if report["cost_usd"] is not None
+                    else ("unpriced" if calls else "- (no model calls)")
+                )
+                + (f" ({unpriced} calls unpriced)" if unpriced else "")
                 + (f"; skipped: {skipped}" if skipped else ""),
                 soft_wrap=True,
             )

@@ -118,7 +118,10 @@ class _Frozen(QuickCopy, BaseModel):
 
 # -- taxonomy ------------------------------------------------------------------------------
 
-_TOOL_FAILURES = tuple(s for s in ToolResultStatus if s is not ToolResultStatus.SUCCEEDED)
+# UNKNOWN is an outcome the log did not record: neither a failure nor a success.
+_TOOL_FAILURES = tuple(
+    s for s in ToolResultStatus if s not in (ToolResultStatus.SUCCEEDED, ToolResultStatus.UNKNOWN)
+)
 
 
 class ErrorCondition(_Frozen):
@@ -512,7 +515,7 @@ def _tool_outcome(ev: Evidence, entry: LedgerEntry, part: ToolResultPart) -> Obs
     ref = _ref(entry, f"tool {name} {status}")
     before = ev.tools.get(name)
     update: dict[str, Any] = {"pending_tools": pending}
-    if status is ToolResultStatus.SUCCEEDED:
+    if status in (ToolResultStatus.SUCCEEDED, ToolResultStatus.UNKNOWN):
         tally = (
             before.model_copy(update={"last_status": status, "last": ref})
             if before

@@ -352,9 +352,16 @@ def _outcome(entry: LedgerEntry) -> Outcome:
         return "failed"
     if entry.kind is EntryKind.RUN_FINISHED:
         return "succeeded" if entry.run_status is RunStatus.SUCCEEDED else "failed"
-    results = [p.status for p in entry.parts if isinstance(p, ToolResultPart)]
+    results = {p.status for p in entry.parts if isinstance(p, ToolResultPart)}
     if results:
-        return "succeeded" if set(results) == {ToolResultStatus.SUCCEEDED} else "failed"
+        if results <= {ToolResultStatus.SUCCEEDED}:
+            return "succeeded"
+        # an outcome the log did not record proves nothing either way
+        return (
+            "neutral"
+            if results <= {ToolResultStatus.SUCCEEDED, ToolResultStatus.UNKNOWN}
+            else "failed"
+        )
     return _verification_outcome(entry)
 
 
@@ -372,6 +379,8 @@ def _call_outcome(call: ToolCallStatus) -> Outcome:
         return "pending"
     if call.status is ToolResultStatus.SUCCEEDED:
         return "read" if call.read_only else "succeeded"
+    if call.status is ToolResultStatus.UNKNOWN:
+        return "neutral"  # the outcome was not recorded (an imported log)
     return "failed"
 
 

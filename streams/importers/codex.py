@@ -263,7 +263,13 @@ def _result(
             text = str(json.loads(output).get("output") or text)
         except (ValueError, AttributeError):
             pass
-    status = ToolResultStatus.SUCCEEDED if exit_code in (None, 0) else ToolResultStatus.FAILED
+    status = (  # a call with no exit code anywhere (an MCP tool) has no recorded outcome
+        ToolResultStatus.UNKNOWN
+        if exit_code is None
+        else ToolResultStatus.SUCCEEDED
+        if exit_code == 0
+        else ToolResultStatus.FAILED
+    )
     part = ToolResultPart(
         tool_call_id=payload["call_id"],
         status=status,

@@ -358,7 +358,7 @@ class SweAgent:
             run.add(EntryKind.TOOL_CALL_REQUEST, at, f"s{n}-call", [request], tool_call_id=call_id)
             result = ToolResultPart(
                 tool_call_id=call_id,
-                status=ToolResultStatus.SUCCEEDED,
+                status=ToolResultStatus.UNKNOWN,  # a 0.x step records no outcome
                 exit_code=None,
                 timed_out=False,
                 summary=shorten(str(step.get("observation") or "")),

@@ -309,3 +309,17 @@ def test_the_timeline_shows_the_agents_own_run_totals(imported: Any) -> None:
     assert "the agent reported for the run: $0.1533, 28,434 in / 4,536 out, 2 calls" in done.stdout
     doc = json.loads(_cli(d, "timeline", run_id, "--json").stdout)
     assert doc["cost"]["reported_totals"]["cost_usd"] == "0.153342"
+
+
+def test_each_files_summary_prices_it_as_the_projection_does(imported: Any) -> None:
+    d, by_file = imported
+    done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
+    rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
+    short = by_file["spotter-short.jsonl"]
+    [run_id] = short["run_ids"]
+    assert short["cost_usd"] == rows[run_id]["cost_usd"] and short["unpriced_calls"] == 0
+    mini = by_file["pr814-django__django-11039.traj.json"]
+    assert abs(Decimal(mini["provider_reported_cost_usd"]) - Decimal("0.030150428")) < Decimal(
+        "1e-8"
+    )
+    assert by_file["swe-agent-pr843-commit0-97af1e.traj"]["cost_usd"] is None  # no calls: not $0

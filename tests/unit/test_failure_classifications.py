@@ -520,3 +520,11 @@ def test_a_recovered_early_error_does_not_outrank_the_one_that_ended_the_run() -
     )
     before = fold_all(FailureClassifications(v1), entries)
     assert before is not None and before.classification.failure_class == "sandbox"  # v1 did
+
+
+def test_a_tool_outcome_the_log_did_not_record_is_not_a_failure() -> None:
+    unknown = Run().change().tool("apply_patch", ToolResultStatus.UNKNOWN)
+    c = fold(unknown.finish(F)).classification
+    assert c.failure_class != "tool", c  # a failed apply_patch would make it "tool"
+    failed = Run().change().tool("apply_patch", ToolResultStatus.FAILED)
+    assert fold(failed.finish(F)).classification.failure_class == "tool"
