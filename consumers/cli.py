@@ -841,11 +841,13 @@ def runs_cmd(
         print(json.dumps(found, indent=2, default=str))
         return
     table = Table(
-        "run", "fleet", "status", "entries", "last entry", "class", "cost", "conflicts", "task"
+        "run", "fleet", "outcome", "entries", "last entry", "class", "cost", "conflicts", "task"
     )
     for run in found:
         if run["cost_usd"] is None:
             cost_text = "unknown"
+        elif run["unpriced_calls"] and not run["cost_usd"]:
+            cost_text = "unpriced"  # never $0
         else:
             cost_text = f"${run['cost_usd']:.4f}"
             if run["unpriced_calls"]:
@@ -853,7 +855,7 @@ def runs_cmd(
         table.add_row(
             run["run_id"],
             run["fleet_id"],
-            run["status"],
+            run["outcome"],
             str(run["entries"]),
             str(run["last_at"] or "-"),
             run["failure_class"] or "-",

@@ -17,9 +17,27 @@ class NotFoundError(LookupError):
 
 
 def find_runs(settings: Settings, **filters: Any) -> list[dict[str, Any]]:
-    """Runs of the live builds (see :func:`projectors.stores.postgres_ops.find_runs`)."""
+    """Runs of the live builds (see :func:`projectors.stores.postgres_ops.find_runs`), each with
+    its ``outcome``."""
     with ops.connect(settings.pg_address) as conn:
-        return ops.find_runs(conn, **filters)
+        found = ops.find_runs(conn, **filters)
+    for run in found:
+        run["outcome"] = run_outcome(run["status"], run["failure_class"])
+    return found
+
+
+def run_outcome(status: str | None, failure_class: str | None) -> str:
+    """How a run ended, in words: its final status, and for a submission what its evaluation
+    (if any has arrived) said, as failure-classifications read it (taxonomy v2)."""
+    if status is None:
+        return "running"
+    if status == "SUBMITTED":
+        if failure_class == "none":
+            return "submitted, evaluation passed"
+        if failure_class in (None, "unevaluated"):
+            return "submitted, not evaluated yet"
+        return f"submitted, evaluation failed ({failure_class})"
+    return status.lower().replace("_", " ")
 
 
 def live_state(settings: Settings, projection: str, run_id: str) -> dict[str, Any]:

@@ -200,7 +200,7 @@ def test_record_an_agent_run_as_documented(deployment: PrivateDeployment, tmp_pa
     assert worker.poll() is None
 
     runs, timeline, costs = _shell(query, env, tmp_path)
-    assert "run-42" in runs and "SUCCEEDED" in runs
+    assert "run-42" in runs and "succeeded" in runs
     rows = json.loads(timeline)
     assert rows["run_id"] == "run-42" and rows["status"] == "SUCCEEDED"
     assert rows["repository"] == "github.com/acme/api" and rows["base_sha"] == "9f2c1e0", rows

@@ -323,3 +323,14 @@ def test_each_files_summary_prices_it_as_the_projection_does(imported: Any) -> N
         "1e-8"
     )
     assert by_file["swe-agent-pr843-commit0-97af1e.traj"]["cost_usd"] is None  # no calls: not $0
+
+
+def test_runs_say_how_a_submission_ended(imported: Any) -> None:
+    d, by_file = imported
+    done = _cli(d, "runs", "--fleet", FLEET, "--json", "--limit", "500")
+    assert done.returncode == 0, done.stderr
+    outcome = {r["run_id"]: r["outcome"] for r in json.loads(done.stdout)}
+    [astropy] = by_file["pr854-astropy__astropy-12907.traj.json"]["run_ids"]
+    assert outcome[astropy] == "submitted, not evaluated yet"
+    [basic] = by_file["basic.json"]["run_ids"]
+    assert outcome[basic] == "succeeded"

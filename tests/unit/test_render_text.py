@@ -79,3 +79,13 @@ def test_memory_at_a_sequence_says_where_it_last_changed() -> None:
     text = _printed(print_memory, _memory(seq=2, asked_seq=5))
     assert "as it stood after seq 5: last changed by seq 2" in text
     assert "through seq 7" in _printed(print_memory, _memory(applied_seq=7))
+
+
+def test_a_runs_outcome_says_what_its_evaluation_said() -> None:
+    from consumers.views import run_outcome
+
+    assert run_outcome(None, None) == "running"
+    assert run_outcome("SUBMITTED", "unevaluated") == "submitted, not evaluated yet"
+    assert run_outcome("SUBMITTED", "none") == "submitted, evaluation passed"
+    assert run_outcome("SUBMITTED", "verifier") == "submitted, evaluation failed (verifier)"
+    assert run_outcome("STEP_LIMIT", "step-limit") == "step limit"
