@@ -285,6 +285,9 @@ def import_cmd(
     """Import real agents' logs as ledger runs: each format's double counts avoided, entry ids
     from the source's own ids. Importing a file again publishes nothing new; an import stopped
     half way resumes where it stopped."""
+    from pydantic import ValidationError
+
+    from schemas.models import validation_error
     from streams.importers import FORMATS
     from streams.importers.base import ImportFormatError
     from streams.importers.publish import publish_runs
@@ -318,6 +321,14 @@ def import_cmd(
             runs, summary = module.import_file(path, fleet_id)
         except ImportFormatError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(code=2) from None
+        except ValidationError as exc:  # named by field, never by value (it may be a secret)
+            why = validation_error(exc)
+            err.print(
+                f"[red]error:[/] {escape(str(path))}: a record breaks the ledger contract at "
+                f"{escape(str(why))}; nothing of this file was sent",
+                soft_wrap=True,
+            )
             raise typer.Exit(code=2) from None
         try:
             sent = asyncio.run(publish_runs(settings, runs))

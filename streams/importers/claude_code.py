@@ -74,6 +74,9 @@ def read_lines(path: Path, summary: Summary) -> list[dict[str, Any]]:
             continue
         try:
             doc = json.loads(raw)
+        except RecursionError:
+            summary.skipped["JSON nested too deeply"] += 1
+            continue
         except ValueError:
             last = i == len(lines) - 1  # no newline after it yet: still being written
             summary.skipped["partial last line (waiting)" if last else "not JSON"] += 1
