@@ -134,14 +134,24 @@ def topics_create(
 
     settings = _settings()
     fleets = fleet or settings.fleet_ids
+    from streams.changes import ensure_change_topics, stream_projections
+
     created = create_fleet_topics_sync(settings, fleets)
-    for name in created:
+    changes = asyncio.run(ensure_change_topics(settings))
+    for name in created + changes:
         console.print(f"created {name}")
     console.print(
         f"{len(created)} topics created, fleets: {', '.join(fleets)} (each fleet: a ledger and a "
         f"dead-letter topic, {settings.topic_partitions} partitions, replication "
         f"{settings.topic_replication}, kept forever, zstd; existing topics are left as they are)"
     )
+    streamed = stream_projections(settings)
+    if streamed:
+        console.print(
+            f"{len(changes)} change topics created: {settings.topic_prefix}.changes.<projection> "
+            f"for {', '.join(streamed)} and the schema topic (same partitions and replication, "
+            "compacted: each run's latest state is kept)"
+        )
 
 
 @app.command("simulate")
@@ -876,6 +886,43 @@ def runs_cmd(
         )
     console.print(table)
     console.print(f"{len(found)} runs" + (f" (the first {limit})" if len(found) == limit else ""))
+
+
+@app.command("subscribe")
+def subscribe_cmd(
+    projection: Annotated[str, typer.Argument(help="the projection whose changes to follow")],
+    from_beginning: Annotated[
+        bool,
+        typer.Option("--from-beginning", help="every run's current state first, then changes"),
+    ] = False,
+    from_time: Annotated[
+        str | None,
+        typer.Option("--from-time", help="changes committed since (ISO time or date, UTC)"),
+    ] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", help="only this fleet's runs")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    idle_exit_s: Annotated[
+        float | None, typer.Option("--idle-exit", help="stop after this many idle seconds")
+    ] = None,
+) -> None:
+    """Print a projection's committed changes as they come (Ctrl-C stops)."""
+    from consumers.subscribe import Start, change_line, changes
+    from projectors.registry import projection as find_projection
+
+    settings = _settings()
+    name = find_projection(projection, settings).name
+    if from_beginning and from_time:
+        raise typer.BadParameter("give at most one of --from-beginning and --from-time")
+    start: Start = "beginning" if from_beginning else "now"
+    if from_time is not None:
+        start = _since(from_time, "--from-time") or start
+    try:
+        for change in changes(settings, name, start=start, fleet=fleet, idle_timeout_s=idle_exit_s):
+            print(change_line(change, as_json), flush=True)
+    except LookupError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    except KeyboardInterrupt:
+        return
 
 
 @app.command("demo")

@@ -84,6 +84,17 @@ class Settings(BaseSettings):
     # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
     rebuild_processes: int = Field(default=1, ge=1)
     redis_prefix: str = "al"
+    # Change streams (issue 18): which projections' live changes go to
+    # <prefix>.changes.<projection>, and whether workers run the relay (one at a time).
+    change_streams: str = Field(
+        default="all",
+        description="projections whose committed changes are streamed: all, none, a group or "
+        "a name list",
+    )
+    change_relay: bool = Field(
+        default=True, description="workers run the change relay (one of them at a time)"
+    )
+    change_relay_batch: int = Field(default=2000, ge=1)
 
     max_entry_bytes: int = 512 * 1024
     publish_timeout_s: float = 15.0

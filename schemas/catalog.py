@@ -22,7 +22,6 @@ from schemas.errors import SchemaCatalogError
 
 AVSC_DIR = Path(__file__).parent / "avsc"
 RECORD_NAME = "agentledger.LedgerEntry"
-_FILE_NAME = re.compile(r"^ledger_entry\.v([1-9][0-9]*)\.avsc$")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -48,12 +47,16 @@ class SchemaVersion:
 
 
 def load_version(
-    schema: Mapping[str, Any], version: int, path: Path | None = None
+    schema: Mapping[str, Any],
+    version: int,
+    path: Path | None = None,
+    record_name: str = RECORD_NAME,
 ) -> SchemaVersion:
-    """Parse one schema version; raises SchemaCatalogError if it is not a valid envelope."""
+    """Parse one schema version; raises SchemaCatalogError if it is not a valid envelope
+    (its top level the record ``record_name``)."""
     where = str(path) if path else f"v{version}"
     document = copy.deepcopy(dict(schema))
-    _check_envelope(document, where)
+    _check_envelope(document, where, record_name)
     try:
         parsed = cast("dict[str, Any]", parse_schema(document))
         canonical = to_parsing_canonical_form(parsed)
@@ -63,29 +66,33 @@ def load_version(
     return SchemaVersion(version, document, parsed, canonical, digest, path)
 
 
-def _check_envelope(document: Mapping[str, Any], where: str) -> None:
+def _check_envelope(document: Mapping[str, Any], where: str, record_name: str) -> None:
     name = document.get("name", "")
     full = name if "." in name else f"{document.get('namespace', '')}.{name}"
-    if document.get("type") != "record" or full != RECORD_NAME:
-        raise SchemaCatalogError(f"{where}: top level must be the record {RECORD_NAME}")
+    if document.get("type") != "record" or full != record_name:
+        raise SchemaCatalogError(f"{where}: top level must be the record {record_name}")
 
 
-def load_file(path: Path) -> SchemaVersion:
-    """Parse `ledger_entry.v<N>.avsc`; raises SchemaCatalogError."""
-    match = _FILE_NAME.match(path.name)
+def load_file(
+    path: Path, stem: str = "ledger_entry", record_name: str = RECORD_NAME
+) -> SchemaVersion:
+    """Parse `<stem>.v<N>.avsc` (`ledger_entry.v<N>.avsc` by default); raises
+    SchemaCatalogError."""
+    match = re.match(rf"^{re.escape(stem)}\.v([1-9][0-9]*)\.avsc$", path.name)
     if match is None:
-        raise SchemaCatalogError(f"{path}: file name must be ledger_entry.v<N>.avsc")
+        raise SchemaCatalogError(f"{path}: file name must be {stem}.v<N>.avsc")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SchemaCatalogError(f"{path}: cannot read schema JSON: {exc}") from exc
-    return load_version(document, int(match.group(1)), path)
+    return load_version(document, int(match.group(1)), path, record_name)
 
 
 class SchemaCatalog:
     """Immutable set of schema versions; lookups by version and by fingerprint."""
 
-    def __init__(self, versions: Iterable[SchemaVersion]) -> None:
+    def __init__(self, versions: Iterable[SchemaVersion], what: str = "ledger") -> None:
+        self.what = what
         ordered = tuple(sorted(versions, key=lambda v: v.version))
         if not ordered:
             raise SchemaCatalogError("a schema catalog needs at least one version")
@@ -94,9 +101,16 @@ class SchemaCatalog:
         self._by_fingerprint = _unique(ordered, lambda v: v.fingerprint, "fingerprint")
 
     @classmethod
-    def from_directory(cls, directory: Path = AVSC_DIR) -> SchemaCatalog:
-        """Load every `ledger_entry.v<N>.avsc` in a directory."""
-        return cls(load_file(path) for path in sorted(directory.glob("*.avsc")))
+    def from_directory(
+        cls,
+        directory: Path = AVSC_DIR,
+        stem: str = "ledger_entry",
+        record_name: str = RECORD_NAME,
+        what: str = "ledger",
+    ) -> SchemaCatalog:
+        """Load every `<stem>.v<N>.avsc` in a directory."""
+        paths = sorted(directory.glob(f"{stem}.v*.avsc"))
+        return cls((load_file(path, stem, record_name) for path in paths), what)
 
     @property
     def versions(self) -> tuple[SchemaVersion, ...]:
@@ -113,18 +127,25 @@ class SchemaCatalog:
         try:
             return self._by_version[version]
         except KeyError:
-            raise SchemaCatalogError(f"no ledger schema version {version}") from None
+            raise SchemaCatalogError(f"no {self.what} schema version {version}") from None
 
     def by_fingerprint(self, digest: bytes) -> SchemaVersion:
         """The version with this 8-byte fingerprint; raises SchemaCatalogError if absent."""
         try:
             return self._by_fingerprint[digest]
         except KeyError:
-            raise SchemaCatalogError(f"no ledger schema with fingerprint {digest.hex()}") from None
+            raise SchemaCatalogError(
+                f"no {self.what} schema with fingerprint {digest.hex()}"
+            ) from None
 
     def with_version(self, schema: Mapping[str, Any], version: int) -> SchemaCatalog:
         """A new catalog with one more version (e.g. a test's in-memory v2); self is unchanged."""
-        return SchemaCatalog((*self._versions, load_version(schema, version)))
+        record = f"{self.current.schema.get('namespace', '')}.{self.current.schema['name']}"
+        if "." in self.current.schema["name"]:
+            record = self.current.schema["name"]
+        return SchemaCatalog(
+            (*self._versions, load_version(schema, version, None, record)), self.what
+        )
 
 
 def _unique(

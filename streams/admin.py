@@ -54,3 +54,18 @@ async def delete_fleet_topics(settings: Settings, fleets: list[str]) -> None:
 
 def create_fleet_topics_sync(settings: Settings, fleets: list[str]) -> list[str]:
     return asyncio.run(create_fleet_topics(settings, fleets))
+
+
+async def delete_change_topics(settings: Settings) -> None:
+    """Delete the deployment's change topics (``<prefix>.changes.*``; private deployments)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_address)
+    await admin.start()
+    try:
+        mine = f"{settings.topic_prefix}.changes."
+        gone = [n for n in await admin.list_topics() if n.startswith(mine)]
+        if gone:
+            await admin.delete_topics(gone)
+    finally:
+        await admin.close()

@@ -19,7 +19,7 @@ import redis
 from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.stores.redis import delete_matching
-from streams.admin import create_fleet_topics, delete_fleet_topics
+from streams.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
 
 
 class PrivateDeployment:
@@ -63,6 +63,7 @@ class PrivateDeployment:
         # drop() is also called from inside running event loops (the bench): a thread of its own.
         with ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, delete_fleet_topics(self.settings, self.fleets)).result()
+            pool.submit(asyncio.run, delete_change_topics(self.settings)).result()
         client = redis.Redis.from_url(self.settings.redis_address)
         try:
             delete_matching(client, f"{self.settings.redis_prefix}:*")

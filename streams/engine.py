@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -163,8 +163,11 @@ class Engine:
         on_lane_failure: Callable[[BaseException | None], None] | None = None,
         checkpoint_tail_entries: int = 10_000,
         checkpoint_min_bytes: int = 64 * 1024,
+        change_streams: Collection[str] = (),
     ) -> None:
         self.targets = list(targets)
+        # The projections whose live builds' changes go to their change streams (the outbox).
+        self.change_streams = frozenset(change_streams)
         # A run's whole state is written (a checkpoint) when its tail of entries folded since
         # the last one holds this many entries, or CHECKPOINT_RATIO times the bytes of that
         # checkpoint (at least checkpoint_min_bytes), or the run ends; otherwise only its head
@@ -674,6 +677,9 @@ class Engine:
             conflicts=conflicts,
         )
         changed = bool(plan.apply or plan.hold or conflicts)
+        if changed and projection.name in self.change_streams:
+            write.publish = True
+            write.traceparent = _last_traceparent(plan.apply)
         view = RunView(run_id, plan.applied_seq, len(plan.held), [list(g) for g in gaps], head)
         return write, view if changed else None
 
@@ -863,6 +869,16 @@ def _fold_failure(
 
 
 CONFLICTING_DUPLICATE = "ConflictingDuplicateError"
+
+
+def _last_traceparent(applied: Sequence[tuple[Any, bytes, SourceRecord | None]]) -> str | None:
+    """The publisher's traceparent header of the last applied entry that came with one."""
+    for _entry, _payload, record in reversed(applied):
+        if record is not None:
+            for name, value in record.headers:
+                if name == "traceparent":
+                    return bytes(value).decode("ascii", "replace")
+    return None
 
 
 def _keeps_ids(target: Target) -> bool:

@@ -37,6 +37,7 @@ from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.times import parse_moment
+from streams.changes import stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target
 from streams.parallel import Share, drain_parallel, parallel_ok
@@ -286,6 +287,8 @@ def _swap_if_caught_up(settings: Settings, projection: str, build: str) -> tuple
                 conn.rollback()
                 return False, live
         ops.point_live(conn, projection, build)
+        if projection in stream_projections(settings):
+            ops.outbox_swap(conn, projection, live, build)
     return True, live
 
 

@@ -100,3 +100,34 @@ def check_fleet_id(fleet_id: str) -> str:
     if not FLEET_ID_RE.match(fleet_id):
         raise ValueError(f"fleet id {fleet_id!r} is not valid: {FLEET_ID_RULE}")
     return fleet_id
+
+
+# Change streams (issue 18): one compacted topic per projection, across fleets (a record names
+# its fleet), keyed per run, so compaction keeps every run's latest state; and one compacted
+# topic where the relay registers each writer schema by fingerprint (readers of an older schema
+# resolve a newer writer through it).
+CHANGE_TOPIC_CONFIG: Mapping[str, str] = {
+    "cleanup.policy": "compact",
+    "compression.type": "zstd",
+    "retention.ms": "-1",
+}
+
+
+def change_topic(prefix: str, projection: str) -> str:
+    return f"{prefix}.changes.{projection}"
+
+
+def change_schema_topic(prefix: str) -> str:
+    return f"{prefix}.changes._schemas"
+
+
+def change_topic_specs(
+    prefix: str, projections: Iterable[str], partitions: int, replication: int
+) -> list[TopicSpec]:
+    """The change topics of these projections and the schema topic."""
+    specs = [
+        TopicSpec(change_topic(prefix, p), partitions, replication, CHANGE_TOPIC_CONFIG)
+        for p in projections
+    ]
+    specs.append(TopicSpec(change_schema_topic(prefix), 1, replication, CHANGE_TOPIC_CONFIG))
+    return specs

@@ -30,6 +30,7 @@ from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.registry import selected
 from streams.builds import live_targets
+from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord
 from streams.telemetry import telemetry_from_setting
@@ -195,7 +196,10 @@ def create_app(settings: Settings) -> faust.App:
         analytics_max_pending=2 * batch_size,
         on_lane_failure=_fatal,
         follow_live=True,  # a rebuild swapped in becomes the build this worker writes
+        change_streams=stream_projections(settings),
     )
+    relay = ChangeRelay(settings) if settings.change_relay else None
+    relay_stop = asyncio.Event()
     PositionedConsumer.engine = engine
     source = app.topic(*topics, value_type=bytes)
     # A fleet's topics created after the worker started are found by the scan below and added
@@ -274,8 +278,19 @@ def create_app(settings: Settings) -> faust.App:
             PositionedConsumer.ledger_topics = PositionedConsumer.ledger_topics | frozenset(new)
             conductor._flag_changes()
 
+    @app.task  # type: ignore[untyped-decorator]
+    async def relay_changes() -> None:
+        # The outbox to the change streams; one worker's relay holds the lock, others wait.
+        if relay is None or not engine.change_streams:
+            return
+        try:
+            await relay.run(relay_stop)
+        except Exception as exc:
+            _fatal(exc)
+
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        relay_stop.set()
         await engine.close()
         await sink.close()
         for client in admin:

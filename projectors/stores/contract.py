@@ -105,6 +105,11 @@ class RunWrite:
     # written once, never rewritten
     entry_ids: dict[int, str] = field(default_factory=dict)
     conflicts: int = 0  # conflicting duplicates found now (added to the run's count)
+    # The key changed and its projection has a change stream: a live build's new head goes to
+    # the change outbox in this same transaction (PostgreSQL: al_changes), with the W3C
+    # traceparent of the last entry applied.
+    publish: bool = False
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -366,6 +366,7 @@ async def write_runs(
             "al_entry_ids (projection, build, run_id, sequence_no, entry_id)",
             [(p, b, w.run_id, seq, eid) for p, b, w in flat for seq, eid in w.entry_ids.items()],
         )
+        await _outbox(cur, [(p, b, w) for p, b, w in flat if w.publish])
         releases = [(proj, build, w.run_id, seq) for proj, build, w in flat for seq in w.release]
         if releases:
             await cur.executemany(
@@ -373,6 +374,36 @@ async def write_runs(
                 "AND sequence_no = %s",
                 releases,
             )
+
+
+async def _outbox(cur: AsyncCursor[Any], changed: list[tuple[str, str, RunWrite]]) -> None:
+    """The change outbox rows of these keys' new heads, for the builds that are live (the
+    worker checked the pointer after locking the offset rows a swap locks, so this is the
+    pointer the batch commits under); the relay is woken at commit."""
+    if not changed:
+        return
+    await cur.executemany(
+        "INSERT INTO al_changes (projection, build, kind, run_id, fleet_id, applied_seq, held, "
+        "gaps, doc, traceparent) SELECT %s, %s, 'state', %s, %s, %s, %s, %s, %s, %s "
+        "WHERE EXISTS (SELECT 1 FROM al_live l WHERE l.projection = %s AND l.build = %s)",
+        [
+            (
+                proj,
+                build,
+                w.run_id,
+                w.fleet_id,
+                w.applied_seq,
+                len(w.held),
+                Jsonb([list(g) for g in w.gaps]),
+                _document(w.head if w.head is not None else w.state),
+                w.traceparent,
+                proj,
+                build,
+            )
+            for proj, build, w in changed
+        ],
+    )
+    await cur.execute("SELECT pg_notify('al_changes', '')")
 
 
 # A build recorded before its inputs were (workers' first builds) gets them filled in once.

@@ -396,6 +396,34 @@ def point_live(conn: psycopg.Connection[Any], projection: str, build: str) -> No
     conn.execute(POINT_LIVE, (projection, build))
 
 
+def outbox_swap(
+    conn: psycopg.Connection[Any], projection: str, previous: str | None, build: str
+) -> None:
+    """In the swap's transaction: the change stream's marker that the live build changed, then
+    the new build's state of every key, and a removal for each key only the old build had."""
+    conn.execute(
+        "INSERT INTO al_changes (projection, build, kind, previous) VALUES (%s, %s, 'build', %s)",
+        (projection, build, previous),
+    )
+    conn.execute(
+        "INSERT INTO al_changes (projection, build, kind, run_id, fleet_id, applied_seq, held, "
+        "gaps, doc) SELECT projection, build, 'state', run_id, fleet_id, applied_seq, "
+        "cardinality(held), gaps, coalesce(head, state) FROM al_run_state "
+        "WHERE projection = %s AND build = %s ORDER BY run_id",
+        (projection, build),
+    )
+    if previous is not None:
+        conn.execute(
+            "INSERT INTO al_changes (projection, build, kind, run_id, fleet_id) "
+            "SELECT o.projection, %s, 'removed', o.run_id, o.fleet_id FROM al_run_state o "
+            "WHERE o.projection = %s AND o.build = %s AND NOT EXISTS (SELECT 1 FROM "
+            "al_run_state n WHERE n.projection = o.projection AND n.build = %s "
+            "AND n.run_id = o.run_id) ORDER BY o.run_id",
+            (build, projection, previous, build),
+        )
+    conn.execute("SELECT pg_notify('al_changes', '')")
+
+
 # -- verification: two builds compared ------------------------------------------------------
 
 # Canonical digests: jsonb prints keys in one order, so equal documents give equal text.
