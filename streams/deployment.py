@@ -20,6 +20,7 @@ from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.stores.redis import delete_matching
 from streams.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
+from streams.changes import ensure_change_topics
 
 
 class PrivateDeployment:
@@ -53,6 +54,7 @@ class PrivateDeployment:
             conn.execute(f'CREATE DATABASE "{self.db}"')
         migrate(self.settings.pg_address)
         await create_fleet_topics(self.settings, self.fleets)
+        await ensure_change_topics(self.settings)
 
     def drop(self) -> None:
         """Stop its processes, drop its database and delete its topics and Redis keys."""

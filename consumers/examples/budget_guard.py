@@ -4,11 +4,13 @@ It follows ``cost-metrics`` changes and reports each run once, at the first chan
 says the run is over budget (the projection's own ``over_budget``, so the rule lives in one
 place), with the cost that crossed it and the sequence number of the entry that did.
 
-    agentledger-style use:  async for crossing in BudgetGuard(settings).crossings(): ...
+    async for crossing in BudgetGuard(settings).crossings():
+        alert(crossing.run_id, crossing.cost_usd, crossing.budget_usd)
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -66,10 +68,15 @@ class BudgetGuard:
         )
         self.reported: set[str] = set()
 
-    async def crossings(self) -> AsyncIterator[Crossing]:
+    async def crossings(self, stop: asyncio.Event | None = None) -> AsyncIterator[Crossing]:
+        """Crossings as they come; with ``idle_timeout_s``, until idle that long (and, given
+        ``stop``, only once it is set)."""
         async with self.subscriber as changes:
-            async for change in changes:
-                found = crossing(change)
-                if found is not None and found.run_id not in self.reported:
-                    self.reported.add(found.run_id)
-                    yield found
+            while True:
+                async for change in changes:
+                    found = crossing(change)
+                    if found is not None and found.run_id not in self.reported:
+                        self.reported.add(found.run_id)
+                        yield found
+                if stop is None or stop.is_set():
+                    return

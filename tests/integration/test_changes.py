@@ -12,6 +12,8 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -45,8 +47,8 @@ pytestmark = pytest.mark.integration
 
 FLEETS = ["fleet-01", "fleet-02"]
 Runs = list[list[LedgerEntry]]
-# From the beginning after this many runs of real lengths (~150 entries median); the 100k-entry
-# figure of the issue is `AGENTLEDGER_TEST_CHANGE_RUNS=650` (what the closing note reports).
+# From the beginning after this many runs of real lengths (40: 11,802 entries in CI); the
+# issue's 100k entries is `AGENTLEDGER_TEST_CHANGE_RUNS=270` (105,746 entries).
 RUNS = int(os.environ.get("AGENTLEDGER_TEST_CHANGE_RUNS", "40"))
 
 
@@ -173,6 +175,28 @@ def test_from_the_beginning_every_runs_current_state_equals_postgresql(
         if c.kind == "STATE"
     }
     assert synced == d.heads("failure-classifications")
+    # the CLI: one JSON object per change, and a line of words for a person
+    command = [sys.executable, "-m", "consumers.cli", "subscribe", "cost-metrics"]
+    out = subprocess.run(
+        [*command, "--from-beginning", "--json", "--idle-exit", "2"],
+        env=d.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert {x["run_id"]: (x["applied_seq"], x["state"]) for x in lines} == d.heads("cost-metrics")
+    words = subprocess.run(
+        [*command, "--from-beginning", "--fleet", "fleet-01", "--idle-exit", "2"],
+        env=d.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+    assert len(words) == len([r for r in runs if r[0].fleet_id == "fleet-01"])
+    assert all("(fleet fleet-01) at seq" in w and " calls" in w for w in words)
 
 
 def test_a_standard_avro_consumer_decodes_the_stream(deployment: Deployment) -> None:

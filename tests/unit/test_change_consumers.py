@@ -1,0 +1,60 @@
+"""The example consumers' and the CLI's pure parts: a change as a crossing, a row, a line."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from consumers.examples.budget_guard import crossing
+from consumers.examples.mirror import mirror_row
+from consumers.subscribe import change_line
+from schemas.changes import ProjectionChange
+
+AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def _cost(state: dict[str, object], seq: int = 9) -> ProjectionChange:
+    return ProjectionChange(
+        7, "STATE", "cost-metrics", "b1", 2, AT, "fleet-01", "run-1", seq, 0, state
+    )
+
+
+OVER = {"totals": {"cost_usd": "0.61", "calls": 4}, "task_budget_usd": "0.50", "over_budget": True}
+
+
+def test_a_run_over_its_budget_is_a_crossing_with_its_cost() -> None:
+    found = crossing(_cost(OVER))
+    assert found is not None
+    assert (found.run_id, found.cost_usd, found.budget_usd, found.applied_seq) == (
+        "run-1",
+        Decimal("0.61"),
+        Decimal("0.50"),
+        9,
+    )
+
+
+def test_under_budget_without_a_budget_or_not_a_state_is_no_crossing() -> None:
+    assert crossing(_cost({**OVER, "over_budget": False})) is None
+    assert crossing(_cost({**OVER, "task_budget_usd": None})) is None
+    marker = ProjectionChange(8, "BUILD_CHANGED", "cost-metrics", "b2", 2, AT, previous_build="b1")
+    assert crossing(marker) is None
+
+
+def test_the_mirror_row_of_a_change() -> None:
+    row = mirror_row(_cost(OVER))
+    assert row == ("run-1", "fleet-01", "b1", 9, Decimal("0.61"), 4, 0, 0, 0, Decimal("0.50"), True)
+
+
+def test_change_lines() -> None:
+    text = change_line(_cost(OVER))
+    assert (
+        "cost-metrics run-1 (fleet fleet-01) at seq 9: $0.61, 4 calls, budget $0.50 EXCEEDED"
+        in text
+    )
+    marker = ProjectionChange(
+        8, "BUILD_CHANGED", "cost-metrics", "b2", 2, AT, previous_build="b1", inputs={"taxonomy": 2}
+    )
+    assert "live build b1 -> b2 (version 2; taxonomy 2)" in change_line(marker)
+    doc = json.loads(change_line(_cost(OVER), as_json=True))
+    assert doc["state"] == OVER and doc["committed_at"] == AT.isoformat()
