@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import asdict
 from datetime import datetime
@@ -75,6 +76,7 @@ class Subscriber:
         self._parts: list[TopicPartition] = []
         self._next: dict[int, int] = {}  # per partition: the offset after the last given record
         self._snapshot_end: dict[TopicPartition, int] | None = None
+        self._reached: dict[int, int] = {}
 
     async def __aenter__(self) -> Subscriber:
         await self.open()
@@ -150,7 +152,8 @@ class Subscriber:
 
     def positions(self) -> dict[int, int]:
         """Per partition, the offset to resume from: after the last change given (during the
-        current-state snapshot, where it began)."""
+        current-state snapshot, where it began: a subscriber resumed from there reads every
+        record since, in order, and ends at the same state)."""
         return dict(self._next)
 
     async def commit(self) -> None:
@@ -188,29 +191,32 @@ class Subscriber:
                 return
             for i, change in enumerate(batch):
                 self.buffered = len(batch) - i - 1
+                if change.partition is not None and change.offset is not None:
+                    self._next[change.partition] = change.offset + 1
                 yield change
+            self._next.update(self._reached)
 
     async def _fetch(self) -> list[ProjectionChange] | None:
         """The next records as changes (None: idle for ``idle_timeout_s``)."""
         consumer = self._consumer
         assert consumer is not None
-        waited = 0.0
+        since = time.monotonic()
         while True:
             got = await consumer.getmany(timeout_ms=200, max_records=2000)
             out: list[ProjectionChange] = []
+            reached: dict[int, int] = {}
             for tp in sorted(got):
                 for record in got[tp]:
-                    self._next[tp.partition] = record.offset + 1
+                    reached[tp.partition] = record.offset + 1
                     change = await self._decode(record)
                     if change is not None and self._wanted(change):
                         out.append(change)
             if out:
+                self._reached = reached  # taken once every change of the batch is given
                 return out
-            if any(got.values()):
-                waited = 0.0
-                continue
-            waited += 0.2
-            if self.idle_timeout_s is not None and waited >= self.idle_timeout_s:
+            self._next.update(reached)  # only records this subscriber does not want
+            idle = time.monotonic() - since
+            if self.idle_timeout_s is not None and idle >= self.idle_timeout_s:
                 return None
 
     async def _snapshot(self, ends: dict[TopicPartition, int]) -> list[ProjectionChange]:

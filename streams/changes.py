@@ -268,11 +268,38 @@ class ChangeRelay:
     async def _recover(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Delete the rows an earlier relay sent but did not delete (found in the topics from
         each partition's checked offset), then note every partition's end as checked."""
-        topics = [change_topic(self.settings.topic_prefix, p) for p in self._streamed()]
+        rows = await (
+            await conn.execute('SELECT topic, "partition", checked FROM al_change_relay')
+        ).fetchall()
+        waiting = await (
+            await conn.execute("SELECT DISTINCT projection FROM al_changes")
+        ).fetchall()
+        # every topic this or another relay may have sent to: what is streamed now, what the
+        # outbox still holds, and what a relay recorded (settings may differ between workers)
+        prefix = self.settings.topic_prefix
+        topics = sorted(
+            {change_topic(prefix, p) for p in self._streamed()}
+            | {change_topic(prefix, p) for (p,) in waiting}
+            | {str(t) for t, _p, _o in rows}
+        )
+        await ensure_topics(
+            self.settings.kafka_address,
+            [
+                spec
+                for spec in change_topic_specs(
+                    prefix,
+                    [t.removeprefix(f"{prefix}.changes.") for t in topics],
+                    self.settings.topic_partitions,
+                    self.settings.topic_replication,
+                )
+                if spec.name in topics
+            ],
+        )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_address,
             isolation_level="read_committed",
             enable_auto_commit=False,
+            auto_offset_reset="earliest",
         )
         await consumer.start()
         try:
@@ -281,16 +308,13 @@ class ChangeRelay:
                 for t in topics
                 for p in sorted(consumer.partitions_for_topic(t) or await _parts(consumer, t))
             ]
-            rows = await (
-                await conn.execute('SELECT topic, "partition", checked FROM al_change_relay')
-            ).fetchall()
             checked = {TopicPartition(t, p): int(o) for t, p, o in rows}
             consumer.assign(parts)
             ends = await consumer.end_offsets(parts)
             found: list[int] = []
             for tp in parts:
-                start = checked.get(tp)
-                if start is None or start >= ends[tp]:
+                start = checked.get(tp, 0)  # never recorded: from its beginning
+                if start >= ends[tp]:
                     continue
                 consumer.seek(tp, start)
                 while await consumer.position(tp) < ends[tp]:

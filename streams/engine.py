@@ -204,8 +204,9 @@ class Engine:
         self._hurry = asyncio.Event()  # set while flush() waits: no interval
         self.on_lane_failure = on_lane_failure
         # The live worker writes whatever build al_live points to, switching when a rebuild is
-        # swapped in: it notices inside the batch transaction, after locking the offset rows
-        # the swap also locks, so no batch lands in the old build after the swap.
+        # swapped in: it reads the pointers inside the batch transaction, holding them (FOR
+        # SHARE) until it commits, so a swap waits for the batch and no batch lands in the old
+        # build after the swap.
         self.follow_live = follow_live
         # The folded states of recently written runs, per build, as committed (LRU, runs that
         # ended leave it): a run seen again skips fetching and parsing its document whenever
@@ -410,14 +411,16 @@ class Engine:
         partitions = sorted(last)
         keys = [(t.name, t.build) for t in targets]
         async with self.store.transaction(lane) as tx:
-            stored = await tx.lock_positions(keys, partitions, self._offset_rows)
             if self.follow_live:
+                # the pointers first, held to the commit, then the offset rows (a swap locks
+                # them in the same order): no batch lands in a build after it stopped being live
                 live = await tx.live_builds([t.name for t in targets])
                 moved = {
                     t.name: live[t.name] for t in targets if live.get(t.name, t.build) != t.build
                 }
                 if moved:
                     raise _LiveMoved(moved)
+            stored = await tx.lock_positions(keys, partitions, self._offset_rows)
             fresh_by_target: dict[Target, list[SourceRecord]] = {}
             by_position: dict[tuple[tuple[TopicPartition, int], ...], list[SourceRecord]] = {}
             for target in targets:  # targets standing at the same offsets share one list

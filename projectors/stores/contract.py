@@ -162,7 +162,8 @@ class StoreTransaction(Protocol):
         the transaction so that two writers of one partition serialize."""
 
     async def live_builds(self, projections: Sequence[str]) -> dict[str, str]:
-        """The live build of each of these projections that has one."""
+        """The live build of each of these projections that has one, the pointers held until
+        the end of the transaction (a swap waits for it)."""
 
     async def load_states(
         self,

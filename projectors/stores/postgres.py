@@ -526,7 +526,14 @@ class PostgresTransaction:
         return await lock_offsets(self.conn, builds, partitions, known)
 
     async def live_builds(self, projections: Sequence[str]) -> dict[str, str]:
-        return await live_builds(self.conn, projections)
+        # FOR SHARE until the batch commits: a swap (FOR UPDATE on these rows) waits for it,
+        # even for a partition whose offset row this batch is the first to write
+        cur = await self.conn.execute(
+            "SELECT projection, build FROM al_live WHERE projection = ANY(%s) "
+            "ORDER BY projection FOR SHARE",
+            (list(projections),),
+        )
+        return {p: b for p, b in await cur.fetchall()}
 
     async def load_states(
         self,
