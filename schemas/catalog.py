@@ -109,7 +109,7 @@ class SchemaCatalog:
         what: str = "ledger",
     ) -> SchemaCatalog:
         """Load every `<stem>.v<N>.avsc` in a directory."""
-        paths = sorted(directory.glob(f"{stem}.v*.avsc"))
+        paths = sorted(directory.glob(f"{stem}*.avsc"))
         return cls((load_file(path, stem, record_name) for path in paths), what)
 
     @property

@@ -42,6 +42,8 @@ BAD: dict[str, list[str]] = {
     "rebuild": ["rebuild", "bogus"],
     "verify": ["verify", "bogus"],
     "replay-package": ["replay-package"],
+    "subscribe": ["subscribe", "bogus"],
+    "subscribe --from-time": ["subscribe", "cost-metrics", "--from-time", "last tuesday"],
     "(unknown command)": ["bogus"],
 }
 
@@ -58,7 +60,7 @@ def _commands(group: Any = None, prefix: str = "") -> set[str]:
 
 
 def test_the_sweep_covers_every_command() -> None:
-    assert _commands() == set(BAD) - {"(unknown command)"}
+    assert _commands() == {name.split(" --")[0] for name in BAD} - {"(unknown command)"}
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
