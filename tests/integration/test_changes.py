@@ -84,11 +84,11 @@ class Deployment(PrivateDeployment):
         want = {run[0].run_id: len(run) for run in runs}
         deadline = time.monotonic() + timeout_s
         while True:
-            behind = [
-                n
-                for n in names
-                if any(self.heads(n).get(r, (0, None))[0] < seq for r, seq in want.items())
-            ]
+            behind = []
+            for n in names:
+                heads = self.heads(n)
+                if any(heads.get(r, (0, None))[0] < seq for r, seq in want.items()):
+                    behind.append(n)
             if not behind and self.outbox() == 0:
                 return
             if time.monotonic() > deadline:
@@ -151,7 +151,7 @@ def test_from_the_beginning_every_runs_current_state_equals_postgresql(
     asyncio.run(_publish(d.settings, runs))
     worker = d.start_worker("w")
     try:
-        d.wait_applied(runs)
+        d.wait_applied(runs, timeout_s=max(180, sum(map(len, runs)) / 200))
     finally:
         d.stop_worker(worker)
     for name in NAMES:
