@@ -90,30 +90,66 @@ def infra_down(
 def infra_status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Say what runs where: the services, and the project's running workers (found from any
-    folder inside the project)."""
+    """Say what runs where: the services, the project's running workers (found from any
+    folder inside the project) with their restarts, and every worker's health from
+    PostgreSQL (lag per partition, last applied batch). Exit 1 when a worker has applied
+    nothing for longer than AGENTLEDGER_WORKER_STALL_S while its partitions have lag."""
+    from streams.health import WorkerHealth, read_health, stalled_workers
+
     settings = _settings()
     rows = local.status(settings, console)
     workers = local.running_workers(settings)
+    health: list[WorkerHealth] = []
+    pg = next((r for r in rows if r.name == "postgres"), None)
+    if pg is not None and pg.running:
+        try:
+            health = read_health(settings.pg_address)
+        except Exception as exc:  # status reports; it does not fail on a table it cannot read
+            err.print(f"worker health unreadable: {escape(type(exc).__name__)}")
+    stall_s = settings.worker_stall_s
+    stalled = stalled_workers(health, stall_s)
     if as_json:
         doc: dict[str, object] = {r.name: r.as_dict() for r in rows}
         doc["workers"] = workers
+        doc["worker_health"] = [w.as_dict(stall_s) for w in health]
+        doc["stalled"] = [w.worker_id for w in stalled]
         print(json.dumps(doc, indent=2))
-        return
-    _print_status(rows, as_json=False)
-    if not workers:
-        console.print(f"no workers running (state: {settings.state_dir})")
-        return
-    table = Table("worker pid", "projections", "fleets", "topic prefix", "since")
-    for w in workers:
-        table.add_row(
-            str(w["pid"]),
-            str(w["projections"]),
-            ", ".join(w.get("fleets", [])),
-            str(w.get("topic_prefix", "")),
-            str(w["started_at"]),
-        )
-    console.print(table)
+    else:
+        _print_status(rows, as_json=False)
+        if not workers:
+            console.print(f"no workers running here (state: {settings.state_dir})")
+        else:
+            table = Table("worker pid", "faust pid", "projections", "restarts", "last exit")
+            for w in workers:
+                table.add_row(
+                    str(w["pid"]),
+                    str(w.get("child_pid") or "-"),
+                    str(w["projections"]),
+                    str(w.get("restarts", 0)),
+                    str(w.get("last_exit") or "-"),
+                )
+            console.print(table)
+        if health:
+            table = Table("worker", "group", "state", "behind", "partitions", "last batch")
+            for h in health:
+                d = h.as_dict(stall_s)
+                ago = h.last_applied_s_ago
+                table.add_row(
+                    h.worker_id,
+                    h.group,
+                    d["state"],
+                    f"{h.behind:,}",
+                    str(len(h.lag)),
+                    "never" if ago is None else f"{ago:.0f}s ago",
+                )
+            console.print(table)
+    if stalled:
+        for bad in stalled:
+            err.print(
+                f"[red]stalled:[/] worker {bad.worker_id} has applied nothing for over "
+                f"{stall_s:g}s while {bad.behind:,} entries wait on its partitions"
+            )
+        raise typer.Exit(code=1)
 
 
 topics_app = typer.Typer(no_args_is_help=True, help="Ledger and dead-letter topics.")
@@ -152,6 +188,26 @@ def topics_create(
             f"for {', '.join(streamed)} and the schema topic (same partitions and replication, "
             "compacted: each run's latest state is kept)"
         )
+
+
+@topics_app.command("list")
+def topics_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The fleets that exist (a ledger topic under the prefix): what workers project and
+    rebuild, verify and dlq read, whatever AGENTLEDGER_FLEETS names."""
+    from streams.admin import existing_fleets
+
+    settings = _settings()
+    fleets = asyncio.run(existing_fleets(settings))
+    if as_json:
+        print(json.dumps({"prefix": settings.topic_prefix, "fleets": fleets}))
+        return
+    for fleet in fleets:
+        console.print(f"{fleet}\t{settings.topic_prefix}.ledger.{fleet}")
+    configured = [f for f in settings.fleet_ids if f not in fleets]
+    console.print(
+        f"{len(fleets)} fleets"
+        + (f"; configured but without topics: {', '.join(configured)}" if configured else "")
+    )
 
 
 @app.command("simulate")
@@ -453,7 +509,12 @@ app.add_typer(dlq_app, name="dlq")
 
 
 def _fleets(fleet: list[str] | None) -> list[str]:
-    return fleet or _settings().fleet_ids
+    """The fleets given, or every fleet that exists (its ledger topic does)."""
+    if fleet:
+        return fleet
+    from streams.admin import existing_fleets
+
+    return asyncio.run(existing_fleets(_settings()))
 
 
 @dlq_app.command("list")
@@ -568,16 +629,36 @@ def worker(
         str | None,
         typer.Option(help="all, agent, analytics, or projection names (comma-separated)"),
     ] = None,
+    no_restart: Annotated[
+        bool,
+        typer.Option(
+            "--no-restart",
+            help="run the faust process itself, without the supervisor that restarts it "
+            "(for platforms that supervise: systemd, Kubernetes); it exits non-zero on a "
+            "crash or stall",
+        ),
+    ] = False,
 ) -> None:
-    """Run a projection worker (several form one consumer group and share the partitions)."""
+    """Run a projection worker (several form one consumer group and share the partitions).
+
+    By default a supervisor runs the faust process and starts it again whenever it ends
+    without being asked to (a crash, a stall, new fleet topics), with backoff."""
     from projectors.registry import selected
-    from streams.worker import run_worker
 
     settings = _settings()
     if projections is not None:
         settings = settings.model_copy(update={"worker_projections": projections})
     selected(settings.worker_projections, settings)  # an unknown name: exit 2 before starting
-    run_worker(settings, loglevel)
+    if no_restart:
+        from streams.worker import run_worker
+
+        run_worker(settings, loglevel)
+    from streams.supervisor import supervise
+
+    args = ["--loglevel", loglevel]
+    if projections is not None:
+        args += ["--projections", projections]
+    raise typer.Exit(code=supervise(settings, args, settings.worker_projections))
 
 
 @app.command("bench")

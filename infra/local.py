@@ -48,22 +48,37 @@ def _registry(settings: Settings) -> Path:
     return settings.state_dir / "workers"
 
 
-def register_worker(settings: Settings, projections: str) -> Path:
-    """Note this process as a running worker of the project (``infra status`` lists it)."""
+def register_worker(
+    settings: Settings,
+    projections: str,
+    *,
+    child_pid: int | None = None,
+    restarts: int = 0,
+    last_exit: str | None = None,
+) -> Path:
+    """Note this process as a running worker of the project (``infra status`` lists it); a
+    supervisor notes its faust process, how often it restarted it and why it last ended."""
     folder = _registry(settings)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{os.getpid()}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "projections": projections,
-                "topic_prefix": settings.topic_prefix,
-                "fleets": settings.fleet_ids,
-            }
-        )
-    )
+    try:
+        started = json.loads(path.read_text())["started_at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    note: dict[str, Any] = {
+        "pid": os.getpid(),
+        "started_at": started,
+        "projections": projections,
+        "topic_prefix": settings.topic_prefix,
+        "fleets": settings.fleet_ids,
+        "supervised": child_pid is not None,
+        "child_pid": child_pid,
+        "restarts": restarts,
+        "last_exit": last_exit,
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(note))
+    tmp.replace(path)
     return path
 
 

@@ -79,8 +79,17 @@ class Settings(BaseSettings):
     # How often an idle worker checks that Redis still holds its views (refilled if lost)
     worker_view_check_s: float = Field(default=2.0, gt=0)
     # How often a worker looks for ledger topics of fleets it does not read yet (a fleet whose
-    # topics were created after it started): found ones are subscribed to, without a restart.
+    # topics were created after it started): it then restarts its faust process onto them.
     worker_fleet_scan_s: float = Field(default=2.0, gt=0)
+    # A worker that has applied nothing for this long while its partitions have lag (or whose
+    # one batch has been retrying for this long) is stalled: it exits non-zero (and is
+    # restarted), and `infra status` exits non-zero while a worker's row says so.
+    worker_stall_s: float = Field(default=60.0, gt=0)
+    # How often a worker writes its health row (lag per partition, last applied batch).
+    worker_health_s: float = Field(default=5.0, gt=0)
+    # `agentledger worker` restarts its faust process after an exit it did not ask for, after
+    # 1 s, doubling up to this (a process that ran for a minute starts the count again).
+    worker_restart_max_backoff_s: float = Field(default=30.0, gt=0)
     # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
     rebuild_processes: int = Field(default=1, ge=1)
     redis_prefix: str = "al"

@@ -10,7 +10,9 @@ from streams.topics import (
     dead_letter_topic,
     ensure_topics,
     fleet_topic_specs,
+    fleets_among,
     ledger_topic,
+    listed_topics,
 )
 
 
@@ -69,3 +71,13 @@ async def delete_change_topics(settings: Settings) -> None:
             await admin.delete_topics(gone)
     finally:
         await admin.close()
+
+
+async def existing_fleets(settings: Settings) -> list[str]:
+    """The fleets whose ledger topics exist on the cluster (see :func:`fleets_among`)."""
+    return fleets_among(settings.topic_prefix, await listed_topics(settings.kafka_address))
+
+
+async def existing_ledger_topics(settings: Settings) -> list[str]:
+    """The ledger topics of :func:`existing_fleets`, sorted."""
+    return [ledger_topic(settings.topic_prefix, f) for f in await existing_fleets(settings)]

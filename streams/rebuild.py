@@ -37,12 +37,12 @@ from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.times import parse_moment
+from streams.admin import existing_ledger_topics
 from streams.changes import stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target
 from streams.parallel import Share, drain_parallel, parallel_ok
 from streams.source import Progress, drain, topic_partitions
-from streams.topics import ledger_topic
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,10 @@ class BuildInfo:
         return sum(max(0, o - self.offsets.get(tp, -1)) for tp, o in other.items())
 
 
-def topics_of(settings: Settings) -> list[str]:
-    return [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
+async def topics_of(settings: Settings) -> list[str]:
+    """The ledger topics a build replays: every fleet's that exists (those made after the
+    workers started, or by ``import --fleet``, included), as the workers project them."""
+    return await existing_ledger_topics(settings)
 
 
 # -- creating --------------------------------------------------------------------------------
@@ -128,9 +130,9 @@ async def _start_offsets(settings: Settings, start: Start) -> dict[TP, int]:
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_address, enable_auto_commit=False)
     await consumer.start()
     try:
-        partitions = await topic_partitions(consumer, topics_of(settings))
+        partitions = await topic_partitions(consumer, await topics_of(settings))
         if not partitions:
-            raise RebuildError(f"no ledger topics for fleets {settings.fleets!r}")
+            raise RebuildError(f"no ledger topics under the prefix {settings.topic_prefix!r}")
         if start.mode == "beginning":
             return {(tp.topic, tp.partition): -1 for tp in partitions}
         if start.mode == "offsets":
@@ -204,13 +206,14 @@ async def run_build(
     """
     info = build_info(settings, projection.name, build)
     target = Target(projection, build, whole_runs_only=info.start not in (None, "beginning"))
+    topics = await topics_of(settings)
     if processes > 1 and codec is None and parallel_ok([target], settings):
         shares = [
             Share(
                 settings,
                 ((projection.name, build),),
                 target.whole_runs_only,
-                tuple(topics_of(settings)),
+                tuple(topics),
                 index,
                 processes,
                 batch_size,
@@ -235,7 +238,7 @@ async def run_build(
         return await drain(
             engine,
             settings.kafka_address,
-            topics_of(settings),
+            topics,
             batch_size=batch_size,
             until=until,
             progress=progress,

@@ -7,7 +7,7 @@ or a path). ``AGENTLEDGER_OTEL=none`` (default) makes every call a no-op; ``cons
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
@@ -48,6 +48,15 @@ class Telemetry:
             meter.create_histogram("agentledger.batch.duration", unit="s") if meter else None
         )
         self._lag = meter.create_gauge("agentledger.consumer.lag") if meter else None
+        # Worker health (issue 25): lag per assigned partition, seconds since the last batch.
+        self._partition_lag = (
+            meter.create_gauge("agentledger.worker.partition_lag", unit="{entry}")
+            if meter
+            else None
+        )
+        self._idle = (
+            meter.create_gauge("agentledger.worker.last_applied_age", unit="s") if meter else None
+        )
         self._providers: tuple[Any, ...] = ()
 
     @property
@@ -130,6 +139,15 @@ class Telemetry:
     def record_lag(self, lag: int) -> None:
         if self._lag is not None:
             self._lag.set(lag)
+
+    def record_health(self, lag: Mapping[tuple[str, int], int], idle_s: float) -> None:
+        """Each assigned partition's lag (topic and partition as attributes: bounded by the
+        fleets' partitions) and the age of the last applied batch."""
+        if self._partition_lag is not None:
+            for (topic, partition), n in lag.items():
+                self._partition_lag.set(n, {"topic": topic, "partition": partition})
+        if self._idle is not None:
+            self._idle.set(idle_s)
 
 
 def telemetry_from_setting(mode: str) -> Telemetry:

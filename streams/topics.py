@@ -131,3 +131,32 @@ def change_topic_specs(
     ]
     specs.append(TopicSpec(change_schema_topic(prefix), 1, replication, CHANGE_TOPIC_CONFIG))
     return specs
+
+
+def fleet_of_ledger_topic(prefix: str, topic: str) -> str | None:
+    """The fleet a ``<prefix>.ledger.<fleet>`` topic belongs to, or None for any other topic."""
+    head = f"{prefix}.ledger."
+    if not topic.startswith(head):
+        return None
+    fleet = topic[len(head) :]
+    return fleet if FLEET_ID_RE.fullmatch(fleet) else None
+
+
+async def listed_topics(bootstrap: str) -> list[str]:
+    """Every topic the cluster has."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        return list(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+def fleets_among(prefix: str, topics: Iterable[str]) -> list[str]:
+    """The fleets that exist: one per ``<prefix>.ledger.<fleet>`` topic.
+
+    One notion for workers, rebuild, verify, ``dlq`` and ``topics``: a fleet made by ``topics
+    create --fleet X`` or ``import --fleet X`` exists as soon as its ledger topic does, whatever
+    ``AGENTLEDGER_FLEETS`` says (that setting only names the fleets ``infra up`` creates).
+    """
+    return sorted({f for t in topics if (f := fleet_of_ledger_topic(prefix, t)) is not None})

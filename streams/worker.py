@@ -11,34 +11,40 @@ stored offsets decide where the next start begins.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
-import re
+import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import faust
+import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from mode import Service
 
 from infra.local import register_worker
 from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.registry import selected
+from streams.admin import existing_ledger_topics
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord
+from streams.health import Health, Supervision, forget, report, stall
 from streams.telemetry import telemetry_from_setting
-from streams.topics import ledger_topic
+from streams.topics import fleet_of_ledger_topic, ledger_topic
 
 logger = logging.getLogger(__name__)
-
-EXIT_FATAL = 70
 
 
 class PositionedConsumer(faust_aiokafka.Consumer):
@@ -46,6 +52,7 @@ class PositionedConsumer(faust_aiokafka.Consumer):
 
     engine: Engine | None = None
     ledger_topics: frozenset[str] = frozenset()
+    health: Health | None = None
 
     async def perform_seek(self) -> None:
         # faust's own seek first: it initialises its ack bookkeeping for the new assignment.
@@ -66,7 +73,23 @@ class PositionedConsumer(faust_aiokafka.Consumer):
             self._committed_offset[tp] = offset or None
             self._acked[tp].clear()
             self._acked_index[tp].clear()
+        if self.health is not None:
+            self.health.assigned({(tp.topic, tp.partition): o for tp, o in targets.items()})
         logger.info("resumed %d partitions at PostgreSQL positions", len(targets))
+
+    def highwater(self, tp: TP) -> int:
+        """The partition's high-water mark, or None while it is not assigned.
+
+        aiokafka asserts the partition is assigned; faust's fetcher asks for every record it
+        yields, and a rebalance (a fleet's topic added, a worker joining) can take a partition
+        away between the fetch and the question. The assertion then crashed faust's Fetcher
+        and left the worker alive and idle (issue 25). A record of a partition taken away is
+        harmless here: the engine's stored positions decide what is applied, once.
+        """
+        try:
+            return super().highwater(tp)
+        except AssertionError:
+            return None  # type: ignore[return-value]
 
 
 class PositionedTransport(faust_aiokafka.Transport):
@@ -140,27 +163,167 @@ async def _batches(
             carried.cancel()
 
 
+# Exit codes of the faust process. Any exit the supervisor did not ask for is restarted with
+# backoff, except EXIT_RESTART, which asks to be started again at once (onto new topics).
+EXIT_FATAL = 70  # a non-retriable failure applying a batch
+EXIT_CRASH = 71  # a faust service or agent crashed
+EXIT_STALLED = 72  # partitions with lag and nothing applied for worker_stall_s
+EXIT_STOP_TIMEOUT = 73  # asked to stop, and not stopped within stop_timeout_s
+EXIT_RESTART = 75  # new fleet topics: start again onto them
+
+EXIT_NAMES = {
+    EXIT_FATAL: "fatal",
+    EXIT_CRASH: "crashed",
+    EXIT_STALLED: "stalled",
+    EXIT_STOP_TIMEOUT: "stop timed out",
+    EXIT_RESTART: "restart requested",
+}
+
+
+def _exit(code: int, reason: str) -> NoReturn:
+    """End the process now with ``code`` and one clear line (stderr, log, and the exit file the
+    supervisor reads). Crash-only: nothing is cleaned up; PostgreSQL's positions make the next
+    start exact."""
+    reason = " ".join(reason.split())[:500]
+    line = f"agentledger worker (pid {os.getpid()}): exit {code}: {reason}"
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    _write_exit_file(reason)
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    os._exit(code)
+
+
+def _write_exit_file(reason: str) -> None:
+    path = os.environ.get("AGENTLEDGER_WORKER_EXIT_FILE")
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).write_text(reason + "\n")
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _fatal(exc: BaseException | None) -> None:
     """A non-retriable failure: stop the process; the stored offsets decide the restart."""
     logger.critical("non-retriable failure applying a batch; stopping", exc_info=exc)
-    logging.shutdown()
-    os._exit(EXIT_FATAL)
+    _exit(EXIT_FATAL, f"non-retriable failure applying a batch: {_describe(exc)}")
+
+
+class _Stop:
+    """The one way a worker process ends on purpose: an exit code and reason, a graceful faust
+    stop, and a deadline thread that ends the process if the stop does not finish in time
+    (faust's shutdown can hang on a crashed service; the event loop can be blocked)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.code: int | None = None
+        self.reason = ""
+        self.worker: faust.Worker | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def requested(self) -> bool:
+        return self.code is not None
+
+    def request(self, code: int, reason: str) -> None:
+        """Thread- and signal-safe; the first request wins."""
+        with self._lock:
+            if self.code is not None:
+                return
+            self.code, self.reason = code, reason
+        logger.warning("stopping: %s", reason)
+        deadline = threading.Timer(self.timeout_s, self._overdue)
+        deadline.daemon = True
+        deadline.start()
+        worker = self.worker
+        if worker is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: already stopping
+                worker.loop.call_soon_threadsafe(worker._schedule_shutdown, signal.SIGTERM)
+
+    def _overdue(self) -> None:
+        _exit(
+            EXIT_STOP_TIMEOUT,
+            f"did not stop within {self.timeout_s:g}s of being asked ({self.reason})",
+        )
+
+    def finish(self) -> NoReturn:
+        """faust has stopped: exit with the requested code (0 for a signal)."""
+        if self.code is None:
+            _exit(EXIT_CRASH, "faust stopped by itself")
+        if self.code == 0:
+            _write_exit_file(self.reason)
+            logging.shutdown()
+            os._exit(0)
+        _exit(self.code, self.reason)
+
+
+class CrashOnlyWorker(faust.Worker):
+    """faust's worker, with SIGTERM/SIGINT bounded by a deadline even while the loop is busy."""
+
+    stop_request: _Stop
+
+    def _install_signal_handlers_unix(self) -> None:
+        super()._install_signal_handlers_unix()
+        # The loop's handlers run only when the loop is free; these run in the main thread
+        # between any two bytecodes, so the deadline starts even during a long fold.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stop_request.request(0, f"stopped by {signal.Signals(signum).name}")
+
+
+def _crash_only() -> None:
+    """Any faust service or agent that crashes ends the process (mode would otherwise log it,
+    maybe restart an agent, maybe leave the process alive and idle: issue 25)."""
+    original = Service.crash
+
+    async def crash(self: Service, reason: BaseException) -> None:
+        if STOP.requested:  # crashes while stopping on purpose: the deadline bounds them
+            await original(self, reason)
+            return
+        logger.critical("faust service %s crashed", type(self).__name__, exc_info=reason)
+        _exit(EXIT_CRASH, f"faust service {type(self).__name__} crashed: {_describe(reason)}")
+
+    Service.crash = crash  # type: ignore[method-assign]
+
+
+STOP = _Stop(30.0)
 
 
 def _slug(spec: str) -> str:
     return "-".join(w.strip() for w in spec.split(",") if w.strip())
 
 
-def create_app(settings: Settings) -> faust.App:
-    """The faust app for these settings; its engine is built when the worker starts."""
-    topics = [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
+def group_of(settings: Settings) -> str:
+    """The consumer group of a worker with these settings: one per projection set."""
+    spec = settings.worker_projections
+    return f"{settings.topic_prefix}-projector" + ("" if spec == "all" else "-" + _slug(spec))
+
+
+def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
+    """The faust app for these settings; its engine is built when the worker starts.
+
+    It subscribes to the configured fleets' ledger topics and the ``existing`` ones (every
+    fleet's on the cluster: :func:`streams.admin.existing_ledger_topics`). A fleet's topic made
+    later is found by a scan and the process restarts onto it (``EXIT_RESTART``): faust's own
+    resubscription crashed its Fetcher under a backlog and lost topics (issue 25).
+    """
+    configured = [ledger_topic(settings.topic_prefix, f) for f in settings.fleet_ids]
+    topics = sorted(set(configured) | set(existing))
     batch_size = settings.worker_batch_size
     within_s = settings.worker_batch_wait_s
     projections = selected(settings.worker_projections, settings)
     # Workers applying different projections are different consumer groups: each reads it all.
-    group = "" if settings.worker_projections == "all" else "-" + _slug(settings.worker_projections)
+    group = group_of(settings)
     app = faust.App(
-        f"{settings.topic_prefix}-projector{group}",
+        group,
         broker=f"kafka://{settings.kafka_address}",
         store="memory://",
         value_serializer="raw",
@@ -183,6 +346,8 @@ def create_app(settings: Settings) -> faust.App:
     )
     app.transport = PositionedTransport(app.conf.broker_consumer, app)
     PositionedConsumer.ledger_topics = frozenset(topics)
+    health = Health()
+    PositionedConsumer.health = health
     sink = KafkaDeadLetterSink(settings)
     engine = Engine(
         live_targets(settings.pg_address, projections),
@@ -202,14 +367,10 @@ def create_app(settings: Settings) -> faust.App:
     relay_stop = asyncio.Event()
     PositionedConsumer.engine = engine
     source = app.topic(*topics, value_type=bytes)
-    # A fleet's topics created after the worker started are found by the scan below and added
-    # to the agent's topic; faust resubscribes after this pause (its default is 45 s).
-    conductor: Any = app.topics  # faust's TopicConductor (its pause and flag are not typed)
-    conductor._resubscribe_sleep_lock_seconds = 1.0
-    fleet_topic = re.compile(
-        rf"^{re.escape(settings.topic_prefix)}\.ledger\.[A-Za-z0-9][A-Za-z0-9_-]{{0,99}}$"
-    )
     admin: list[AIOKafkaAdminClient] = []
+    health_conn: list[psycopg.AsyncConnection[Any]] = []
+    supervision = Supervision.from_env()
+    started = asyncio.Event()
 
     @app.agent(source)
     async def project(stream: Any) -> None:
@@ -230,15 +391,18 @@ def create_app(settings: Settings) -> faust.App:
         async for events in _batches(stream, batch_size, within_s, behind):
             try:
                 records = [_record(e) for e in events]
+                health.begin()
                 await engine.process(records)
+                last: dict[tuple[str, int], int] = {}
+                for r in records:
+                    last[r.tp] = max(last.get(r.tp, -1), r.offset)
+                health.applied(last, len(records))
                 if engine.telemetry.enabled:
                     engine.telemetry.record_lag(
                         _lag(app, ((r.topic, r.partition, r.offset) for r in records))
                     )
             except Exception as exc:
                 _fatal(exc)
-
-    started = asyncio.Event()
 
     @app.timer(interval=settings.worker_view_check_s)  # type: ignore[untyped-decorator]
     async def check_views() -> None:
@@ -253,7 +417,7 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.timer(interval=settings.worker_fleet_scan_s)  # type: ignore[untyped-decorator]
     async def discover_fleets() -> None:
-        if not started.is_set():
+        if not started.is_set() or STOP.requested:
             return
         try:
             if not admin:
@@ -265,18 +429,56 @@ def create_app(settings: Settings) -> faust.App:
             logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
             return
         new = sorted(
-            n for n in names if fleet_topic.match(n) and n not in PositionedConsumer.ledger_topics
+            n
+            for n in names
+            if fleet_of_ledger_topic(settings.topic_prefix, n) is not None
+            and n not in PositionedConsumer.ledger_topics
         )
-        if new:
-            logger.warning("new fleet topics %s: subscribing to them", ", ".join(new))
-            # The agent reads a clone of ``source`` (faust clones a channel per actor): every
-            # channel that reads ledger topics gets the new ones.
-            for channel in [source, *conductor._topics]:
-                names_of = getattr(channel, "topics", None)
-                if names_of and any(fleet_topic.match(n) for n in names_of):
-                    channel.topics = [*names_of, *(n for n in new if n not in names_of)]
-            PositionedConsumer.ledger_topics = PositionedConsumer.ledger_topics | frozenset(new)
-            conductor._flag_changes()
+        # Each incarnation applies for a few seconds at least, however often fleets appear.
+        if new and time.monotonic() - health.started >= MIN_UPTIME_S:
+            STOP.request(EXIT_RESTART, f"new fleet topics {', '.join(new)}: restarting onto them")
+
+    @app.timer(interval=settings.worker_health_s)  # type: ignore[untyped-decorator]
+    async def check_health() -> None:
+        if STOP.requested:
+            return
+        try:
+            assignment = app.consumer.assignment()
+        except Exception:  # the consumer is not started yet (or is stopping)
+            assignment = set()
+        assigned = [tp for tp in assignment if tp.topic in source_topics()]
+        highwater = {(tp.topic, tp.partition): app.consumer.highwater(tp) for tp in assigned}
+        lag = health.lag(highwater)
+        why = stall(health, lag, settings.worker_stall_s, time.monotonic())
+        if why is not None:
+            _exit(EXIT_STALLED, f"stalled: {why}")
+        if engine.telemetry.enabled:
+            engine.telemetry.record_health(lag, health.idle_s(time.monotonic()))
+        try:
+            if not health_conn:
+                health_conn.append(
+                    await psycopg.AsyncConnection.connect(
+                        settings.pg_address, autocommit=True, connect_timeout=5
+                    )
+                )
+            await report(
+                health_conn[0],
+                health,
+                lag,
+                group,
+                settings.worker_projections,
+                len(PositionedConsumer.ledger_topics),
+                supervision,
+            )
+        except Exception as exc:  # health is reported, never a reason to stop applying
+            logger.warning("writing the health row failed (%s); trying again", _describe(exc))
+            for conn in health_conn:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            health_conn.clear()
+
+    def source_topics() -> frozenset[str]:
+        return PositionedConsumer.ledger_topics
 
     @app.task  # type: ignore[untyped-decorator]
     async def relay_changes() -> None:
@@ -295,18 +497,95 @@ def create_app(settings: Settings) -> faust.App:
         await sink.close()
         for client in admin:
             await client.close()
+        for conn in health_conn:
+            with contextlib.suppress(Exception):
+                await forget(conn)
+                await conn.close()
         engine.telemetry.shutdown()
 
     return app
 
 
-def run_worker(settings: Settings, loglevel: str = "warning") -> None:
-    """Apply migrations, then run the faust worker until SIGTERM/SIGINT."""
-    migrate(settings.pg_address)
-    app = create_app(settings)
-    note = register_worker(settings, settings.worker_projections)
+# A worker process applies for at least this long before restarting onto new fleet topics.
+MIN_UPTIME_S = 5.0
+
+
+class _Watchdog:
+    """A thread that ends the process when its event loop stops beating (blocked): the timers
+    that detect stalls run on that loop, so they cannot see it themselves."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.limit_s = 0.0
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+
+    def start(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.last = time.monotonic()
+        thread = threading.Thread(target=self._watch, name="agentledger-watchdog", daemon=True)
+        thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            silent = time.monotonic() - self.last
+            if silent > self.limit_s and not STOP.requested:
+                _exit(EXIT_STALLED, f"stalled: the event loop has not run for {silent:.0f}s")
+
+
+WATCHDOG = _Watchdog()
+
+
+def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
+    """Apply migrations, then run the faust worker until SIGTERM/SIGINT, a crash or a stall.
+
+    Crash-only: every way out ends the process with an exit code and one line saying why
+    (``EXIT_*``); ``agentledger worker`` (:mod:`streams.supervisor`) starts it again.
+    """
     try:
-        worker = faust.Worker(app, loglevel=loglevel, override_logging=True)
-        worker.execute_from_commandline()
+        migrate(settings.pg_address)
+        topics = asyncio.run(existing_ledger_topics(settings))
+    except Exception as exc:
+        _exit(EXIT_CRASH, f"could not start: {_describe(exc)}")
+    app = create_app(settings, topics)
+    supervised = bool(os.environ.get("AGENTLEDGER_WORKER_SUPERVISOR"))
+    note = None if supervised else register_worker(settings, settings.worker_projections)
+    try:
+        execute(
+            app,
+            loglevel,
+            # before the supervisor's SIGKILL
+            stop_timeout_s=max(1.0, settings.stop_timeout_s - 2.0),
+            # the loop beats once per health interval; its own stall is declared after the
+            # stall setting on top
+            watchdog_s=settings.worker_stall_s + 2 * settings.worker_health_s,
+        )
     finally:
-        note.unlink(missing_ok=True)
+        if note is not None:
+            note.unlink(missing_ok=True)
+
+
+def execute(app: faust.App, loglevel: str, stop_timeout_s: float, watchdog_s: float) -> NoReturn:
+    """Run a faust app crash-only: a crashed service ends the process (``EXIT_CRASH``), a
+    stop request (a signal, :data:`STOP`) is bounded by ``stop_timeout_s``
+    (``EXIT_STOP_TIMEOUT``), an event loop silent for ``watchdog_s`` ends it (``EXIT_STALLED``).
+    """
+    _crash_only()
+    STOP.timeout_s = stop_timeout_s
+
+    @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
+    async def heartbeat() -> None:
+        WATCHDOG.beat()
+
+    worker = CrashOnlyWorker(app, loglevel=loglevel, override_logging=True)
+    worker.stop_request = STOP
+    STOP.worker = worker
+    WATCHDOG.start(watchdog_s)
+    try:
+        worker.execute_from_commandline()
+    except BaseException as exc:  # faust's exit (SystemExit) or its re-raised crash
+        if not STOP.requested and not isinstance(exc, SystemExit):
+            _exit(EXIT_CRASH, f"faust ended with {_describe(exc)}")
+    STOP.finish()

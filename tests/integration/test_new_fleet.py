@@ -1,9 +1,10 @@
 """A fleet that appears after the workers started (its topics created then) is projected within
-seconds, with no restart: the worker finds its ledger topic and subscribes to it."""
+seconds: the worker finds its ledger topic and restarts its faust process onto it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 from consumers.views import live_states
 from infra.settings import Settings
 from schemas.factory import EntryBuilder
-from schemas.models import EntryKind, RunStatus
+from schemas.models import EntryKind, LedgerEntry, RunStatus
 from streams.admin import create_fleet_topics
 from streams.deployment import PrivateDeployment
 from streams.publisher import AsyncPublisher
@@ -54,7 +55,8 @@ def test_a_fleet_created_after_the_worker_started_is_projected_within_10_s(
             assert waited < 10, f"not projected {waited:.1f}s after publishing"
             time.sleep(0.2)
         print(f"new fleet projected {time.monotonic() - published:.1f}s after its first publish")
-        assert "new fleet topics" in d.log_of("w").read_text()
+        log = d.log_of("w").read_text()
+        assert "new fleet topics" in log and "restarting onto them" in log
     finally:
         d.drop()
 
@@ -121,5 +123,54 @@ def test_a_first_publish_to_a_fleet_without_topics_is_a_clear_error_and_sends_no
         assert again.returncode == 0 and "published 2 entries (newco=2)" in again.stdout, (
             again.stdout + again.stderr
         )
+    finally:
+        d.drop()
+
+
+def test_rebuild_verify_dlq_and_topics_see_a_fleet_made_after_start_up(
+    services: Settings, tmp_path: Path
+) -> None:
+    """One notion of the fleets that exist (issue 25): a fleet made by `topics create --fleet`
+    after the worker started, not named by AGENTLEDGER_FLEETS, is rebuilt, verified, listed."""
+    d = PrivateDeployment(services, "fleetsee", ["fleet-01"], tmp_path)
+    asyncio.run(d.create())
+    cli = [sys.executable, "-m", "consumers.cli"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], env=d.env(), capture_output=True, text=True, timeout=300
+        )
+
+    try:
+        d.start_worker("w")
+        d.wait_partitions("w")
+        d.fleets.append("later")  # (dropped with the deployment)
+        assert run("topics", "create", "--fleet", "later").returncode == 0
+        runs = {"run-f1": "fleet-01", "run-later": "later"}
+        for run_id, fleet in runs.items():
+            b = EntryBuilder(run_id, fleet_id=fleet)
+            b.add(EntryKind.RUN_STARTED)
+            b.add(EntryKind.RUN_FINISHED, run_status=RunStatus.SUCCEEDED)
+
+            async def publish(entries: list[LedgerEntry] = b.entries) -> None:
+                async with AsyncPublisher(d.settings) as publisher:
+                    await publisher.publish_batch(entries)
+
+            asyncio.run(publish())
+        deadline = time.monotonic() + 60
+        while len(live_states(d.settings, "run-stats", list(runs))) < 2:
+            assert time.monotonic() < deadline, d.log_of("w").read_text()[-3000:]
+            time.sleep(0.3)
+
+        listed = run("topics", "list", "--json")
+        assert json.loads(listed.stdout)["fleets"] == ["fleet-01", "later"], listed.stderr
+        verified = run("verify", "run-stats", "--json")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert json.loads(verified.stdout)[0]["runs"] == 2
+        rebuilt = run("rebuild", "run-stats", "--from-beginning", "--swap")
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+        assert set(live_states(d.settings, "run-stats", list(runs))) == set(runs)
+        dead = run("dlq", "list", "--json")
+        assert dead.returncode == 0 and json.loads(dead.stdout) == [], dead.stderr
     finally:
         d.drop()

@@ -1,0 +1,269 @@
+"""Worker health (issue 25): is a worker applying, how far behind is it, and is it stalled?
+
+A worker process keeps a :class:`Health` record in memory (fed by its batch loop and its
+rebalances), decides from it whether it is *stalled* (partitions with lag, nothing applied for
+``stall_s``; or one batch running for longer than that) and then exits non-zero rather than
+staying alive and idle, and reports it to PostgreSQL every few seconds (``al_worker_health``),
+where ``infra status`` reads it from any host. The decisions are pure functions of the record
+and a clock, tested without services; the row I/O is at the end of the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+TP = tuple[str, int]
+
+
+def tp_key(tp: TP) -> str:
+    return f"{tp[0]}:{tp[1]}"
+
+
+@dataclass
+class Health:
+    """What one worker process knows of its own progress (monotonic seconds)."""
+
+    started: float = field(default_factory=time.monotonic)
+    last_applied: float | None = None  # a batch completed
+    last_assigned: float | None = None  # partitions assigned (a rebalance completed)
+    busy_since: float | None = None  # a batch is being applied since
+    batches: int = 0
+    records: int = 0
+    # per assigned ledger partition: the next offset to apply (stored position, then batches)
+    next_offset: dict[TP, int] = field(default_factory=dict)
+
+    def assigned(self, positions: Mapping[TP, int], now: float | None = None) -> None:
+        """A rebalance gave these partitions, positioned at these next offsets."""
+        self.next_offset = dict(positions)
+        self.last_assigned = time.monotonic() if now is None else now
+
+    def begin(self, now: float | None = None) -> None:
+        self.busy_since = time.monotonic() if now is None else now
+
+    def applied(self, last: Mapping[TP, int], records: int, now: float | None = None) -> None:
+        """A batch is committed; ``last`` is its highest offset per partition."""
+        self.busy_since = None
+        self.last_applied = time.monotonic() if now is None else now
+        self.batches += 1
+        self.records += records
+        for tp, offset in last.items():
+            if tp in self.next_offset:
+                self.next_offset[tp] = max(self.next_offset[tp], offset + 1)
+
+    def lag(self, highwater: Mapping[TP, int | None]) -> dict[TP, int]:
+        """Entries behind the high-water mark, per assigned partition whose mark is known."""
+        out = {}
+        for tp, next_offset in self.next_offset.items():
+            mark = highwater.get(tp)
+            if mark is not None:
+                out[tp] = max(0, int(mark) - next_offset)
+        return out
+
+    def idle_s(self, now: float) -> float:
+        """Seconds since the worker last made progress or was (re)assigned partitions."""
+        marks = [m for m in (self.started, self.last_applied, self.last_assigned) if m is not None]
+        return now - max(marks)
+
+
+def stall(health: Health, lag: Mapping[TP, int], stall_s: float, now: float) -> str | None:
+    """Why the worker is stalled, or None. Stalled: a batch running for longer than ``stall_s``
+    (its store retries have not got through), or partitions with lag and nothing applied or
+    assigned for longer than ``stall_s``."""
+    if health.busy_since is not None:
+        busy = now - health.busy_since
+        return (
+            f"one batch has been applying for {busy:.0f}s (over {stall_s:g}s)"
+            if (busy > stall_s)
+            else None
+        )
+    behind = {tp: n for tp, n in lag.items() if n > 0}
+    idle = health.idle_s(now)
+    if behind and idle > stall_s:
+        return (
+            f"nothing applied for {idle:.0f}s (over {stall_s:g}s) while {sum(behind.values())} "
+            f"entries wait on {len(behind)} partitions"
+        )
+    return None
+
+
+# -- the rows in PostgreSQL --------------------------------------------------------------------
+
+
+def worker_id(pid: int | None = None) -> str:
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What a worker's supervisor tells it: how often it was restarted and why it last ended."""
+
+    restarts: int = 0
+    last_exit: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Supervision:
+        env = os.environ if env is None else env
+        try:
+            restarts = int(env.get("AGENTLEDGER_WORKER_RESTARTS", "0"))
+        except ValueError:
+            restarts = 0
+        return cls(restarts, env.get("AGENTLEDGER_WORKER_LAST_EXIT") or None)
+
+
+def _wall(monotonic_at: float | None) -> datetime | None:
+    if monotonic_at is None:
+        return None
+    return datetime.now(UTC) - timedelta(seconds=time.monotonic() - monotonic_at)
+
+
+async def report(
+    conn: psycopg.AsyncConnection[Any],
+    health: Health,
+    lag: Mapping[TP, int],
+    group: str,
+    projections: str,
+    topics: int,
+    supervision: Supervision,
+) -> None:
+    """Upsert this process's row (autocommit connection)."""
+    await conn.execute(
+        """
+        INSERT INTO al_worker_health (worker_id, host, pid, grp, projections, started_at,
+            reported_at, last_applied_at, batches, records, lag, topics, restarts, last_exit)
+        VALUES (%s, %s, %s, %s, %s, %s, now(), %s, %s, %s, %s, %s, %s, %s)
+        ON CONFLICT (worker_id) DO UPDATE SET reported_at = now(),
+            last_applied_at = EXCLUDED.last_applied_at, batches = EXCLUDED.batches,
+            records = EXCLUDED.records, lag = EXCLUDED.lag, topics = EXCLUDED.topics
+        """,
+        (
+            worker_id(),
+            socket.gethostname(),
+            os.getpid(),
+            group,
+            projections,
+            _wall(health.started),
+            _wall(health.last_applied),
+            health.batches,
+            health.records,
+            json.dumps({tp_key(tp): n for tp, n in sorted(lag.items())}),
+            topics,
+            supervision.restarts,
+            supervision.last_exit,
+        ),
+    )
+
+
+async def forget(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A clean exit: this process's row goes."""
+    await conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(),))
+
+
+# A row not refreshed for this long belongs to a process that is gone (killed, host lost).
+GONE_AFTER_S = 30.0
+# ... and is deleted by the next `infra status` after this long.
+FORGET_AFTER_S = 600.0
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """One worker's row as ``infra status`` shows it."""
+
+    worker_id: str
+    group: str
+    projections: str
+    started_at: datetime
+    reported_s_ago: float
+    last_applied_s_ago: float | None  # None: nothing applied yet
+    batches: int
+    records: int
+    lag: dict[str, int]
+    topics: int
+    restarts: int
+    last_exit: str | None
+
+    @property
+    def gone(self) -> bool:
+        return self.reported_s_ago > GONE_AFTER_S
+
+    @property
+    def behind(self) -> int:
+        return sum(self.lag.values())
+
+    def stalled(self, stall_s: float) -> bool:
+        """Reporting, with lag, and nothing applied for longer than ``stall_s`` since it began."""
+        if self.gone or self.behind == 0:
+            return False
+        started_s_ago = (datetime.now(UTC) - self.started_at).total_seconds()
+        idle = self.last_applied_s_ago if self.last_applied_s_ago is not None else started_s_ago
+        return idle > stall_s
+
+    def as_dict(self, stall_s: float) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "group": self.group,
+            "projections": self.projections,
+            "started_at": self.started_at.isoformat(),
+            "reported_s_ago": round(self.reported_s_ago, 1),
+            "last_applied_s_ago": (
+                None if self.last_applied_s_ago is None else round(self.last_applied_s_ago, 1)
+            ),
+            "batches": self.batches,
+            "records": self.records,
+            "lag": self.lag,
+            "behind": self.behind,
+            "topics": self.topics,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "state": "gone" if self.gone else "stalled" if self.stalled(stall_s) else "ok",
+        }
+
+
+def read_health(dsn: str) -> list[WorkerHealth]:
+    """Every worker's row (rows gone for long are deleted); empty before the first worker."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        exists = conn.execute("SELECT to_regclass('al_worker_health')").fetchone()
+        if exists is None or exists[0] is None:
+            return []
+        conn.execute(
+            "DELETE FROM al_worker_health WHERE reported_at < now() - make_interval(secs => %s)",
+            (FORGET_AFTER_S,),
+        )
+        rows = conn.execute(
+            """
+            SELECT worker_id, grp, projections, started_at,
+                   extract(epoch FROM now() - reported_at)::float8,
+                   extract(epoch FROM now() - last_applied_at)::float8,
+                   batches, records, lag, topics, restarts, last_exit
+            FROM al_worker_health ORDER BY grp, worker_id
+            """
+        ).fetchall()
+    return [
+        WorkerHealth(
+            str(r[0]),
+            str(r[1]),
+            str(r[2]),
+            r[3],
+            float(r[4]),
+            None if r[5] is None else float(r[5]),
+            int(r[6]),
+            int(r[7]),
+            {str(k): int(v) for k, v in dict(r[8]).items()},
+            int(r[9]),
+            int(r[10]),
+            None if r[11] is None else str(r[11]),
+        )
+        for r in rows
+    ]
+
+
+def stalled_workers(rows: Iterable[WorkerHealth], stall_s: float) -> list[WorkerHealth]:
+    return [w for w in rows if w.stalled(stall_s)]

@@ -1,0 +1,184 @@
+"""``agentledger worker``: a small supervisor that keeps one faust worker process running.
+
+The faust process is crash-only (:mod:`streams.worker`): a crashed service, a stall, a fatal
+batch or new fleet topics end it with an exit code and one line saying why. This parent starts
+it again: at once when it asked for that (new topics), else after a backoff of 1 s doubling to
+``AGENTLEDGER_WORKER_RESTART_MAX_BACKOFF_S`` (a process that ran for a minute starts the count
+again). SIGTERM/SIGINT are passed on, and the child is SIGKILLed after ``STOP_TIMEOUT_S``; the
+child dies with this process (``PR_SET_PDEATHSIG``), so killing the supervisor never leaves an
+unsupervised worker behind. Platforms that supervise (systemd, Kubernetes) run
+``agentledger worker --no-restart`` instead, and restart it on a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import psycopg
+
+from infra.local import register_worker
+from infra.settings import Settings
+from streams.health import worker_id
+
+EXIT_RESTART = 75  # streams.worker.EXIT_RESTART (not imported: faust stays out of this process)
+HEALTHY_RUN_S = 60.0  # a child that ran this long resets the backoff
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def describe_exit(code: int, reason: str | None) -> str:
+    """``exit 71: faust service Fetcher crashed: ...`` or ``killed by SIGKILL``."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (f": {reason}" if reason else "")
+    return f"exit {code}" + (f": {reason}" if reason else "")
+
+
+def next_delay(code: int, ran_s: float, previous: float, max_s: float) -> float:
+    """How long to wait before the next start (pure)."""
+    if code == EXIT_RESTART:
+        return 0.0
+    if ran_s >= HEALTHY_RUN_S or previous <= 0:
+        return 1.0
+    return min(previous * 2, max_s)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, child_args: Sequence[str], projections: str) -> None:
+        self.settings = settings
+        self.child_args = list(child_args)
+        self.projections = projections
+        self.stopping: str | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.last_exit: str | None = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = signal.Signals(signum).name
+        child = self.child
+        if child is not None and child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        folder = self.settings.state_dir / "workers"
+        folder.mkdir(parents=True, exist_ok=True)
+        exit_file = folder / f"{os.getpid()}.exit"
+        note = register_worker(self.settings, self.projections)
+        delay = 0.0
+        try:
+            while self.stopping is None:
+                exit_file.unlink(missing_ok=True)
+                began = time.monotonic()
+                self.child = self._start(exit_file)
+                register_worker(
+                    self.settings,
+                    self.projections,
+                    child_pid=self.child.pid,
+                    restarts=self.restarts,
+                    last_exit=self.last_exit,
+                )
+                code = self._wait()
+                if self.stopping is not None:
+                    return 0 if code in (0, -signal.SIGTERM) else code
+                reason = _read(exit_file)
+                forget_worker(self.settings.pg_address, self.child.pid)
+                self.restarts += 1
+                self.last_exit = describe_exit(code, reason)
+                ran = time.monotonic() - began
+                delay = next_delay(code, ran, delay, self.settings.worker_restart_max_backoff_s)
+                _say(
+                    f"agentledger worker: the faust process (pid {self.child.pid}) ended after "
+                    f"{ran:.0f}s ({self.last_exit}); starting it again in {delay:g}s "
+                    f"(restart {self.restarts})"
+                )
+                self._sleep(delay)
+            return 0
+        finally:
+            exit_file.unlink(missing_ok=True)
+            note.unlink(missing_ok=True)
+
+    def _start(self, exit_file: Path) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "AGENTLEDGER_WORKER_SUPERVISOR": str(os.getpid()),
+            "AGENTLEDGER_WORKER_RESTARTS": str(self.restarts),
+            "AGENTLEDGER_WORKER_LAST_EXIT": self.last_exit or "",
+            "AGENTLEDGER_WORKER_EXIT_FILE": str(exit_file),
+        }
+        return subprocess.Popen(
+            [sys.executable, "-m", "consumers.cli", "worker", "--no-restart", *self.child_args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # only a prctl call between fork and exec
+        )
+
+    def _wait(self) -> int:
+        """The child's exit code; once stopping, SIGKILL after the stop timeout."""
+        assert self.child is not None
+        child = self.child
+        deadline: float | None = None
+        while True:
+            try:
+                return child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stopping is not None:
+                if deadline is None:
+                    deadline = time.monotonic() + self.settings.stop_timeout_s
+                elif time.monotonic() > deadline:
+                    _say(
+                        f"agentledger worker: the faust process (pid {child.pid}) did not stop "
+                        f"within {self.settings.stop_timeout_s:g}s; killing it"
+                    )
+                    child.kill()
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.stopping is None and time.monotonic() < end:
+            time.sleep(min(0.2, end - time.monotonic()))
+
+
+def forget_worker(dsn: str, pid: int) -> None:
+    """Delete an ended child's health row (best effort): it applies nothing any more."""
+    with (
+        contextlib.suppress(Exception),
+        psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn,
+    ):
+        conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(pid),))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def supervise(settings: Settings, child_args: Sequence[str], projections: str) -> int:
+    """Run the faust worker as a child until SIGTERM/SIGINT; returns the exit code."""
+    return Supervisor(settings, child_args, projections).run()

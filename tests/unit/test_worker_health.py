@@ -1,0 +1,114 @@
+"""Worker health and supervision decisions (issue 25), pure: no services."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from streams.health import Health, Supervision, WorkerHealth, stall
+from streams.supervisor import EXIT_RESTART, describe_exit, next_delay
+from streams.topics import fleet_of_ledger_topic, fleets_among
+from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
+
+A = ("p.ledger.a", 0)
+B = ("p.ledger.a", 1)
+
+
+def test_lag_is_per_assigned_partition_from_the_stored_position_then_the_batches() -> None:
+    h = Health(started=0.0)
+    h.assigned({A: 10, B: 0}, now=1.0)
+    assert h.lag({A: 15, B: None}) == {A: 5}  # B's mark unknown: no figure, never 0
+    h.applied({A: 14, ("other", 3): 99}, records=5, now=2.0)
+    assert h.lag({A: 15, B: 4}) == {A: 0, B: 4}
+    assert h.next_offset == {A: 15, B: 0}  # a partition not assigned is not tracked
+    assert (h.batches, h.records) == (1, 5)
+
+
+def test_stalled_only_with_lag_and_nothing_applied_or_assigned_for_longer_than_the_setting() -> (
+    None
+):
+    h = Health(started=0.0)
+    h.assigned({A: 0}, now=0.0)
+    assert stall(h, {A: 3}, stall_s=60, now=59) is None
+    why = stall(h, {A: 3}, stall_s=60, now=61)
+    assert why is not None and "nothing applied for 61s" in why and "3 entries" in why
+    assert stall(h, {A: 0}, stall_s=60, now=600) is None  # idle without lag is fine
+    h.applied({A: 2}, records=3, now=100)
+    assert stall(h, {A: 3}, stall_s=60, now=150) is None
+    h.assigned({A: 3}, now=170)  # a rebalance is progress of its own
+    assert stall(h, {A: 3}, stall_s=60, now=200) is None
+
+
+def test_a_batch_running_longer_than_the_setting_is_a_stall_whatever_the_lag() -> None:
+    h = Health(started=0.0)
+    h.begin(now=10.0)
+    assert stall(h, {}, stall_s=60, now=69) is None
+    why = stall(h, {}, stall_s=60, now=71)
+    assert why is not None and "one batch has been applying for 61s" in why
+
+
+def _row(applied_ago: float | None, lag: dict[str, int], reported_ago: float = 1) -> WorkerHealth:
+    return WorkerHealth(
+        "host:1",
+        "g",
+        "all",
+        datetime.now(UTC) - timedelta(seconds=300),
+        reported_ago,
+        applied_ago,
+        1,
+        1,
+        lag,
+        1,
+        0,
+        None,
+    )
+
+
+def test_status_calls_a_reporting_worker_with_lag_and_an_old_last_batch_stalled() -> None:
+    assert _row(100, {"t:0": 5}).stalled(60)
+    assert not _row(10, {"t:0": 5}).stalled(60)
+    assert not _row(100, {"t:0": 0}).stalled(60)
+    assert _row(None, {"t:0": 5}).stalled(60)  # never applied, started 300 s ago
+    assert not _row(100, {"t:0": 5}, reported_ago=120).stalled(60)  # gone, not stalled
+    assert _row(100, {"t:0": 5}, reported_ago=120).as_dict(60)["state"] == "gone"
+
+
+def test_supervision_comes_from_the_supervisor_environment() -> None:
+    s = Supervision.from_env(
+        {"AGENTLEDGER_WORKER_RESTARTS": "3", "AGENTLEDGER_WORKER_LAST_EXIT": "exit 71: x"}
+    )
+    assert s == Supervision(3, "exit 71: x")
+    assert Supervision.from_env({"AGENTLEDGER_WORKER_RESTARTS": "?"}) == Supervision(0, None)
+
+
+def test_restart_backoff_doubles_resets_after_a_healthy_run_and_skips_asked_restarts() -> None:
+    assert WORKER_EXIT_RESTART == EXIT_RESTART  # one code, two processes
+    assert next_delay(EXIT_RESTART, 1, 8, 30) == 0
+    assert next_delay(71, 1, 0, 30) == 1
+    assert next_delay(71, 1, 1, 30) == 2
+    assert next_delay(71, 1, 16, 30) == 30
+    assert next_delay(71, 1, 30, 30) == 30
+    assert next_delay(71, 61, 30, 30) == 1
+
+
+def test_exits_are_described_with_their_code_or_signal_and_reason() -> None:
+    assert describe_exit(-9, None) == "killed by SIGKILL"
+    assert describe_exit(71, "faust service Fetcher crashed") == (
+        "exit 71: faust service Fetcher crashed"
+    )
+    assert describe_exit(0, None) == "exit 0"
+
+
+def test_the_fleets_that_exist_are_those_with_a_ledger_topic_under_the_prefix() -> None:
+    topics = [
+        "p.ledger.a",
+        "p.ledger.b-2",
+        "p.dlq.c",
+        "q.ledger.d",
+        "p.ledger.",
+        "p.ledger.x.y",
+        "p.changes.run-stats",
+        "p.ledger.acme_1",
+    ]
+    assert fleets_among("p", topics) == ["a", "acme_1", "b-2"]
+    assert fleet_of_ledger_topic("p", "p.ledger.a") == "a"
+    assert fleet_of_ledger_topic("p", "p.ledgers.a") is None
