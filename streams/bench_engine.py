@@ -26,7 +26,7 @@ from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
 from streams.bench_long import _NoDeadLetters
-from streams.engine import Engine, SourceRecord, Target
+from streams.engine import Engine, SourceRecord, Target, tune_gc
 from streams.simulate import simulate_runs
 from streams.topics import ledger_topic
 
@@ -132,6 +132,7 @@ async def engine_cost(settings: Settings, records: Sequence[SourceRecord], batch
         redis_prefix=settings.redis_prefix,
     )
     await engine.start()
+    tune_gc()  # as the worker runs
     cpu = 0.0
     try:
         for start in range(0, len(records), batch):

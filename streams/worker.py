@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -39,7 +38,7 @@ from streams.admin import existing_ledger_topics
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
-from streams.engine import Engine, SourceRecord
+from streams.engine import Engine, SourceRecord, tune_gc
 from streams.health import Health, Supervision, forget, report, stall
 from streams.telemetry import telemetry_from_setting
 from streams.topics import fleet_of_ledger_topic, ledger_topic
@@ -376,14 +375,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
     async def project(stream: Any) -> None:
         await engine.start()
         started.set()
-        # What exists now lives as long as the worker: keep it out of every collection, so a
-        # full collection scans only what batches allocate (a long pause is hot-path latency).
-        gc.collect()
-        gc.freeze()
-        # Folds allocate many short-lived containers: at the default 700 allocations a young
-        # collection ran ~60 times a second (~1 s of every 25 at 1,000 entries/s); at 50,000
-        # it runs ~2 times a second, ~0.15 s of every 25 (measured with gc.callbacks).
-        gc.set_threshold(50_000, 20, 10)
+        tune_gc()
         # faust's consumer runs in its own thread; with the default 5 ms GIL switch interval a
         # batch being folded holds fetched records back for up to 5 ms at a time.
         sys.setswitchinterval(0.001)

@@ -46,7 +46,7 @@ __all__ = [
 # every read through this module (readers of the SQL views see the escaped form).
 _ESC = "\ue000".encode()
 _TO_PG = re.compile(rb"\\\\|\\u0000|\\u[eE]000|" + re.escape(_ESC))
-_TRIGGERS = (b"\\u0000", _ESC, b"\\ue000", b"\\uE000")
+_TRIGGER = re.compile(rb"\\u0000|\\u[eE]000|" + re.escape(_ESC))
 _FROM_PG = re.compile(re.escape(_ESC) + rb"(" + re.escape(_ESC) + rb"|0)")
 
 
@@ -61,7 +61,7 @@ def _escape(match: re.Match[bytes]) -> bytes:
 
 def to_jsonb_text(doc: bytes) -> bytes:
     """JSON text as PostgreSQL's jsonb will take it (see above); unchanged without NULs."""
-    if all(token not in doc for token in _TRIGGERS):
+    if _TRIGGER.search(doc) is None:  # one pass (most documents have neither)
         return doc
     return _TO_PG.sub(_escape, doc)
 
@@ -260,20 +260,40 @@ async def load_runs(
     return out
 
 
-async def _append(cur: AsyncCursor[Any], into: LiteralString, rows: list[tuple[Any, ...]]) -> None:
-    """Insert rows into an append-only table (``table (columns)``); a row already there stays
-    as it is (a retried batch writes the same rows again)."""
+async def _append(
+    cur: AsyncCursor[Any], into: LiteralString, arrays: LiteralString, rows: list[tuple[Any, ...]]
+) -> None:
+    """Insert rows into an append-only table (``table (columns)``; ``arrays`` the columns as
+    typed array parameters, e.g. ``%b::text[], %b::bigint[]``) in one statement; a row already
+    there stays as it is (a retried batch writes the same rows again)."""
     if rows:
-        marks: LiteralString = ", ".join(["%s"] * len(rows[0]))
-        await cur.executemany(
-            "INSERT INTO " + into + " VALUES (" + marks + ") ON CONFLICT DO NOTHING", rows
+        await cur.execute(
+            "INSERT INTO " + into + " SELECT * FROM unnest(" + arrays + ") ON CONFLICT DO NOTHING",
+            _columns(rows, len(rows[0])),
         )
+
+
+TAIL_ARRAYS: LiteralString = "%b::text[], %b::text[], %b::text[], %b::bigint[], %b::bytea[]"
+
+
+def _text(doc: bytes | None) -> str:
+    """A JSON document as the text a ``::jsonb`` cast takes (NULs escaped, see above)."""
+    return to_jsonb_text(doc or b"{}").decode()
+
+
+def _gaps(w: RunWrite) -> str:
+    return orjson.dumps([list(g) for g in w.gaps]).decode()
+
+
+def _held(w: RunWrite) -> str:
+    return "{" + ",".join(map(str, w.held)) + "}"
 
 
 async def write_runs(
     conn: AsyncConnection[Any], writes: dict[BuildKey, Sequence[RunWrite]]
 ) -> None:
-    """Upsert every touched run of every build and move held entries, in few round trips."""
+    """Upsert every touched run of every build and move held entries: one statement per table,
+    the rows as arrays (``unnest``), whatever the batch holds."""
     flat = [(proj, build, w) for (proj, build), ws in writes.items() for w in ws]
     if not flat:
         return
@@ -281,11 +301,33 @@ async def write_runs(
     tails = [(proj, build, w) for proj, build, w in flat if w.state is None]
     async with conn.cursor() as cur:
         if checkpoints:
-            await cur.executemany(
+            rows = [
+                (
+                    proj,
+                    build,
+                    w.run_id,
+                    w.fleet_id,
+                    w.applied_seq,
+                    _held(w),
+                    _gaps(w),
+                    _text(w.state),
+                    _text(w.head if w.head is not None else w.state),
+                    w.source[0] if w.source else None,
+                    w.source[1] if w.source else None,
+                    len(w.state or b""),
+                    w.conflicts,
+                )
+                for proj, build, w in checkpoints
+            ]
+            await cur.execute(
                 "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, "
                 'held, gaps, state, head, topic, "partition", checkpoint_seq, checkpoint_bytes, '
                 "tail_count, tail_bytes, conflicts, updated_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, %s, now()) "
+                "SELECT p, b, r, f, s, h::bigint[], g::jsonb, st::jsonb, hd::jsonb, t, pt, s, cb, "
+                "0, 0, c, now() FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+                "%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], "
+                "%b::int[], %b::bigint[], %b::int[]) "
+                "AS u(p, b, r, f, s, h, g, st, hd, t, pt, cb, c) "
                 "ON CONFLICT (projection, build, run_id) DO UPDATE SET "
                 "applied_seq = EXCLUDED.applied_seq, held = EXCLUDED.held, gaps = EXCLUDED.gaps, "
                 "state = EXCLUDED.state, head = EXCLUDED.head, "
@@ -294,85 +336,80 @@ async def write_runs(
                 "checkpoint_seq = EXCLUDED.checkpoint_seq, "
                 "checkpoint_bytes = EXCLUDED.checkpoint_bytes, tail_count = 0, tail_bytes = 0, "
                 "conflicts = al_run_state.conflicts + EXCLUDED.conflicts, updated_at = now()",
-                [
-                    (
-                        proj,
-                        build,
-                        w.run_id,
-                        w.fleet_id,
-                        w.applied_seq,
-                        list(w.held),
-                        Jsonb([list(g) for g in w.gaps]),
-                        _document(w.state),
-                        _document(w.head if w.head is not None else w.state),
-                        w.source[0] if w.source else None,
-                        w.source[1] if w.source else None,
-                        w.applied_seq,
-                        len(w.state or b""),
-                        w.conflicts,
-                    )
-                    for proj, build, w in checkpoints
-                ],
+                _columns(rows, 13),
             )
             cleared = [(p, b, w.run_id) for p, b, w in checkpoints]
             await cur.execute(
-                "DELETE FROM al_tail t USING unnest(%s::text[], %s::text[], %s::text[]) "
+                "DELETE FROM al_tail t USING unnest(%b::text[], %b::text[], %b::text[]) "
                 "AS k(projection, build, run_id) WHERE t.projection = k.projection "
                 "AND t.build = k.build AND t.run_id = k.run_id",
                 _columns(cleared, 3),
             )
         if tails:  # the row exists: a run's first write is a checkpoint
-            await cur.executemany(
-                "UPDATE al_run_state SET applied_seq = %s, held = %s, gaps = %s, head = %s, "
-                "tail_count = %s, tail_bytes = %s, conflicts = conflicts + %s, updated_at = now() "
-                "WHERE projection = %s AND build = %s AND run_id = %s",
-                [
-                    (
-                        w.applied_seq,
-                        list(w.held),
-                        Jsonb([list(g) for g in w.gaps]),
-                        _document(w.head),
-                        w.tail_count,
-                        w.tail_bytes,
-                        w.conflicts,
-                        proj,
-                        build,
-                        w.run_id,
-                    )
-                    for proj, build, w in tails
-                ],
+            updates = [
+                (
+                    proj,
+                    build,
+                    w.run_id,
+                    w.applied_seq,
+                    _held(w),
+                    _gaps(w),
+                    _text(w.head),
+                    w.tail_count,
+                    w.tail_bytes,
+                    w.conflicts,
+                )
+                for proj, build, w in tails
+            ]
+            await cur.execute(
+                "UPDATE al_run_state AS s SET applied_seq = u.s, held = u.h::bigint[], "
+                "gaps = u.g::jsonb, head = u.hd::jsonb, tail_count = u.tc, tail_bytes = u.tb, "
+                "conflicts = s.conflicts + u.c, updated_at = now() "
+                "FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[], "
+                "%b::text[], %b::text[], %b::int[], %b::bigint[], %b::int[]) "
+                "AS u(p, b, r, s, h, g, hd, tc, tb, c) "
+                "WHERE s.projection = u.p AND s.build = u.b AND s.run_id = u.r",
+                _columns(updates, 10),
             )
             await _append(
                 cur,
                 "al_tail (projection, build, run_id, sequence_no, payload)",
+                TAIL_ARRAYS,
                 [(p, b, w.run_id, seq, data) for p, b, w in tails for seq, data in w.tail.items()],
             )
         await _append(
             cur,
             "al_held (projection, build, run_id, sequence_no, payload)",
+            TAIL_ARRAYS,
             [(p, b, w.run_id, seq, data) for p, b, w in flat for seq, data in w.hold.items()],
         )
-        await _append(
-            cur,
-            "al_history (projection, build, run_id, kind, key, seq, doc)",
-            [
-                (p, b, w.run_id, h.kind, h.key, h.seq, Jsonb(h.doc, dumps=_dumps))
-                for p, b, w in flat
-                for h in w.history
-            ],
-        )
+        history = [
+            (p, b, w.run_id, h.kind, h.key, h.seq, _dumps(h.doc).decode())
+            for p, b, w in flat
+            for h in w.history
+        ]
+        if history:
+            await cur.execute(
+                "INSERT INTO al_history (projection, build, run_id, kind, key, seq, doc) "
+                "SELECT p, b, r, k, key, s, d::jsonb FROM unnest(%b::text[], %b::text[], "
+                "%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[]) "
+                "AS u(p, b, r, k, key, s, d) ON CONFLICT DO NOTHING",
+                _columns(history, 7),
+            )
         await _append(
             cur,
             "al_entry_ids (projection, build, run_id, sequence_no, entry_id)",
+            "%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[]",
             [(p, b, w.run_id, seq, eid) for p, b, w in flat for seq, eid in w.entry_ids.items()],
         )
         await _outbox(cur, [(p, b, w) for p, b, w in flat if w.publish])
         releases = [(proj, build, w.run_id, seq) for proj, build, w in flat for seq in w.release]
         if releases:
-            await cur.executemany(
-                "DELETE FROM al_held WHERE projection = %s AND build = %s AND run_id = %s "
-                "AND sequence_no = %s",
-                releases,
+            await cur.execute(
+                "DELETE FROM al_held h USING unnest(%b::text[], %b::text[], %b::text[], "
+                "%b::bigint[]) AS k(p, b, r, s) WHERE h.projection = k.p AND h.build = k.b "
+                "AND h.run_id = k.r AND h.sequence_no = k.s",
+                _columns(releases, 4),
             )
 
 
@@ -382,26 +419,29 @@ async def _outbox(cur: AsyncCursor[Any], changed: list[tuple[str, str, RunWrite]
     pointer the batch commits under); the relay is woken at commit."""
     if not changed:
         return
-    await cur.executemany(
+    rows = [
+        (
+            proj,
+            build,
+            w.run_id,
+            w.fleet_id,
+            w.applied_seq,
+            len(w.held),
+            _gaps(w),
+            _text(w.head if w.head is not None else w.state),
+            w.traceparent,
+        )
+        for proj, build, w in changed
+    ]
+    await cur.execute(
         "INSERT INTO al_changes (projection, build, kind, run_id, fleet_id, applied_seq, held, "
-        "gaps, doc, traceparent) SELECT %s, %s, 'state', %s, %s, %s, %s, %s, %s, %s "
-        "WHERE EXISTS (SELECT 1 FROM al_live l WHERE l.projection = %s AND l.build = %s)",
-        [
-            (
-                proj,
-                build,
-                w.run_id,
-                w.fleet_id,
-                w.applied_seq,
-                len(w.held),
-                Jsonb([list(g) for g in w.gaps]),
-                _document(w.head if w.head is not None else w.state),
-                w.traceparent,
-                proj,
-                build,
-            )
-            for proj, build, w in changed
-        ],
+        "gaps, doc, traceparent) SELECT u.p, u.b, 'state', u.r, u.f, u.s, u.h, u.g::jsonb, "
+        "u.d::jsonb, u.t FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+        "%b::bigint[], %b::int[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
+        "AS u(p, b, r, f, s, h, g, d, t, n) "
+        "WHERE EXISTS (SELECT 1 FROM al_live l WHERE l.projection = u.p AND l.build = u.b) "
+        "ORDER BY u.n",
+        _columns(rows, 9),
     )
     await cur.execute("SELECT pg_notify('al_changes', '')")
 

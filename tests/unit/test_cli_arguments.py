@@ -23,6 +23,7 @@ BAD: dict[str, list[str]] = {
     "infra down": ["infra", "down", "--bogus"],
     "infra status": ["infra", "status", "--bogus"],
     "topics create": ["topics", "create", "--fleet", "bad fleet!"],
+    "topics list": ["topics", "list", "--bogus"],
     "simulate": ["simulate", "--length-profile", "bogus", "--out", "x.jsonl"],
     "publish": ["publish", "missing.jsonl"],
     "import": ["import", "telepathy-agent", "some.jsonl"],
