@@ -33,7 +33,7 @@ from projectors.stores import postgres_ops as ops
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
-from streams import bench_long
+from streams import bench_engine, bench_long
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.parallel import Share, drain_parallel
@@ -698,11 +698,21 @@ class Sizes:
     long_entries: int = 300  # per length (at least one run)
     in_flight_entries: int = 1_000  # the long run in flight beside other traffic
     in_flight_rate: float = 100.0  # its entries/s
+    engine_runs: int = 40  # runs of 300 entries for the engine-vs-decode figure
 
 
 CORES = os.cpu_count() or 1
 QUICK = Sizes(
-    1000.0, 5.0, 5_000, 4, 300, 10_000, min(2, CORES), min(2, CORES), in_flight_entries=500
+    1000.0,
+    5.0,
+    5_000,
+    4,
+    300,
+    10_000,
+    min(2, CORES),
+    min(2, CORES),
+    in_flight_entries=500,
+    engine_runs=8,
 )
 # Ingest at 300k entries (the publishers stage every entry before the clock starts, ~1 ms of
 # their CPU each); rebuild at 1M (topped up with raw entries after the ingest).
@@ -742,6 +752,12 @@ async def run_bench(
         await d.create()
         return d
 
+    d = await deployment("benchengine")
+    try:  # first: nothing else of the bench runs beside it
+        cost = await bench_engine.measure(d.settings, runs=sizes.engine_runs)
+        report.figures += [Figure(*f) for f in bench_engine.figures(cost)]
+    finally:
+        d.drop()
     d = await deployment("benchhot")
     try:
         d.start_worker("worker")

@@ -150,6 +150,7 @@ def realistic_entries(runs: int = RUNS, length: int = LENGTH, seed: int = 25) ->
 
 
 async def measure(settings: Settings, runs: int = RUNS, batch: int = BATCH) -> EngineCost:
+    tune_gc()  # decode, folds and engine measured under the worker's collector settings
     entries = realistic_entries(runs)
     records = records_of(settings, entries)
     decode = decode_cost(records)

@@ -20,6 +20,8 @@ BESIDE_A_BASELINE = (
     "ingest vs the naive baseline",
     "rebuild: every projection from offset 0",
     "worker RSS, last third of the run",
+    "engine CPU per realistic entry (6 projections, PostgreSQL + Redis, batches of 200)",
+    "pure folds per entry, all six projections (no stores)",
 )
 
 
@@ -31,6 +33,10 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
         assert math.isfinite(figure.value) and figure.value > 0, name
         assert figure.baseline is not None and figure.baseline > 0, name
     assert figures["hot path entries measured"].value >= 1000
+    ratio = figures["engine CPU / validated decode (goal: at most 5x)"]
+    engine = figures[BESIDE_A_BASELINE[-2]]
+    assert engine.baseline is not None
+    assert abs(ratio.value - engine.value / engine.baseline) < 0.05
     assert figures["ingest: entries"].value >= QUICK.ingest_entries
     assert figures["rebuild: entries replayed"].value >= QUICK.rebuild_entries
     assert figures["worker RSS peak (largest worker)"].value > 0
