@@ -415,7 +415,11 @@ class PostgresService(LocalService):
                 )
         opts = (
             f"-p {self.settings.pg_port} -k {run_dir} -c listen_addresses=127.0.0.1 "
-            "-c shared_buffers=256MB -c max_connections=200"
+            "-c shared_buffers=256MB -c max_connections=200 "
+            # Projection rows are rewritten and outbox/tail rows deleted all the time: look for
+            # dead rows every 5 s (default 60) and vacuum them unthrottled, so their space is
+            # reused before the tables grow (PostgreSQL bytes per entry, issue 25).
+            "-c autovacuum_naptime=5s -c autovacuum_vacuum_cost_delay=0"
         )
         with self.console.status("starting PostgreSQL"):
             proc = subprocess.run(
