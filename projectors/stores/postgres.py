@@ -276,6 +276,23 @@ async def _append(
 TAIL_ARRAYS: LiteralString = "%b::text[], %b::text[], %b::text[], %b::bigint[], %b::bytea[]"
 
 
+def id_spans(ids: Mapping[int, str]) -> list[tuple[int, list[str]]]:
+    """Entry ids by sequence number as (first sequence number, consecutive ids) spans."""
+    spans: list[tuple[int, list[str]]] = []
+    for seq in sorted(ids):
+        if spans and spans[-1][0] + len(spans[-1][1]) == seq:
+            spans[-1][1].append(ids[seq])
+        else:
+            spans.append((seq, [ids[seq]]))
+    return spans
+
+
+def _array_item(text: str) -> str:
+    """One element of a PostgreSQL array literal (entry ids: letters, digits and ``_.:@/+=#~-``
+    only, but quoted and escaped all the same)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _text(doc: bytes | None) -> str:
     """A JSON document as the text a ``::jsonb`` cast takes (NULs escaped, see above)."""
     return to_jsonb_text(doc or b"{}").decode()
@@ -396,12 +413,24 @@ async def write_runs(
                 "AS u(p, b, r, k, key, s, d) ON CONFLICT DO NOTHING",
                 _columns(history, 7),
             )
-        await _append(
-            cur,
-            "al_entry_ids (projection, build, run_id, sequence_no, entry_id)",
-            "%b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[]",
-            [(p, b, w.run_id, seq, eid) for p, b, w in flat for seq, eid in w.entry_ids.items()],
-        )
+        spans = [
+            (p, b, w.run_id, first, "{" + ",".join(_array_item(i) for i in ids) + "}")
+            for p, b, w in flat
+            for first, ids in id_spans(w.entry_ids)
+        ]
+        if spans:
+            await cur.execute(
+                # written once: a span whose first number a stored span covers stays out (the
+                # engine writes a number's id only when it applies it, so spans never overlap)
+                "INSERT INTO al_entry_id_spans (projection, build, run_id, first_seq, ids) "
+                "SELECT p, b, r, f, i::text[] FROM unnest(%b::text[], %b::text[], %b::text[], "
+                "%b::bigint[], %b::text[]) AS u(p, b, r, f, i) WHERE NOT EXISTS (SELECT 1 FROM "
+                "(SELECT first_seq, ids FROM al_entry_id_spans o WHERE o.projection = u.p "
+                "AND o.build = u.b AND o.run_id = u.r AND o.first_seq <= u.f "
+                "ORDER BY o.first_seq DESC LIMIT 1) o "
+                "WHERE u.f < o.first_seq + cardinality(o.ids)) ON CONFLICT DO NOTHING",
+                _columns(spans, 5),
+            )
         await _outbox(cur, [(p, b, w) for p, b, w in flat if w.publish])
         releases = [(proj, build, w.run_id, seq) for proj, build, w in flat for seq in w.release]
         if releases:
@@ -595,10 +624,12 @@ class PostgresTransaction:
         if not keys:
             return out
         cur = await self.conn.execute(
-            "SELECT i.projection, i.build, i.run_id, i.sequence_no, i.entry_id FROM al_entry_ids i "
-            "JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
-            "AS k(projection, build, run_id, sequence_no) "
-            "USING (projection, build, run_id, sequence_no)",
+            "SELECT k.p, k.b, k.r, k.s, s.ids[k.s - s.first_seq + 1] "
+            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) AS k(p, b, r, s) "
+            "JOIN LATERAL (SELECT first_seq, ids FROM al_entry_id_spans i "
+            "WHERE i.projection = k.p AND i.build = k.b AND i.run_id = k.r "
+            "AND i.first_seq <= k.s ORDER BY i.first_seq DESC LIMIT 1) s "
+            "ON k.s - s.first_seq < cardinality(s.ids)",
             _columns(keys, 4),
         )
         for proj, build, run_id, seq, entry_id in await cur.fetchall():

@@ -112,3 +112,11 @@ def test_the_fleets_that_exist_are_those_with_a_ledger_topic_under_the_prefix() 
     assert fleets_among("p", topics) == ["a", "acme_1", "b-2"]
     assert fleet_of_ledger_topic("p", "p.ledger.a") == "a"
     assert fleet_of_ledger_topic("p", "p.ledgers.a") is None
+
+
+def test_entry_ids_are_stored_as_spans_of_consecutive_sequence_numbers() -> None:
+    from projectors.stores.postgres import id_spans
+
+    ids = {3: "c", 1: "a", 2: "b", 7: "g", 8: "h", 10: "j"}
+    assert id_spans(ids) == [(1, ["a", "b", "c"]), (7, ["g", "h"]), (10, ["j"])]
+    assert id_spans({}) == []
