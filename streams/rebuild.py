@@ -218,17 +218,16 @@ async def run_build(
                 processes,
                 batch_size,
                 dict(until) if until is not None else None,
-                redis=projection.hot,
+                redis=False,  # views are written once, at the swap
             )
             for index in range(processes)
         ]
         return await drain_parallel(shares, progress)
     sink = KafkaDeadLetterSink(settings)
-    redis_url = settings.redis_address if projection.hot else None
     engine = Engine(
         [target],
         settings.pg_address,
-        redis_url,
+        None,  # a build nobody reads yet has no views: they are written once, at the swap
         sink,
         codec=codec,
         redis_prefix=settings.redis_prefix,
@@ -267,6 +266,8 @@ async def swap(
         await run_build(settings, projection, build, progress=progress, codec=codec)
         swapped, previous = _swap_if_caught_up(settings, projection.name, build)
         if swapped:
+            if projection.hot:  # readers follow Redis's pointer, moved once the views are there
+                await _write_views(settings, projection, build)
             await _mirror_live(settings, projection.name, build)
             logger.info("%s: live build %s -> %s", projection.name, previous, build)
             return previous
@@ -293,6 +294,24 @@ def _swap_if_caught_up(settings: Settings, projection: str, build: str) -> tuple
         if projection in stream_projections(settings):
             ops.outbox_swap(conn, projection, live, build)
     return True, live
+
+
+async def _write_views(settings: Settings, projection: Projection[Any], build: str) -> None:
+    """The build's Redis views from PostgreSQL (compare-and-set: a worker already writing the
+    build, live since the swap, is never moved backwards)."""
+    sink = KafkaDeadLetterSink(settings)  # (nothing is applied: never used)
+    engine = Engine(
+        [Target(projection, build)],
+        settings.pg_address,
+        settings.redis_address,
+        sink,
+        redis_prefix=settings.redis_prefix,
+    )
+    try:
+        await engine.refill_views()
+    finally:
+        await engine.close()
+        await sink.close()
 
 
 async def _mirror_live(settings: Settings, projection: str, build: str) -> None:
