@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -116,7 +117,7 @@ def register(app: typer.Typer) -> None:
                 "--processes",
                 min=1,
                 help="split the partitions between N processes (default: "
-                "AGENTLEDGER_REBUILD_PROCESSES, 1)",
+                "AGENTLEDGER_REBUILD_PROCESSES; 0 or unset: one per core)",
             ),
         ] = None,
     ) -> None:
@@ -127,7 +128,7 @@ def register(app: typer.Typer) -> None:
         swap. Runs that began before a --from-offset/--from-time start are skipped.
         """
         settings = load_settings()
-        n = processes or settings.rebuild_processes
+        n = processes or settings.rebuild_processes or os.cpu_count() or 1
         try:
             if what == "list":
                 builds = list_builds(settings)

@@ -90,8 +90,9 @@ class Settings(BaseSettings):
     # `agentledger worker` restarts its faust process after an exit it did not ask for, after
     # 1 s, doubling up to this (a process that ran for a minute starts the count again).
     worker_restart_max_backoff_s: float = Field(default=30.0, gt=0)
-    # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`)
-    rebuild_processes: int = Field(default=1, ge=1)
+    # Processes a rebuild splits the partitions between (one core each; `rebuild --processes`);
+    # 0: one per core of the machine
+    rebuild_processes: int = Field(default=0, ge=0)
     redis_prefix: str = "al"
     # Change streams (issue 18): which projections' live changes go to
     # <prefix>.changes.<projection>, and whether workers run the relay (one at a time).

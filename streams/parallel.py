@@ -23,7 +23,7 @@ from infra.settings import Settings
 from projectors.registry import all_projections, selected
 from schemas.errors import AgentLedgerError
 from streams.dlq import KafkaDeadLetterSink
-from streams.engine import BatchStats, Engine, Poison, SourceRecord, Target, TopicPartition
+from streams.engine import BatchStats, Engine, Poison, SourceRecord, Target, TopicPartition, tune_gc
 from streams.source import Progress, drain
 
 logger = logging.getLogger(__name__)
@@ -157,6 +157,7 @@ async def _replay(share: Share, messages: Any) -> BatchStats:
     )
     try:
         await engine.start()
+        tune_gc()  # a process of its own, replaying for long: as the worker
         return await _drain(share, engine, messages)
     finally:
         await engine.close()
