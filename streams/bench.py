@@ -561,6 +561,33 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int, workers: i
     ]
 
 
+async def one_worker(d: PrivateDeployment, entries: int) -> list[Figure]:
+    """One worker process (``agentledger worker``, all six projections) applying a backlog of
+    realistic entries: entries/s from its first partition assignment until every projection
+    committed the last entry, beside one process consuming and decoding the same topics."""
+    total = await _publish_raw(d, entries, seed=31)
+    worker = d.start_worker("one")
+    await asyncio.to_thread(d.wait_partitions, "one", 120)
+    started = time.perf_counter()
+    while await asyncio.to_thread(_applied_everywhere, d.settings.pg_address) < total:
+        await asyncio.sleep(0.25)
+        if time.perf_counter() - started > 3600:
+            raise RuntimeError("one worker did not apply the backlog in an hour")
+    rate = total / (time.perf_counter() - started)
+    d.stop_worker(worker)
+    ceiling = await _decode_only(d, 1)
+    return [
+        Figure(
+            "one worker: a backlog applied (all six projections)",
+            rate,
+            "entries/s",
+            "ceiling: consume + decode only, 1 process",
+            ceiling,
+        ),
+        Figure("one worker: entries of the backlog", float(total), "entries"),
+    ]
+
+
 async def _await_applied(
     d: PrivateDeployment,
     tasks: list[asyncio.Task[None]],
@@ -699,6 +726,7 @@ class Sizes:
     in_flight_entries: int = 1_000  # the long run in flight beside other traffic
     in_flight_rate: float = 100.0  # its entries/s
     engine_runs: int = 40  # runs of 300 entries for the engine-vs-decode figure
+    one_worker_entries: int = 100_000  # the backlog one worker applies
 
 
 CORES = os.cpu_count() or 1
@@ -713,6 +741,7 @@ QUICK = Sizes(
     min(2, CORES),
     in_flight_entries=500,
     engine_runs=8,
+    one_worker_entries=3_000,
 )
 # Ingest at 300k entries (the publishers stage every entry before the clock starts, ~1 ms of
 # their CPU each); rebuild at 1M (topped up with raw entries after the ingest).
@@ -756,6 +785,11 @@ async def run_bench(
     try:  # first: nothing else of the bench runs beside it
         cost = await bench_engine.measure(d.settings, runs=sizes.engine_runs)
         report.figures += [Figure(*f) for f in bench_engine.figures(cost)]
+    finally:
+        d.drop()
+    d = await deployment("benchone")
+    try:
+        report.figures += await one_worker(d, sizes.one_worker_entries)
     finally:
         d.drop()
     d = await deployment("benchhot")

@@ -20,6 +20,7 @@ BESIDE_A_BASELINE = (
     "ingest vs the naive baseline",
     "rebuild: every projection from offset 0",
     "worker RSS, last third of the run",
+    "one worker: a backlog applied (all six projections)",
     "engine CPU per realistic entry (6 projections, PostgreSQL + Redis, batches of 200)",
     "pure folds per entry, all six projections (no stores)",
 )
@@ -33,6 +34,7 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
         assert math.isfinite(figure.value) and figure.value > 0, name
         assert figure.baseline is not None and figure.baseline > 0, name
     assert figures["hot path entries measured"].value >= 1000
+    assert figures["one worker: entries of the backlog"].value >= QUICK.one_worker_entries
     ratio = figures["engine CPU / validated decode (goal: at most 5x)"]
     engine = figures[BESIDE_A_BASELINE[-2]]
     assert engine.baseline is not None
