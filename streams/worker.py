@@ -434,6 +434,11 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
     async def check_health() -> None:
         if STOP.requested:
             return
+        if not started.is_set():  # the engine is starting (Redis views refilled from PostgreSQL)
+            waited = time.monotonic() - health.started
+            if waited > settings.start_timeout_s + settings.worker_stall_s:
+                _exit(EXIT_STALLED, f"stalled: the engine has not started in {waited:.0f}s")
+            return
         try:
             assignment = app.consumer.assignment()
         except Exception:  # the consumer is not started yet (or is stopping)
