@@ -138,7 +138,7 @@ def infra_status(
                     h.worker_id,
                     h.group,
                     d["state"],
-                    f"{h.behind:,}",
+                    f"{h.behind:,}" if h.lag else "unknown",
                     str(len(h.lag)),
                     "never" if ago is None else f"{ago:.0f}s ago",
                 )
@@ -146,7 +146,8 @@ def infra_status(
     if stalled:
         for bad in stalled:
             err.print(
-                f"[red]stalled:[/] worker {bad.worker_id} has applied nothing for over "
+                f"[red]stalled:[/] worker {bad.worker_id} (faust pid {bad.pid}) has applied "
+                f"nothing for over "
                 f"{stall_s:g}s while {bad.behind:,} entries wait on its partitions"
             )
         raise typer.Exit(code=1)

@@ -10,6 +10,7 @@ and a clock, tested without services; the row I/O is at the end of the module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -99,7 +100,18 @@ def stall(health: Health, lag: Mapping[TP, int], stall_s: float, now: float) -> 
 
 
 def worker_id(pid: int | None = None) -> str:
-    return f"{socket.gethostname()}:{pid or os.getpid()}"
+    """A worker's row key: its supervisor's pid when supervised, so the row (with its restart
+    count and last exit) lasts across the faust processes the supervisor starts."""
+    if pid is None:
+        pid = _supervisor_pid() or os.getpid()
+    return f"{socket.gethostname()}:{pid}"
+
+
+def _supervisor_pid() -> int | None:
+    try:
+        return int(os.environ.get("AGENTLEDGER_WORKER_SUPERVISOR", "")) or None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -140,9 +152,11 @@ async def report(
         INSERT INTO al_worker_health (worker_id, host, pid, grp, projections, started_at,
             reported_at, last_applied_at, batches, records, lag, topics, restarts, last_exit)
         VALUES (%s, %s, %s, %s, %s, %s, now(), %s, %s, %s, %s, %s, %s, %s)
-        ON CONFLICT (worker_id) DO UPDATE SET reported_at = now(),
-            last_applied_at = EXCLUDED.last_applied_at, batches = EXCLUDED.batches,
-            records = EXCLUDED.records, lag = EXCLUDED.lag, topics = EXCLUDED.topics
+        ON CONFLICT (worker_id) DO UPDATE SET reported_at = now(), pid = EXCLUDED.pid,
+            grp = EXCLUDED.grp, projections = EXCLUDED.projections,
+            started_at = EXCLUDED.started_at, last_applied_at = EXCLUDED.last_applied_at,
+            batches = EXCLUDED.batches, records = EXCLUDED.records, lag = EXCLUDED.lag,
+            topics = EXCLUDED.topics, restarts = EXCLUDED.restarts, last_exit = EXCLUDED.last_exit
         """,
         (
             worker_id(),
@@ -163,8 +177,36 @@ async def report(
 
 
 async def forget(conn: psycopg.AsyncConnection[Any]) -> None:
-    """A clean exit: this process's row goes."""
-    await conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(),))
+    """A clean exit of an unsupervised worker: its row goes (a supervisor's row is the
+    supervisor's to update or delete)."""
+    if _supervisor_pid() is None:
+        await conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(),))
+
+
+def restarting(dsn: str, supervisor_pid: int, restarts: int, last_exit: str) -> None:
+    """The supervisor's note between two faust processes (best effort): the row stays, its lag
+    is unknown until the next process reports, its restart count and last exit are current."""
+    with (
+        contextlib.suppress(Exception),
+        psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn,
+    ):
+        conn.execute(
+            """
+            UPDATE al_worker_health SET reported_at = now(), started_at = now(),
+                last_applied_at = NULL, lag = '{}'::jsonb, restarts = %s, last_exit = %s
+            WHERE worker_id = %s
+            """,
+            (restarts, last_exit, worker_id(supervisor_pid)),
+        )
+
+
+def forget_worker(dsn: str, pid: int) -> None:
+    """Delete a worker's row (best effort): the supervisor stopped; it applies nothing any more."""
+    with (
+        contextlib.suppress(Exception),
+        psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn,
+    ):
+        conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(pid),))
 
 
 # A row not refreshed for this long belongs to a process that is gone (killed, host lost).
@@ -178,6 +220,7 @@ class WorkerHealth:
     """One worker's row as ``infra status`` shows it."""
 
     worker_id: str
+    pid: int  # the faust process now reporting (the row's key is its supervisor's)
     group: str
     projections: str
     started_at: datetime
@@ -209,6 +252,7 @@ class WorkerHealth:
     def as_dict(self, stall_s: float) -> dict[str, Any]:
         return {
             "worker_id": self.worker_id,
+            "pid": self.pid,
             "group": self.group,
             "projections": self.projections,
             "started_at": self.started_at.isoformat(),
@@ -219,7 +263,7 @@ class WorkerHealth:
             "batches": self.batches,
             "records": self.records,
             "lag": self.lag,
-            "behind": self.behind,
+            "behind": self.behind if self.lag else None,  # no partitions reported: unknown
             "topics": self.topics,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
@@ -239,7 +283,7 @@ def read_health(dsn: str) -> list[WorkerHealth]:
         )
         rows = conn.execute(
             """
-            SELECT worker_id, grp, projections, started_at,
+            SELECT worker_id, pid, grp, projections, started_at,
                    extract(epoch FROM now() - reported_at)::float8,
                    extract(epoch FROM now() - last_applied_at)::float8,
                    batches, records, lag, topics, restarts, last_exit
@@ -249,17 +293,18 @@ def read_health(dsn: str) -> list[WorkerHealth]:
     return [
         WorkerHealth(
             str(r[0]),
-            str(r[1]),
+            int(r[1]),
             str(r[2]),
-            r[3],
-            float(r[4]),
-            None if r[5] is None else float(r[5]),
-            int(r[6]),
+            str(r[3]),
+            r[4],
+            float(r[5]),
+            None if r[6] is None else float(r[6]),
             int(r[7]),
-            {str(k): int(v) for k, v in dict(r[8]).items()},
-            int(r[9]),
+            int(r[8]),
+            {str(k): int(v) for k, v in dict(r[9]).items()},
             int(r[10]),
-            None if r[11] is None else str(r[11]),
+            int(r[11]),
+            None if r[12] is None else str(r[12]),
         )
         for r in rows
     ]

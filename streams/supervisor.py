@@ -23,11 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-import psycopg
-
 from infra.local import register_worker
 from infra.settings import Settings
-from streams.health import worker_id
+from streams.health import forget_worker, restarting
 
 EXIT_RESTART = 75  # streams.worker.EXIT_RESTART (not imported: faust stays out of this process)
 HEALTHY_RUN_S = 60.0  # a child that ran this long resets the backoff
@@ -100,9 +98,9 @@ class Supervisor:
                 if self.stopping is not None:
                     return 0 if code in (0, -signal.SIGTERM) else code
                 reason = _read(exit_file)
-                forget_worker(self.settings.pg_address, self.child.pid)
                 self.restarts += 1
                 self.last_exit = describe_exit(code, reason)
+                restarting(self.settings.pg_address, os.getpid(), self.restarts, self.last_exit)
                 ran = time.monotonic() - began
                 delay = next_delay(code, ran, delay, self.settings.worker_restart_max_backoff_s)
                 _say(
@@ -113,6 +111,7 @@ class Supervisor:
                 self._sleep(delay)
             return 0
         finally:
+            forget_worker(self.settings.pg_address, os.getpid())
             exit_file.unlink(missing_ok=True)
             note.unlink(missing_ok=True)
 
@@ -155,15 +154,6 @@ class Supervisor:
         end = time.monotonic() + seconds
         while self.stopping is None and time.monotonic() < end:
             time.sleep(min(0.2, end - time.monotonic()))
-
-
-def forget_worker(dsn: str, pid: int) -> None:
-    """Delete an ended child's health row (best effort): it applies nothing any more."""
-    with (
-        contextlib.suppress(Exception),
-        psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn,
-    ):
-        conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(pid),))
 
 
 def _read(path: Path) -> str | None:

@@ -49,6 +49,7 @@ def test_a_batch_running_longer_than_the_setting_is_a_stall_whatever_the_lag() -
 def _row(applied_ago: float | None, lag: dict[str, int], reported_ago: float = 1) -> WorkerHealth:
     return WorkerHealth(
         "host:1",
+        1,
         "g",
         "all",
         datetime.now(UTC) - timedelta(seconds=300),
