@@ -283,7 +283,7 @@ class _Memo(Generic[KeyT, ValueT]):
     calling again would give: no output can depend on what was computed before.
     """
 
-    def __init__(self, make: Callable[[KeyT], ValueT], kept: int = 8192) -> None:
+    def __init__(self, make: Callable[[KeyT], ValueT], kept: int = 4096) -> None:
         self._make = make
         self._kept = kept
         self._found: dict[int, tuple[KeyT, ValueT]] = {}
