@@ -29,6 +29,15 @@ drops the history it replaces. Recorded manifests store at most ``max_recorded_i
 the first ``max_findings`` with a total count. The working memory's index of the run's entry
 ids is what recorded manifests' sources are checked against. The memory's text is capped at
 ``working_memory_tokens``.
+
+Cost: a state keeps, besides what it stores, what it derived to make the next steps cheap (see
+:class:`_Derived`): the settled start of its last next turn (:class:`_Settled`, history no later
+entry can change: a next turn works out only what follows it), the last recorded manifest's
+parts (:class:`_Recorded`: a delta that only adds items extends them), its pool's tool calls.
+None of it is stored or compared: a reloaded state derives it all again, to the same bytes (the
+tests fold runs with states kept and reloaded). Frozen models the fold makes from its own valid
+data skip validation (:func:`_made`); pure functions of one frozen model are kept by identity
+(:class:`_Memo`), and so is each next-turn item's JSON, which :meth:`head_json` splices in.
 """
 
 from __future__ import annotations
@@ -572,15 +581,18 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         if turn is None:
             return super().head_json(state)
         kept = _derived(state.next_turn_json)
-        if kept is not None and kept[0] is turn:
-            items = kept[1]
-        else:
-            items = b",".join(map(_ITEM_JSON, turn.items))
+        pieces = (
+            kept[1] if kept is not None and kept[0] is turn else list(map(_ITEM_JSON, turn.items))
+        )
         bare = state.model_copy(update={"next_turn": turn.model_copy(update={"items": ()})})
         head = super().head_json(bare)
         empty = b'"items":[]'
         at = head.index(empty, head.rindex(b'"next_turn":'))  # (a key is never escaped)
-        return b"".join((head[:at], b'"items":[', items, b"]", head[at + len(empty) :]))
+        out = [head[:at], b'"items":[']
+        for n, piece in enumerate(pieces):
+            out += (b",", piece) if n else (piece,)
+        out += (b"]", head[at + len(empty) :])
+        return b"".join(out)
 
     def finish(self, state: ContextState) -> ContextState:
         """The next turn, once per batch: a pure function of the folded state (the settled
@@ -1316,14 +1328,14 @@ class _Settled(NamedTuple):
     sections: dict[str | None, int]  # tokens by section and in all (None), as _truncate counts
     runs: _Runs
     last_instruction: int  # the index of the last item in an instruction section (or -1)
-    json: bytes  # the items as JSON, comma-separated
+    json: tuple[bytes, ...]  # the items as JSON, in comma-separated pieces
     call_ids: frozenset[str | None]
     result_keys: frozenset[str]  # their results' source entry ids ("" for none)
 
 
 def _nothing_settled(budget: ContextBudget) -> _Settled:
     return _Settled(
-        budget, (), 0, (), (), 0, (), (), (), _NO_SUMS, {}, _NO_RUNS, -1, b"", frozenset(),
+        budget, (), 0, (), (), 0, (), (), (), _NO_SUMS, {}, _NO_RUNS, -1, (), frozenset(),
         frozenset(),
     )  # fmt: skip
 
@@ -1568,7 +1580,7 @@ def _settle(pool: tuple[ManifestItem, ...], settled: _Settled, units: list[_Unit
         sections=_added_counts(settled.sections, sections),
         runs=_runs_after(settled.runs, items),
         last_instruction=settled.last_instruction if last is None else len(settled.items) + last,
-        json=b",".join(filter(None, (settled.json, *map(_ITEM_JSON, items)))),
+        json=(*settled.json, b",".join(map(_ITEM_JSON, items))),
         call_ids=settled.call_ids | {u.first.tool_call_id for u in added if len(u.items) == 2},
         result_keys=settled.result_keys | {_result_key(u.result) for u in added if u.result},
     )
@@ -2055,14 +2067,13 @@ def _truncate(
     return kept, dropped, tuple(over)
 
 
-def _items_json(turn: _Turn) -> bytes:
-    """The items of a next turn as JSON, comma-separated (the settled ones' made before)."""
+def _items_json(turn: _Turn) -> list[bytes]:
+    """The items of a next turn as JSON, in comma-separated pieces (the settled ones' made
+    before)."""
     if turn.parts is None:
-        return b",".join(map(_ITEM_JSON, turn.items))
+        return list(map(_ITEM_JSON, turn.items))
     before, settled, after = turn.parts
-    return b",".join(
-        filter(None, (*map(_ITEM_JSON, before), settled.json, *map(_ITEM_JSON, after)))
-    )
+    return [*map(_ITEM_JSON, before), *settled.json, *map(_ITEM_JSON, after)]
 
 
 def _item_json(item: ManifestItem) -> bytes:

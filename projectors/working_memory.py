@@ -297,6 +297,8 @@ def _indexed(index: RunIndex, entry: LedgerEntry) -> RunIndex:
     entries[entry.entry_id] = _outcome(entry)
     update: dict[str, object] = {"entries": entries}
     for part in entry.parts:
+        if not isinstance(part, _INDEXED_PARTS):  # (text, usage, ...: nothing to index)
+            continue
         if isinstance(part, ToolCallPart | ToolResultPart):
             calls = _own(update, "tool_calls", index.tool_calls)
             _index_call(calls, entries, part, entry.entry_id)
@@ -344,6 +346,10 @@ def _index_call(
 
 def _more_telling(entries: dict[str, Outcome], candidate: str, carrier: str) -> bool:
     return _TELLING[entries[candidate]] > _TELLING[entries.get(carrier, "agent")]
+
+
+# The parts that name a tool call or carry an artifact (see _artifact_ids).
+_INDEXED_PARTS = (ToolCallPart, ToolResultPart, DiffPart, VerificationPart, ArtifactRefPart)
 
 
 def _artifact_ids(part: object) -> list[str]:
