@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict
@@ -428,13 +429,13 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
         record, undone, why = _churned(churn, f, at)
         churn[f.path] = record
         if undone:
-            book.flag("overreach", f.path, why, (*_evidence(undone), at))
+            book.flag("overreach", f.path, why, (*undone, at))
         if record.times_edited >= self.churn_threshold:
             reason = (
                 f"edited {record.times_edited} times (threshold {self.churn_threshold}), "
                 f"+{record.lines_added} -{record.lines_deleted} lines in total"
             )
-            book.flag("churn", f.path, reason, _evidence(record.edits))
+            book.flag("churn", f.path, reason, record.edits)
         return record
 
     def _judge(
@@ -472,18 +473,26 @@ class _FlagBook:
         self._seq = seq
         self.raised: list[FlagKind] = []
 
-    def flag(self, kind: FlagKind, path: str, reason: str, evidence: tuple[Evidence, ...]) -> None:
+    def flag(
+        self, kind: FlagKind, path: str, reason: str, shown: Sequence[Evidence | FileEdit]
+    ) -> None:
+        """Raise or extend a flag with the entries that show it (edits are made evidence only
+        when the flag keeps them)."""
         old = self._flags.get((kind, path))
-        total = len({e.seq for e in evidence})
+        total = len({e.seq for e in shown})
+        kept: Sequence[Evidence | FileEdit] = shown
+        known: dict[int, Evidence] = {}
         if old is not None:
-            merged = {e.seq: e for e in (*old.evidence, *evidence)}
-            newest_known = max((e.seq for e in old.evidence), default=0)
+            known = {e.seq: e for e in old.evidence}
+            merged = {**known, **{e.seq: e for e in shown}}
+            newest_known = max(known, default=0)
             later = sum(1 for seq in merged if seq > newest_known)  # the middle was counted
             total = (old.evidence_total or len(old.evidence)) + later
-            evidence = tuple(merged[seq] for seq in sorted(merged))
-        if len(evidence) > FLAG_EVIDENCE_KEPT:
+            kept = [merged[seq] for seq in sorted(merged)]
+        if len(kept) > FLAG_EVIDENCE_KEPT:
             newest = FLAG_EVIDENCE_KEPT - FLAG_EVIDENCE_FIRST
-            evidence = (*evidence[:FLAG_EVIDENCE_FIRST], *evidence[-newest:])
+            kept = [*kept[:FLAG_EVIDENCE_FIRST], *kept[-newest:]]
+        evidence = tuple(_as_evidence(e, known) for e in kept)
         self._flags[(kind, path)] = DiffFlag.made(
             kind=kind,
             path=path,
@@ -498,8 +507,14 @@ class _FlagBook:
         return tuple(self._flags.values())
 
 
-def _evidence(edits: Iterable[FileEdit]) -> tuple[Evidence, ...]:
-    return tuple(Evidence.made(seq=e.seq, entry_id=e.entry_id) for e in edits)
+def _as_evidence(e: Evidence | FileEdit, known: dict[int, Evidence]) -> Evidence:
+    """``e`` as evidence: the flag's own when it holds the same, else made."""
+    if isinstance(e, Evidence):
+        return e
+    same = known.get(e.seq)
+    if same is not None and same.entry_id == e.entry_id:
+        return same
+    return Evidence.made(seq=e.seq, entry_id=e.entry_id)
 
 
 def _in_scope(path: str, scope: tuple[str, ...]) -> bool:
@@ -730,6 +745,7 @@ def _row(
 KEEP_ROWS = 64
 KEEP_SNAPSHOTS = 8
 KEEP_RESPONSES = 256
+_SEQ_THEN_ID = itemgetter(1, 0)  # a (response id, seq) item's sort key
 
 
 def _first_row_number(state: DiffTimeline) -> int:
@@ -916,7 +932,7 @@ def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
             seen = {**seen, response: entry.sequence_no}
             if len(seen) > KEEP_RESPONSES:  # the newest by seq, not by key order (jsonb
                 # reorders object keys, so a reloaded state's order is not its insertion order)
-                newest = sorted(seen.items(), key=lambda kv: (kv[1], kv[0]))[-KEEP_RESPONSES:]
+                newest = sorted(seen.items(), key=_SEQ_THEN_ID)[-KEEP_RESPONSES:]
                 seen = dict(newest)
         rows.append(_model_row(entry, part))
     if not rows:
