@@ -382,24 +382,30 @@ class FailureClassifications(ModelProjection[RunDiagnosis]):
         )
 
     def fold(self, state: RunDiagnosis, entry: LedgerEntry) -> RunDiagnosis:
-        observe = _OBSERVERS.get(entry.kind)
+        kind, seq = entry.kind, entry.sequence_no
+        observe = _OBSERVERS.get(kind)
         if observe is None or entry.run_id != state.run_id:
             return state
-        if entry.sequence_no <= state.last_sequence_no:
+        if seq <= state.last_sequence_no:
             return state
-        update: dict[str, Any] = {"last_sequence_no": entry.sequence_no}
-        evidence, changed = observe(state.evidence, entry)
-        finished, status, finished_ref = state.finished, state.status, state.finished_ref
-        if entry.kind is EntryKind.RUN_FINISHED:
-            finished, status = True, entry.run_status
-            finished_ref = _ref(entry, f"run finished {entry.run_status}")
-            update.update(finished=finished, status=status, finished_ref=finished_ref)
-            changed = True
-        if evidence is not state.evidence:
+        update: dict[str, Any] = {"last_sequence_no": seq}
+        before = state.evidence
+        evidence, changed = observe(before, entry)
+        if evidence is not before:
             update["evidence"] = evidence
+        if kind is EntryKind.RUN_FINISHED:
+            status = entry.run_status
+            update.update(
+                finished=True, status=status, finished_ref=_ref(entry, f"run finished {status}")
+            )
+            changed = True
         if changed:
             update["classification"] = _classify(
-                evidence, finished, status, finished_ref, self.taxonomy
+                evidence,
+                update.get("finished", state.finished),
+                update.get("status", state.status),
+                update.get("finished_ref", state.finished_ref),
+                self.taxonomy,
             )
         return state.model_copy(update=update)
 
@@ -564,8 +570,10 @@ def _error(ev: Evidence, entry: LedgerEntry) -> Observed:
 
 
 def _model_call(ev: Evidence, entry: LedgerEntry) -> Observed:
-    usage = next((p for p in entry.parts if isinstance(p, ModelUsagePart)), None)
-    if usage is None:
+    for usage in entry.parts:
+        if isinstance(usage, ModelUsagePart):
+            break
+    else:
         return ev, False
     response = usage.provider_response_id
     if response is not None and response in ev.recent_responses:
