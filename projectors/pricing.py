@@ -364,6 +364,8 @@ class _GenaiMemo:
                 return _Ask.CALC
             if info is not None and provider.id == "groq" and info.id in _GROQ_WHISPER:
                 return _Ask.CALC  # billed by audio seconds, a rule of calc_price's own
+            if len(self._models) >= _MAX_MODELS:  # names from the entries: keep it bounded
+                self._models.clear()
             self._models[key] = info
         if info is None:
             return _Ask.UNPRICED
@@ -377,6 +379,7 @@ class _GenaiMemo:
 
 
 _GROQ_WHISPER = frozenset({"whisper-large-v3", "whisper-large-v3-turbo"})
+_MAX_MODELS = 4096  # (provider, model) names remembered, found or not
 
 
 @dataclass(slots=True)
