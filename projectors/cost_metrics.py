@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped
+from projectors.base import BIGINT_MAX, HistoryRow, ModelProjection, QuickCopy
 from projectors.pricing import (
     ENTRY_FIELDS,
     NORMALIZER_VERSION,
@@ -131,33 +131,52 @@ class CostTotals(_Frozen):
         return self.latency_ms_sum / self.latency_calls if self.latency_calls else None
 
     def plus(self, call: CallCost) -> CostTotals:
-        reported = call.provider_reported_cost_usd
-        known = call.input_tokens is not None
-        return self.model_copy(
-            update={
-                "calls": self.calls + 1,
-                "failed_calls": self.failed_calls + (call.status != ModelCallStatus.OK),
-                "input_tokens": capped(self.input_tokens + (call.input_tokens or 0)),
-                "cached_input_tokens": capped(
-                    self.cached_input_tokens + (call.cached_input_tokens or 0)
-                ),
-                "output_tokens": capped(self.output_tokens + (call.output_tokens or 0)),
-                "reasoning_tokens": capped(self.reasoning_tokens + (call.reasoning_tokens or 0)),
-                "cache_write_input_tokens": capped(
-                    self.cache_write_input_tokens + (call.cache_write_input_tokens or 0)
-                ),
-                "latency_ms_sum": capped(self.latency_ms_sum + (call.latency_ms or 0)),
-                "latency_calls": self.latency_calls + (call.latency_ms is not None),
-                "usage_unknown_calls": self.usage_unknown_calls + (not known),
-                "cost_usd": self.cost_usd + (call.cost_usd or _ZERO),
-                "unpriced_calls": self.unpriced_calls + call.unpriced,
-                "reported_calls": self.reported_calls + (reported is not None),
-                "provider_reported_cost_usd": self.provider_reported_cost_usd + (reported or _ZERO),
-                "unpriced_reported_cost_usd": self.unpriced_reported_cost_usd
-                + ((reported or _ZERO) if call.cost_usd is None else _ZERO),
-                "cost_disagreements": self.cost_disagreements + call.cost_disagreement,
-            }
-        )
+        return self.added(_added_by(call))
+
+    def added(self, more: dict[str, Any]) -> CostTotals:
+        """These totals (of a CostTotals, not a subclass) with one more call, which adds
+        ``more`` (:func:`_added_by`, every field in order) to each sum; token sums stop at a
+        bigint."""
+        old = self.__dict__
+        new = {name: old[name] + value for name, value in more.items()}
+        for name in _TOKEN_SUMS:
+            if new[name] > BIGINT_MAX:
+                new[name] = BIGINT_MAX
+        return CostTotals.made(**new)
+
+
+def _added_by(call: CallCost) -> dict[str, Any]:
+    """What one counted call adds to each sum of :class:`CostTotals`, in its field order (an
+    unknown adds nothing)."""
+    reported = call.provider_reported_cost_usd
+    return {
+        "calls": 1,
+        "failed_calls": call.status != ModelCallStatus.OK,
+        "input_tokens": call.input_tokens or 0,
+        "cached_input_tokens": call.cached_input_tokens or 0,
+        "output_tokens": call.output_tokens or 0,
+        "reasoning_tokens": call.reasoning_tokens or 0,
+        "cache_write_input_tokens": call.cache_write_input_tokens or 0,
+        "latency_ms_sum": call.latency_ms or 0,
+        "latency_calls": call.latency_ms is not None,
+        "usage_unknown_calls": call.input_tokens is None,
+        "cost_usd": call.cost_usd or _ZERO,
+        "unpriced_calls": call.unpriced,
+        "reported_calls": reported is not None,
+        "provider_reported_cost_usd": reported or _ZERO,
+        "unpriced_reported_cost_usd": (reported or _ZERO) if call.cost_usd is None else _ZERO,
+        "cost_disagreements": call.cost_disagreement,
+    }
+
+
+_TOKEN_SUMS = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cache_write_input_tokens",
+    "latency_ms_sum",
+)
 
 
 class ReportedTotals(_Frozen):
@@ -229,12 +248,13 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             return _started(state, entry)
         totals = _reported_totals(entry)
         if totals is not None:
-            return self._judged(state.model_copy(update={"reported_totals": totals}))
+            return self._judged(state, {"reported_totals": totals})
         return state
 
-    def _judged(self, state: CostMetrics) -> CostMetrics:
-        """Budget and reported-totals flags for the state's current sums."""
-        t, r = state.totals, state.reported_totals
+    def _judged(self, state: CostMetrics, update: dict[str, Any]) -> CostMetrics:
+        """``state`` updated, with the budget and reported-totals flags of its new sums."""
+        t = update.get("totals", state.totals)
+        r = update.get("reported_totals", state.reported_totals)
         disagrees = False
         if r is not None and t.calls:
             disagrees = (
@@ -247,9 +267,9 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
                     and self._disagree(t.cost_usd, r.cost_usd)
                 )
             )
-        return state.model_copy(
-            update={"over_budget": _over(state), "reported_disagrees": disagrees}
-        )
+        update["over_budget"] = _over(state.task_budget_usd, t)
+        update["reported_disagrees"] = disagrees
+        return state.model_copy(update=update)
 
     def history(
         self, before: CostMetrics | None, after: CostMetrics, entry: LedgerEntry
@@ -264,16 +284,16 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
         ]
 
     def _model_call(self, state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
-        seen, calls, duplicates = state.seen_keys, [], 0
+        seen, fresh, calls, duplicates = state.seen_keys, set(), [], 0
         usages = [p for p in entry.parts if isinstance(p, ModelUsagePart)]
         for i, part in enumerate(usages):
             key = part.provider_response_id or (
                 entry.entry_id if i == 0 else f"{entry.entry_id}#{i}"
             )
-            if key in seen:
+            if key in seen or key in fresh:
                 duplicates += 1
                 continue
-            seen = seen | {key}
+            fresh.add(key)
             calls.append(self._call(part, entry, key))
         if not calls:
             if not duplicates:
@@ -281,7 +301,9 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             return state.model_copy(
                 update={"duplicate_reports": state.duplicate_reports + duplicates}
             )
-        return self._judged(_counted(state, calls, seen, duplicates, entry.occurred_at))
+        update = _counted(state, calls, duplicates, entry.occurred_at)
+        update["seen_keys"] = seen | fresh
+        return self._judged(state, update)
 
     def _call(self, part: ModelUsagePart, entry: LedgerEntry, key: str) -> CallCost:
         usage = normalize_usage(part)
@@ -314,7 +336,7 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             mismatch = (
                 usage.normalizer != ENTRY_FIELDS and not part.unknown_fields and counts != own
             )
-        return CallCost(
+        return CallCost.made(
             key=key,
             response_id=part.provider_response_id,
             entry_id=entry.entry_id,
@@ -323,7 +345,7 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             provider=part.provider,
             model=part.model,
             purpose=part.purpose,
-            status=part.status.value,
+            status=_STATUS_TEXT[part.status],
             input_tokens=counts[0],
             cached_input_tokens=counts[1],
             output_tokens=counts[2],
@@ -387,19 +409,21 @@ def _call_from_doc(row: Mapping[str, Any]) -> CallCost:
 
 def _started(state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
     budget = _budget(entry.metadata.get(BUDGET_KEY))
-    started = state.model_copy(
-        update={"task_budget_usd": budget, "first_at": state.first_at or entry.occurred_at}
+    return state.model_copy(
+        update={
+            "task_budget_usd": budget,
+            "first_at": state.first_at or entry.occurred_at,
+            "over_budget": _over(budget, state.totals),
+        }
     )
-    return started.model_copy(update={"over_budget": _over(started)})
 
 
-def _over(state: CostMetrics) -> bool:
+def _over(budget: Decimal | None, totals: CostTotals) -> bool:
     """Over the task budget by our priced cost plus the provider's reported cost of the calls we
     could not price (an unpriced call is never free to the budget)."""
-    budget = state.task_budget_usd
     if budget is None:
         return False
-    return state.totals.cost_usd + state.totals.unpriced_reported_cost_usd > budget
+    return totals.cost_usd + totals.unpriced_reported_cost_usd > budget
 
 
 RUN_TOTALS_REF = "agentledger.run-totals@1"
@@ -420,30 +444,25 @@ def _reported_totals(entry: LedgerEntry) -> ReportedTotals | None:
 
 
 def _counted(
-    state: CostMetrics,
-    calls: list[CallCost],
-    seen: frozenset[str],
-    duplicates: int,
-    at: datetime,
-) -> CostMetrics:
+    state: CostMetrics, calls: list[CallCost], duplicates: int, at: datetime
+) -> dict[str, Any]:
+    """The state's update for newly counted ``calls``."""
     totals, by_model, by_purpose = state.totals, dict(state.by_model), dict(state.by_purpose)
     for call in calls:
-        totals = totals.plus(call)
+        more = _added_by(call)
+        totals = totals.added(more)
         model = f"{call.provider}/{call.model}"
-        by_model[model] = by_model.get(model, _EMPTY).plus(call)
-        by_purpose[call.purpose] = by_purpose.get(call.purpose, _EMPTY).plus(call)
-    return state.model_copy(
-        update={
-            "totals": totals,
-            "by_model": by_model,
-            "by_purpose": by_purpose,
-            "duplicate_reports": state.duplicate_reports + duplicates,
-            "seen_keys": seen,
-            "first_at": state.first_at or at,
-            "last_at": at,
-            "latest": tuple(calls),
-        }
-    )
+        by_model[model] = by_model.get(model, _EMPTY).added(more)
+        by_purpose[call.purpose] = by_purpose.get(call.purpose, _EMPTY).added(more)
+    return {
+        "totals": totals,
+        "by_model": by_model,
+        "by_purpose": by_purpose,
+        "duplicate_reports": state.duplicate_reports + duplicates,
+        "first_at": state.first_at or at,
+        "last_at": at,
+        "latest": tuple(calls),
+    }
 
 
 def _usd(value: float | None) -> Decimal | None:
@@ -465,3 +484,4 @@ def _budget(text: str | None) -> Decimal | None:
 
 
 _EMPTY = CostTotals()
+_STATUS_TEXT = {s: s.value for s in ModelCallStatus}  # .value costs ~5x a look-up

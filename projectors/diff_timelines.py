@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from operator import itemgetter
 from typing import Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict
@@ -72,13 +74,14 @@ from schemas.models import (
     FileClassification,
     JsonPart,
     LedgerEntry,
+    ModelCallStatus,
     ModelUsagePart,
+    PermissionClass,
     RunStatus,
     TextPart,
     ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
-    UsageField,
     UtcDatetime,
     VerificationPart,
     VerificationStatus,
@@ -103,6 +106,19 @@ RowKind = Literal[
 Detail = dict[str, str | int | float | None]
 
 S = FileChangeStatus
+# The text of each member of the enums rows show (``.value`` costs ~5x a look-up; members of two
+# enums with the same text are equal keys, of the same value).
+_TEXT: dict[StrEnum, str] = {
+    m: m.value
+    for e in (
+        FileChangeStatus,
+        FileClassification,
+        ModelCallStatus,
+        PermissionClass,
+        ToolResultStatus,
+    )
+    for m in e
+}
 SCOPE_KEY = "scope"
 SUMMARY_CHARS = 100
 _SCOPE_SPLIT = re.compile(r"[,\s]+")
@@ -304,7 +320,18 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
 
     def _update(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
         kind = entry.kind
-        match kind:
+        match kind:  # the commonest first
+            case EntryKind.MODEL_CALL:
+                return _model_called(state, entry)
+            case EntryKind.ASSISTANT_RESPONSE:
+                plan = "plan" in entry.metadata
+                return _rows(state, _plan_row(entry) if plan else _assistant_row(entry))
+            case EntryKind.TOOL_CALL_REQUEST:
+                return _tool_requested(state, entry)
+            case EntryKind.TOOL_CALL_RESULT:
+                return self._tool_result(state, entry)
+            case EntryKind.DIFF_SNAPSHOT:
+                return self._snapshot(state, entry)
             case EntryKind.RUN_STARTED | EntryKind.USER_TASK:
                 return _started(state, entry)
             case EntryKind.RUN_FINISHED:
@@ -313,17 +340,6 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
                 text = _text(entry)
                 row = _row(entry, "summary", _clip(text or "run summary"), text=_whole(text))
                 return _rows(state, row)
-            case EntryKind.ASSISTANT_RESPONSE:
-                plan = "plan" in entry.metadata
-                return _rows(state, _plan_row(entry) if plan else _assistant_row(entry))
-            case EntryKind.TOOL_CALL_REQUEST:
-                return _tool_requested(state, entry)
-            case EntryKind.TOOL_CALL_RESULT:
-                return self._tool_result(state, entry)
-            case EntryKind.MODEL_CALL:
-                return _model_called(state, entry)
-            case EntryKind.DIFF_SNAPSHOT:
-                return self._snapshot(state, entry)
             case EntryKind.VERIFIER_RESULT:
                 return _verified(state, entry)
             case EntryKind.JUDGE_RESULT:
@@ -357,6 +373,7 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
         rows = list(state.rows)
         base = _first_row_number(state)
         late: list[tuple[int, TimelineRow]] = []  # rows of calls no longer in the window
+        window: list[tuple[int, TimelineRow]] = []  # rows of calls in it
         calls = dict(state.open_calls)
         failing = state.failing_check
         for part in entry.parts:
@@ -371,15 +388,18 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
             row = _result_row(entry, part, call, rows[at] if kept else call.request)
             if kept:
                 rows[at] = row
+                if at < len(state.rows):
+                    window.append((call.row, row))
             else:
                 late.append((call.row, row))
             if self._test_tool.search(call.tool_name):
                 failing = _after_test_tool(failing, part.status, entry)
+        window.sort(key=_number)
         return {
             "rows": tuple(rows),
             "open_calls": calls,
             "failing_check": failing,
-            "finalized": tuple(late),
+            "finalized": (*late, *window),
         }
 
     # --- diff snapshots -----------------------------------------------------------------------
@@ -387,7 +407,7 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     def _snapshot(self, state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
         diffs = [p for p in entry.parts if isinstance(p, DiffPart)]
         files = tuple(f for d in diffs for f in d.files)
-        at = Evidence.model_construct(seq=entry.sequence_no, entry_id=entry.entry_id)
+        at = Evidence.made(seq=entry.sequence_no, entry_id=entry.entry_id)
         churn = dict(state.files)
         book = _FlagBook(state.flags, entry.sequence_no)
         for f in files:
@@ -409,20 +429,20 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
         record, undone, why = _churned(churn, f, at)
         churn[f.path] = record
         if undone:
-            book.flag("overreach", f.path, why, (*_evidence(undone), at))
+            book.flag("overreach", f.path, why, (*undone, at))
         if record.times_edited >= self.churn_threshold:
             reason = (
                 f"edited {record.times_edited} times (threshold {self.churn_threshold}), "
                 f"+{record.lines_added} -{record.lines_deleted} lines in total"
             )
-            book.flag("churn", f.path, reason, _evidence(record.edits))
+            book.flag("churn", f.path, reason, record.edits)
         return record
 
     def _judge(
         self, state: DiffTimeline, book: _FlagBook, f: DiffFile, record: FileChurn, at: Evidence
     ) -> None:
         failing = state.failing_check
-        status = f.status.value.lower()
+        status = _TEXT[f.status].lower()
         if f.classification is FileClassification.TEST and failing is not None:
             reason = (
                 f"test file {status} at seq {at.seq} after a failing check at seq {failing.seq}"
@@ -453,19 +473,27 @@ class _FlagBook:
         self._seq = seq
         self.raised: list[FlagKind] = []
 
-    def flag(self, kind: FlagKind, path: str, reason: str, evidence: tuple[Evidence, ...]) -> None:
+    def flag(
+        self, kind: FlagKind, path: str, reason: str, shown: Sequence[Evidence | FileEdit]
+    ) -> None:
+        """Raise or extend a flag with the entries that show it (edits are made evidence only
+        when the flag keeps them)."""
         old = self._flags.get((kind, path))
-        total = len({e.seq for e in evidence})
+        total = len({e.seq for e in shown})
+        kept: Sequence[Evidence | FileEdit] = shown
+        known: dict[int, Evidence] = {}
         if old is not None:
-            merged = {e.seq: e for e in (*old.evidence, *evidence)}
-            newest_known = max((e.seq for e in old.evidence), default=0)
+            known = {e.seq: e for e in old.evidence}
+            merged = {**known, **{e.seq: e for e in shown}}
+            newest_known = max(known, default=0)
             later = sum(1 for seq in merged if seq > newest_known)  # the middle was counted
             total = (old.evidence_total or len(old.evidence)) + later
-            evidence = tuple(merged[seq] for seq in sorted(merged))
-        if len(evidence) > FLAG_EVIDENCE_KEPT:
+            kept = [merged[seq] for seq in sorted(merged)]
+        if len(kept) > FLAG_EVIDENCE_KEPT:
             newest = FLAG_EVIDENCE_KEPT - FLAG_EVIDENCE_FIRST
-            evidence = (*evidence[:FLAG_EVIDENCE_FIRST], *evidence[-newest:])
-        self._flags[(kind, path)] = DiffFlag.model_construct(
+            kept = [*kept[:FLAG_EVIDENCE_FIRST], *kept[-newest:]]
+        evidence = tuple(_as_evidence(e, known) for e in kept)
+        self._flags[(kind, path)] = DiffFlag.made(
             kind=kind,
             path=path,
             reason=reason,
@@ -479,8 +507,14 @@ class _FlagBook:
         return tuple(self._flags.values())
 
 
-def _evidence(edits: Iterable[FileEdit]) -> tuple[Evidence, ...]:
-    return tuple(Evidence.model_construct(seq=e.seq, entry_id=e.entry_id) for e in edits)
+def _as_evidence(e: Evidence | FileEdit, known: dict[int, Evidence]) -> Evidence:
+    """``e`` as evidence: the flag's own when it holds the same, else made."""
+    if isinstance(e, Evidence):
+        return e
+    same = known.get(e.seq)
+    if same is not None and same.entry_id == e.entry_id:
+        return same
+    return Evidence.made(seq=e.seq, entry_id=e.entry_id)
 
 
 def _in_scope(path: str, scope: tuple[str, ...]) -> bool:
@@ -521,7 +555,7 @@ def _churned(
             net, undone, why = net or S.UNKNOWN, (), ""
         case _:
             assert_never(f.status)
-    edit = FileEdit.model_construct(
+    edit = FileEdit.made(
         seq=at.seq,
         entry_id=at.entry_id,
         status=f.status,
@@ -530,7 +564,7 @@ def _churned(
         reverted=bool(undone),
     )
     edits.append(edit)
-    record = FileChurn.model_construct(
+    record = FileChurn.made(
         path=f.path,
         classification=f.classification,
         times_edited=len(edits),
@@ -636,20 +670,21 @@ def _summary(churn: dict[str, FileChurn], snapshots: int) -> DiffSummary:
     by_class: dict[str, list[int]] = {}
     by_status: dict[str, int] = {}
     for record in churn.values():
-        totals = by_class.setdefault(record.classification.value, [0, 0, 0, 0])
+        totals = by_class.setdefault(_TEXT[record.classification], [0, 0, 0, 0])
         totals[0] += 1
         totals[2] += record.lines_added
         totals[3] += record.lines_deleted
         if record.net_status is not None:
             totals[1] += 1
-            by_status[record.net_status.value] = by_status.get(record.net_status.value, 0) + 1
+            net = _TEXT[record.net_status]
+            by_status[net] = by_status.get(net, 0) + 1
     classes = {
-        cls: ClassTotals.model_construct(
+        cls: ClassTotals.made(
             files_touched=t[0], files_changed=t[1], lines_added=t[2], lines_deleted=t[3]
         )
         for cls, t in sorted(by_class.items())
     }
-    return DiffSummary.model_construct(
+    return DiffSummary.made(
         snapshots=snapshots,
         files_touched=len(churn),
         files_changed=sum(t.files_changed for t in classes.values()),
@@ -667,7 +702,7 @@ def _snapshot_of(
     flags: tuple[FlagKind, ...],
 ) -> DiffSnapshot:
     first = diffs[0] if diffs else None
-    return DiffSnapshot.model_construct(
+    return DiffSnapshot.made(
         seq=entry.sequence_no,
         entry_id=entry.entry_id,
         occurred_at=entry.occurred_at,
@@ -694,7 +729,7 @@ def _row(
     detail: Detail | None = None,
     text: str | None = None,
 ) -> TimelineRow:
-    return TimelineRow.model_construct(
+    return TimelineRow.made(
         seq=entry.sequence_no,
         occurred_at=entry.occurred_at,
         kind=kind,
@@ -710,6 +745,7 @@ def _row(
 KEEP_ROWS = 64
 KEEP_SNAPSHOTS = 8
 KEEP_RESPONSES = 256
+_SEQ_THEN_ID = itemgetter(1, 0)  # a (response id, seq) item's sort key
 
 
 def _first_row_number(state: DiffTimeline) -> int:
@@ -718,23 +754,33 @@ def _first_row_number(state: DiffTimeline) -> int:
 
 
 def _settled(state: DiffTimeline, update: dict[str, object]) -> DiffTimeline:
-    """``state`` updated, with the rows this entry made final noted and the window trimmed."""
+    """``state`` updated, with the rows this entry made final noted and the window trimmed.
+
+    An update's ``rows`` are the state's with new rows appended and rows of the window replaced;
+    its ``finalized`` lists the replaced rows (by number: those out of the window first, then
+    those in it in order), so only the appended rows are looked at here."""
     late = update.pop("finalized", ())
     assert isinstance(late, tuple)
     rows = update.get("rows")
     if not isinstance(rows, tuple):
         update["finalized"] = late
         return state.model_copy(update=update)
-    old = state.rows
-    base = _first_row_number(state)
+    kept = len(state.rows)
+    total = max(state.rows_total, kept) + len(rows) - kept  # _first_row_number + len(rows)
+    number = total - len(rows) + kept  # of the first appended row
     final = list(late)
-    final += [
-        (base + i, r) for i, (r, was) in enumerate(zip(rows, old, strict=False)) if r is not was
-    ]
-    final += [(base + len(old) + i, r) for i, r in enumerate(rows[len(old) :]) if not _open(r)]
-    total = base + len(rows)
-    update.update(rows=rows[-KEEP_ROWS:], rows_total=total, finalized=tuple(final))
+    for r in rows[kept:]:
+        if r.kind != "tool" or r.status != "PENDING":  # not _open(r)
+            final.append((number, r))
+        number += 1
+    update["rows"] = rows[-KEEP_ROWS:]
+    update["rows_total"] = total
+    update["finalized"] = tuple(final)
     return state.model_copy(update=update)
+
+
+def _number(numbered: tuple[int, TimelineRow]) -> int:
+    return numbered[0]
 
 
 def _open(row: TimelineRow) -> bool:
@@ -816,13 +862,13 @@ def _tool_requested(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object
         detail: Detail = {
             "tool_call_id": part.tool_call_id,
             "tool_name": part.tool_name,
-            "permission_class": part.permission_class.value,
+            "permission_class": _TEXT[part.permission_class],
         }
         if part.approval_id is not None:
             detail["approval_id"] = part.approval_id
-        summary = f"{part.tool_name} requested ({part.permission_class.value})"
+        summary = f"{part.tool_name} requested ({_TEXT[part.permission_class]})"
         row = _row(entry, "tool", summary, status="PENDING", detail=detail)
-        calls[part.tool_call_id] = OpenCall.model_construct(
+        calls[part.tool_call_id] = OpenCall.made(
             row=base + len(rows),
             tool_name=part.tool_name,
             started_at=part.started_at,
@@ -837,7 +883,8 @@ def _result_row(
     entry: LedgerEntry, part: ToolResultPart, call: OpenCall | None, request: TimelineRow | None
 ) -> TimelineRow:
     name = call.tool_name if call is not None else part.tool_call_id
-    words = [name, part.status.value]
+    status = _TEXT[part.status]
+    words = [name, status]
     detail: Detail = dict(request.detail) if request is not None else {}
     detail["tool_call_id"] = part.tool_call_id
     detail["result_entry_id"] = entry.entry_id
@@ -856,7 +903,7 @@ def _result_row(
     return base.model_copy(
         update={
             "summary": summary,
-            "status": part.status.value,
+            "status": status,
             "artifact_id": artifact_id,
             "detail": detail,
             "text": _whole(part.summary, 60),
@@ -868,7 +915,7 @@ def _after_test_tool(
     failing: Evidence | None, status: ToolResultStatus, entry: LedgerEntry
 ) -> Evidence | None:
     if status in (ToolResultStatus.FAILED, ToolResultStatus.TIMED_OUT):
-        return Evidence.model_construct(seq=entry.sequence_no, entry_id=entry.entry_id)
+        return Evidence.made(seq=entry.sequence_no, entry_id=entry.entry_id)
     return None if status is ToolResultStatus.SUCCEEDED else failing
 
 
@@ -885,7 +932,7 @@ def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
             seen = {**seen, response: entry.sequence_no}
             if len(seen) > KEEP_RESPONSES:  # the newest by seq, not by key order (jsonb
                 # reorders object keys, so a reloaded state's order is not its insertion order)
-                newest = sorted(seen.items(), key=lambda kv: (kv[1], kv[0]))[-KEEP_RESPONSES:]
+                newest = sorted(seen.items(), key=_SEQ_THEN_ID)[-KEEP_RESPONSES:]
                 seen = dict(newest)
         rows.append(_model_row(entry, part))
     if not rows:
@@ -894,19 +941,14 @@ def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
 
 
 def _model_row(entry: LedgerEntry, u: ModelUsagePart) -> TimelineRow:
-    def count(name: UsageField, value: int) -> int | None:  # None: the source did not say (v3)
-        return value if u.known(name) else None
-
-    def text(value: int | None) -> str:
-        return "?" if value is None else f"{value:,}"
-
-    tokens_in = count("input_tokens", u.input_tokens)
-    cached = count("cached_input_tokens", u.cached_input_tokens)
-    out = count("output_tokens", u.output_tokens)
-    latency = count("latency_ms", u.latency_ms)
+    unknown = u.unknown_fields  # None: the source did not say (v3)
+    tokens_in = None if "input_tokens" in unknown else u.input_tokens
+    cached = None if "cached_input_tokens" in unknown else u.cached_input_tokens
+    out = None if "output_tokens" in unknown else u.output_tokens
+    latency = None if "latency_ms" in unknown else u.latency_ms
     summary = (
-        f"{u.provider}/{u.model} {u.purpose}: {text(tokens_in)} in "
-        f"({text(cached)} cached) / {text(out)} out, "
+        f"{u.provider}/{u.model} {u.purpose}: {_thousands(tokens_in)} in "
+        f"({_thousands(cached)} cached) / {_thousands(out)} out, "
         + (f"{latency / 1000:.1f}s" if latency is not None else "latency unknown")
     )
     detail: Detail = {
@@ -917,16 +959,20 @@ def _model_row(entry: LedgerEntry, u: ModelUsagePart) -> TimelineRow:
         "input_tokens": tokens_in,
         "cached_input_tokens": cached,
         "output_tokens": out,
-        "reasoning_tokens": count("reasoning_tokens", u.reasoning_tokens),
+        "reasoning_tokens": None if "reasoning_tokens" in unknown else u.reasoning_tokens,
         "latency_ms": latency,
         "context_entry_id": entry.causation.parent_entry_id,
         "cost_usd": None,  # joined in from the cost projection
     }
-    return _row(entry, "model-call", summary, status=u.status.value, detail=detail)
+    return _row(entry, "model-call", summary, status=_TEXT[u.status], detail=detail)
+
+
+def _thousands(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
 
 
 def _diff_row(entry: LedgerEntry, snap: DiffSnapshot, number: int) -> TimelineRow:
-    names = ", ".join(f"{f.path} {f.status.value}" for f in snap.files[:3])
+    names = ", ".join(f"{f.path} {_TEXT[f.status]}" for f in snap.files[:3])
     more = f" +{len(snap.files) - 3} more" if len(snap.files) > 3 else ""
     summary = (
         f"diff #{number}: {len(snap.files)} file{'' if len(snap.files) == 1 else 's'} "
@@ -949,7 +995,7 @@ def _verified(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     row = _verification_row(entry, "verifier")
     failing = state.failing_check
     if row.status in (VerificationStatus.ERROR, VerificationStatus.FAILED):
-        failing = Evidence.model_construct(seq=entry.sequence_no, entry_id=entry.entry_id)
+        failing = Evidence.made(seq=entry.sequence_no, entry_id=entry.entry_id)
     elif any(
         isinstance(p, VerificationPart) and p.status is VerificationStatus.PASSED
         for p in entry.parts

@@ -70,12 +70,12 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from enum import StrEnum
 from fnmatch import translate
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -350,6 +350,14 @@ class RunDiagnosis(_Frozen):
     classification: Classification
 
 
+# A check before its first result (what the first result updates).
+_NO_RESULTS = CheckHistory(
+    last_status=VerificationStatus.UNKNOWN, last=Ref(entry_id="-", seq=0, note="")
+)
+# The text of each status member (``.value`` costs ~5x a look-up).
+_TEXT: dict[StrEnum, str] = {m: m.value for e in (ModelCallStatus, ToolResultStatus) for m in e}
+
+
 # -- projection ----------------------------------------------------------------------------
 
 
@@ -374,24 +382,30 @@ class FailureClassifications(ModelProjection[RunDiagnosis]):
         )
 
     def fold(self, state: RunDiagnosis, entry: LedgerEntry) -> RunDiagnosis:
-        observe = _OBSERVERS.get(entry.kind)
+        kind, seq = entry.kind, entry.sequence_no
+        observe = _OBSERVERS.get(kind)
         if observe is None or entry.run_id != state.run_id:
             return state
-        if entry.sequence_no <= state.last_sequence_no:
+        if seq <= state.last_sequence_no:
             return state
-        update: dict[str, Any] = {"last_sequence_no": entry.sequence_no}
-        evidence, changed = observe(state.evidence, entry)
-        finished, status, finished_ref = state.finished, state.status, state.finished_ref
-        if entry.kind is EntryKind.RUN_FINISHED:
-            finished, status = True, entry.run_status
-            finished_ref = _ref(entry, f"run finished {entry.run_status}")
-            update.update(finished=finished, status=status, finished_ref=finished_ref)
-            changed = True
-        if evidence is not state.evidence:
+        update: dict[str, Any] = {"last_sequence_no": seq}
+        before = state.evidence
+        evidence, changed = observe(before, entry)
+        if evidence is not before:
             update["evidence"] = evidence
+        if kind is EntryKind.RUN_FINISHED:
+            status = entry.run_status
+            update.update(
+                finished=True, status=status, finished_ref=_ref(entry, f"run finished {status}")
+            )
+            changed = True
         if changed:
             update["classification"] = _classify(
-                evidence, finished, status, finished_ref, self.taxonomy
+                evidence,
+                update.get("finished", state.finished),
+                update.get("status", state.status),
+                update.get("finished_ref", state.finished_ref),
+                self.taxonomy,
             )
         return state.model_copy(update=update)
 
@@ -458,13 +472,13 @@ def explain(state: RunDiagnosis) -> str:
 
 
 def _ref(entry: LedgerEntry, note: str) -> Ref:
-    return Ref(entry_id=entry.entry_id, seq=entry.sequence_no, note=note)
+    return Ref.made(entry_id=entry.entry_id, seq=entry.sequence_no, note=note)
 
 
 def _tally(tally: Tally | None, ref: Ref) -> Tally:
     if tally is None:
-        return Tally(count=1, first=ref, last=ref)
-    return Tally(count=tally.count + 1, first=tally.first, last=ref)
+        return Tally.made(count=1, first=ref, last=ref)
+    return Tally.made(count=tally.count + 1, first=tally.first, last=ref)
 
 
 def _bump(tallies: dict[str, Tally], key: str, ref: Ref, cap: int = _MAX_KEYS) -> dict[str, Tally]:
@@ -519,7 +533,7 @@ def _tool_outcome(ev: Evidence, entry: LedgerEntry, part: ToolResultPart) -> Obs
         tally = (
             before.model_copy(update={"last_status": status, "last": ref})
             if before
-            else ToolTally(last_status=status, last=ref)
+            else ToolTally.made(failures={}, before_diff={}, last_status=status, last=ref)
         )
         update["tools"] = {**ev.tools, name: tally}
         moved = before is not None and before.last_status is not status
@@ -527,9 +541,12 @@ def _tool_outcome(ev: Evidence, entry: LedgerEntry, part: ToolResultPart) -> Obs
     failures = before.failures if before else {}
     early = before.before_diff if before else {}
     if ev.first_diff is None:
-        early = _bump(early, status.value, ref)
-    tally = ToolTally(
-        failures=_bump(failures, status.value, ref), before_diff=early, last_status=status, last=ref
+        early = _bump(early, _TEXT[status], ref)
+    tally = ToolTally.made(
+        failures=_bump(failures, _TEXT[status], ref),
+        before_diff=early,
+        last_status=status,
+        last=ref,
     )
     summary = _short_hash(part.summary)
     signature = f"tool:{name}:{status}:{part.exit_code}:{summary}"
@@ -553,8 +570,10 @@ def _error(ev: Evidence, entry: LedgerEntry) -> Observed:
 
 
 def _model_call(ev: Evidence, entry: LedgerEntry) -> Observed:
-    usage = next((p for p in entry.parts if isinstance(p, ModelUsagePart)), None)
-    if usage is None:
+    for usage in entry.parts:
+        if isinstance(usage, ModelUsagePart):
+            break
+    else:
         return ev, False
     response = usage.provider_response_id
     if response is not None and response in ev.recent_responses:
@@ -565,7 +584,7 @@ def _model_call(ev: Evidence, entry: LedgerEntry) -> Observed:
     if response is not None:
         update["recent_responses"] = (*ev.recent_responses, response)[-_MAX_RESPONSES:]
     if status is not ModelCallStatus.OK:
-        update["model_calls"] = _bump(ev.model_calls, status.value, ref)
+        update["model_calls"] = _bump(ev.model_calls, _TEXT[status], ref)
     moved = status is not ModelCallStatus.OK or ev.last_model_status not in (
         None,
         ModelCallStatus.OK,
@@ -597,7 +616,7 @@ def _check(ev: Evidence, entry: LedgerEntry, part: VerificationPart) -> Evidence
     status = part.status
     ref = _ref(entry, f"check {key} {status}")
     verdict = _VERDICTS.get(status)
-    h = old or CheckHistory(last_status=status, last=ref)
+    h = old or _NO_RESULTS.model_copy(update={"last_status": status, "last": ref})
     flipped = (
         verdict is not None
         and h.verdict is not None
@@ -675,8 +694,7 @@ _OBSERVERS: dict[EntryKind, Callable[[Evidence, LedgerEntry], Observed]] = {
 # -- classification ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Facts:
+class _Facts(NamedTuple):
     ev: Evidence
     finished: bool
     status: RunStatus | None
@@ -686,6 +704,8 @@ class _Facts:
 
 
 Match = tuple[list[Ref], list[str]]  # evidence entries, phrases for the explanation
+# One key of a condition, ready to test: its evidence and phrases when it holds, else None.
+Check = Callable[[_Facts], Match | None]
 
 
 def _classify(
@@ -702,15 +722,15 @@ def _classify(
     loop = count >= taxonomy.repair_loop.threshold
     facts = _Facts(ev, finished, status, finished_ref, loop, signature)
     rule_id, failure_class, why, found = "(no rule matched)", UNKNOWN_CLASS, "no rule matched", None
-    for rule in taxonomy.rules:
-        found = _match(rule.when, facts)
+    for rule, check in _compiled_rules(taxonomy):
+        found = check(facts)
         if found is not None:
             rule_id, failure_class, why = rule.id, rule.failure_class, rule.explain
             break
     refs, phrases = found or ([], [])
     if finished_ref is not None:
         refs = [*refs, finished_ref]
-    return Classification(
+    return Classification.made(
         failure_class=failure_class,
         rule=rule_id,
         taxonomy_version=taxonomy.version,
@@ -740,147 +760,224 @@ def _evidence(refs: list[Ref]) -> tuple[Ref, ...]:
     return (*ordered[: _MAX_REFS - 1], ordered[-1])  # keep the end of the run
 
 
-def _match(c: Condition, f: _Facts) -> Match | None:
-    """The evidence and phrases when every key of ``c`` holds, else None."""
-    refs: list[Ref] = []
-    phrases: list[str] = []
-    for found in _atoms(c, f):
-        if found is None:
-            return None
-        refs += found[0]
-        phrases += found[1]
-    return refs, phrases
+# Taxonomies whose rules were compiled (by id, with the taxonomy itself so the id stays its).
+_COMPILED: dict[int, tuple[Taxonomy, tuple[tuple[Rule, Check], ...]]] = {}
 
 
-def _atoms(c: Condition, f: _Facts) -> Iterable[Match | None]:
+def _compiled_rules(taxonomy: Taxonomy) -> tuple[tuple[Rule, Check], ...]:
+    """The taxonomy's rules, each with its condition compiled (once per taxonomy)."""
+    held = _COMPILED.get(id(taxonomy))
+    if held is None or held[0] is not taxonomy:
+        if len(_COMPILED) >= 8:
+            _COMPILED.clear()
+        rules = tuple((rule, _compiled(rule.when)) for rule in taxonomy.rules)
+        held = _COMPILED[id(taxonomy)] = (taxonomy, rules)
+    return held[1]
+
+
+def _compiled(c: Condition) -> Check:
+    """``c`` as one check: the evidence and phrases of its keys, tested in order, when every
+    one holds; None when one does not."""
+    checks: list[Check] = []
     if c.finished is not None:
-        yield ([], []) if f.finished == c.finished else None
+        checks.append(_finished_is(c.finished))
     if c.status is not None:
-        yield _status(c.status, f)
+        checks.append(_status(c.status))
     if c.error is not None:
-        yield _errors(c.error, f.ev)
+        checks.append(_errors(c.error))
     if c.model_call is not None:
-        yield _model_calls(c.model_call, f.ev)
+        checks.append(_model_calls(c.model_call))
     if c.tool is not None:
-        yield _tools(c.tool, f.ev)
+        checks.append(_tools(c.tool))
     if c.verifier is not None:
-        yield _checks(c.verifier, f.ev)
+        checks.append(_checks(c.verifier))
     if c.approval is not None:
-        yield _approvals(c.approval, f.ev)
+        checks.append(_approvals(c.approval))
     if c.repair_loop is not None:
-        yield _repair(c.repair_loop, f)
+        checks.append(_repair(c.repair_loop))
     if c.any_of is not None:
-        yield next((m for m in (_match(s, f) for s in c.any_of) if m is not None), None)
+        checks.append(_any(tuple(_compiled(s) for s in c.any_of)))
     if c.all_of is not None:
-        yield _all(c.all_of, f)
+        checks.append(_every(tuple(_compiled(s) for s in c.all_of)))
     if c.not_ is not None:
-        yield ([], []) if _match(c.not_, f) is None else None
+        checks.append(_not(_compiled(c.not_)))
+    return checks[0] if len(checks) == 1 else _every(tuple(checks))
 
 
-def _all(conditions: tuple[Condition, ...], f: _Facts) -> Match | None:
-    refs: list[Ref] = []
-    phrases: list[str] = []
-    for sub in conditions:
-        found = _match(sub, f)
-        if found is None:
+def _every(checks: tuple[Check, ...]) -> Check:
+    def check(f: _Facts) -> Match | None:
+        refs: list[Ref] = []
+        phrases: list[str] = []
+        for each in checks:
+            found = each(f)
+            if found is None:
+                return None
+            refs += found[0]
+            phrases += found[1]
+        return refs, phrases
+
+    return check
+
+
+def _any(checks: tuple[Check, ...]) -> Check:
+    def check(f: _Facts) -> Match | None:
+        for each in checks:
+            found = each(f)
+            if found is not None:
+                return found
+        return None
+
+    return check
+
+
+def _not(negated: Check) -> Check:
+    return lambda f: ([], []) if negated(f) is None else None
+
+
+def _finished_is(finished: bool) -> Check:
+    return lambda f: ([], []) if f.finished == finished else None
+
+
+def _status(statuses: tuple[RunStatus, ...]) -> Check:
+    def check(f: _Facts) -> Match | None:
+        if f.status is None or f.status not in statuses:
             return None
-        refs += found[0]
-        phrases += found[1]
-    return refs, phrases
+        return ([f.finished_ref] if f.finished_ref else []), [f"run finished {f.status}"]
+
+    return check
 
 
-def _status(statuses: tuple[RunStatus, ...], f: _Facts) -> Match | None:
-    if f.status is None or f.status not in statuses:
-        return None
-    return ([f.finished_ref] if f.finished_ref else []), [f"run finished {f.status}"]
-
-
-def _repair(wanted: bool, f: _Facts) -> Match | None:
-    if f.loop != wanted:
-        return None
-    tally = f.ev.signatures.get(f.loop_signature or "")
-    if not wanted or tally is None:
-        return [], []
-    return [tally.first, tally.last], [f"repair loop: {f.loop_signature} x{tally.count}"]
-
-
-def _errors(c: ErrorCondition, ev: Evidence) -> Match | None:
-    match = _matcher(c.category)
-    if c.last:
-        picked = [ev.last_error] if ev.last_error and match(ev.last_error) else []
-    else:
-        picked = [k for k in ev.errors if match(k)]
-    tallies = [(k, ev.errors[k]) for k in picked]
-    if not tallies or sum(t.count for _, t in tallies) < c.min_count:
-        return None
-    refs = [r for _, t in tallies for r in ((t.last,) if c.last else (t.first, t.last))]
-    return refs, [f"error {k} x{t.count}" for k, t in tallies]
-
-
-def _model_calls(c: ModelCallCondition, ev: Evidence) -> Match | None:
-    if c.last:
-        ref = ev.last_model_call
-        if ev.last_model_status not in c.status or ref is None:
+def _repair(wanted: bool) -> Check:
+    def check(f: _Facts) -> Match | None:
+        if f.loop != wanted:
             return None
-        return [ref], [f"last model call {ev.last_model_status}"]
-    tallies = [(s.value, ev.model_calls[s.value]) for s in c.status if s.value in ev.model_calls]
-    if sum(t.count for _, t in tallies) < c.min_count:
-        return None
-    return [r for _, t in tallies for r in (t.first, t.last)], [
-        f"model calls {k} x{t.count}" for k, t in tallies
-    ]
+        tally = f.ev.signatures.get(f.loop_signature or "")
+        if not wanted or tally is None:
+            return [], []
+        return [tally.first, tally.last], [f"repair loop: {f.loop_signature} x{tally.count}"]
+
+    return check
 
 
-def _tools(c: ToolCondition, ev: Evidence) -> Match | None:
+# The checks of the evidence keys below read their condition's fields once, when compiled.
+
+
+def _errors(c: ErrorCondition) -> Check:
+    match, last, min_count = _matcher(c.category), c.last, c.min_count
+
+    def check(f: _Facts) -> Match | None:
+        ev = f.ev
+        if last:
+            picked = [ev.last_error] if ev.last_error and match(ev.last_error) else []
+        else:
+            picked = [k for k in ev.errors if match(k)]
+        tallies = [(k, ev.errors[k]) for k in picked]
+        if not tallies or sum(t.count for _, t in tallies) < min_count:
+            return None
+        refs = [r for _, t in tallies for r in ((t.last,) if last else (t.first, t.last))]
+        return refs, [f"error {k} x{t.count}" for k, t in tallies]
+
+    return check
+
+
+def _model_calls(c: ModelCallCondition) -> Check:
+    statuses, last, min_count = c.status, c.last, c.min_count
+    keys = [_TEXT[s] for s in statuses]
+
+    def check(f: _Facts) -> Match | None:
+        ev = f.ev
+        if last:
+            ref = ev.last_model_call
+            if ev.last_model_status not in statuses or ref is None:
+                return None
+            return [ref], [f"last model call {ev.last_model_status}"]
+        calls = ev.model_calls
+        tallies = [(k, calls[k]) for k in keys if k in calls]
+        if sum(t.count for _, t in tallies) < min_count:
+            return None
+        return [r for _, t in tallies for r in (t.first, t.last)], [
+            f"model calls {k} x{t.count}" for k, t in tallies
+        ]
+
+    return check
+
+
+def _tools(c: ToolCondition) -> Check:
     named, excluded = _matcher(c.names), _matcher(c.not_names)
-    refs: list[Ref] = []
-    phrases: list[str] = []
-    total = 0
-    for name, tool in ev.tools.items():
-        if not named(name) or excluded(name) or (c.last and tool.last_status not in c.status):
-            continue
-        source = tool.before_diff if c.before_diff else tool.failures
-        tallies = [(s.value, source[s.value]) for s in c.status if s.value in source]
-        n = sum(t.count for _, t in tallies)
-        if c.before_diff and n == 0:
-            continue
-        if c.last:
-            n = max(n, 1)
-            refs.append(tool.last)
-        total += n
-        refs += [r for _, t in tallies for r in (t.first, t.last)]
-        when = " before any code change" if c.before_diff else ""
-        phrases += [f"{name} {k} x{t.count}{when}" for k, t in tallies]
-        if c.last:
-            phrases.append(f"{name} last {tool.last_status}")
-    return (refs, phrases) if total >= c.min_count and refs else None
+    statuses, last, before_diff, min_count = c.status, c.last, c.before_diff, c.min_count
+    keys = [_TEXT[s] for s in statuses]
+    when = " before any code change" if before_diff else ""
+    chosen: dict[str, bool] = {}  # tool name -> whether the condition looks at that tool
+
+    def check(f: _Facts) -> Match | None:
+        refs: list[Ref] = []
+        phrases: list[str] = []
+        total = 0
+        for name, tool in f.ev.tools.items():
+            looked = chosen.get(name)
+            if looked is None:
+                if len(chosen) >= _MAX_CHOSEN:
+                    chosen.clear()
+                looked = chosen[name] = bool(named(name)) and not excluded(name)
+            if not looked or (last and tool.last_status not in statuses):
+                continue
+            source = tool.before_diff if before_diff else tool.failures
+            tallies = [(k, source[k]) for k in keys if k in source]
+            n = sum(t.count for _, t in tallies)
+            if before_diff and n == 0:
+                continue
+            if last:
+                n = max(n, 1)
+                refs.append(tool.last)
+            total += n
+            refs += [r for _, t in tallies for r in (t.first, t.last)]
+            phrases += [f"{name} {k} x{t.count}{when}" for k, t in tallies]
+            if last:
+                phrases.append(f"{name} last {tool.last_status}")
+        return (refs, phrases) if total >= min_count and refs else None
+
+    return check
 
 
-def _checks(c: VerifierCondition, ev: Evidence) -> Match | None:
-    named = _matcher(c.checks)
-    for key, h in ev.checks.items():
-        if not named(key) or (c.last_status and h.last_status not in c.last_status):
-            continue
-        if c.failed_before_diff and h.failed_before_diff is None:
-            continue
-        if h.flips < c.min_flips or h.failures < c.min_failures:
-            continue
-        refs = [h.last]
-        phrase = f"check {key}: last {h.last_status}, {h.failures} failed, {h.passes} passed"
-        if c.failed_before_diff and h.failed_before_diff is not None:
-            refs.append(h.failed_before_diff)
-            phrase += ", failed before any code change"
-        if c.min_flips:
-            refs += h.flip_refs
-            phrase += f", {h.flips} pass/fail flips on the same code"
-        return refs, [phrase]
-    return None
+_MAX_CHOSEN = 4096  # tool names remembered per tool condition
 
 
-def _approvals(c: ApprovalCondition, ev: Evidence) -> Match | None:
-    latest = [ev.last_approval] if ev.last_approval else []
-    picked = latest if c.last else list(ev.approvals)
-    tallies = [(d, ev.approvals[d]) for d in picked if d in c.decision and d in ev.approvals]
-    if not tallies:
+def _checks(c: VerifierCondition) -> Check:
+    named, last_status = _matcher(c.checks), c.last_status
+    failed_before_diff, min_flips, min_failures = c.failed_before_diff, c.min_flips, c.min_failures
+
+    def check(f: _Facts) -> Match | None:
+        for key, h in f.ev.checks.items():
+            if not named(key) or (last_status and h.last_status not in last_status):
+                continue
+            if failed_before_diff and h.failed_before_diff is None:
+                continue
+            if h.flips < min_flips or h.failures < min_failures:
+                continue
+            refs = [h.last]
+            phrase = f"check {key}: last {h.last_status}, {h.failures} failed, {h.passes} passed"
+            if failed_before_diff and h.failed_before_diff is not None:
+                refs.append(h.failed_before_diff)
+                phrase += ", failed before any code change"
+            if min_flips:
+                refs += h.flip_refs
+                phrase += f", {h.flips} pass/fail flips on the same code"
+            return refs, [phrase]
         return None
-    return [t.last for _, t in tallies], [f"approval {d} x{t.count}" for d, t in tallies]
+
+    return check
+
+
+def _approvals(c: ApprovalCondition) -> Check:
+    decisions, last = c.decision, c.last
+
+    def check(f: _Facts) -> Match | None:
+        ev = f.ev
+        latest = [ev.last_approval] if ev.last_approval else []
+        picked = latest if last else list(ev.approvals)
+        tallies = [(d, ev.approvals[d]) for d in picked if d in decisions and d in ev.approvals]
+        if not tallies:
+            return None
+        return [t.last for _, t in tallies], [f"approval {d} x{t.count}" for d, t in tallies]
+
+    return check

@@ -62,15 +62,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from enum import Enum
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from projectors.base import BIGINT_MAX
 from schemas.errors import AgentLedgerError
 from schemas.models import ModelUsagePart
+
+if TYPE_CHECKING:
+    from genai_prices.data_snapshot import DataSnapshot
+    from genai_prices.types import ModelInfo, TieredPrices
+    from genai_prices.types import ModelPrice as GenaiModelPrice
 
 NORMALIZER_VERSION = 2
 ENTRY_FIELDS = "entry-fields"
@@ -247,34 +253,241 @@ _GENAI_PROVIDERS = {"meta": "groq"}
 class GenaiPrices:
     """Pydantic's maintained price database (`genai-prices`): historic prices by date, cache
     read and write rates, per-request tiers (long context). Only its bundled data is read (no
-    network update), so its package version is its data version."""
+    network update), so its package version is its data version.
+
+    ``genai_prices.calc_price`` costs ~0.2 ms a call, nearly all of it work that depends on the
+    price alone: :class:`_GenaiMemo` does that work once per price and gives the same Decimal."""
 
     def __init__(self) -> None:
         from importlib.metadata import version
 
         self.version = f"genai-prices {version('genai-prices')}"
+        self._memo: _GenaiMemo | None = None
 
     def price_call(
         self, provider: str, model: str, at: datetime, usage: Usage
     ) -> PricedCall | None:
+        provider_id = _GENAI_PROVIDERS.get(provider.lower(), provider.lower())
+        counts = (usage.input, usage.cached_input, usage.cache_write or 0, usage.output)
+        memo = self._memo
+        if memo is None or memo.stale():
+            memo = self._memo = _GenaiMemo.of_current_data()
+        total = memo.total(provider_id, model, at, counts)
+        if total is _Ask.CALC:  # a case the memo leaves to genai-prices (which may raise)
+            total = _calc_total(provider_id, model, at, counts)
+        if isinstance(total, _Ask):
+            return None  # genai-prices has no such model
+        return PricedCall(Decimal(total), None, self.version)
+
+
+def _calc_total(
+    provider_id: str, model: str, at: datetime, counts: tuple[int, int, int, int]
+) -> Decimal | _Ask:
+    """``genai_prices.calc_price`` itself: the call's total price, or UNPRICED."""
+    import genai_prices
+
+    input_tokens, cache_read, cache_write, output_tokens = counts
+    usage = genai_prices.Usage(
+        input_tokens=input_tokens,
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
+        output_tokens=output_tokens,
+    )
+    try:
+        found = genai_prices.calc_price(
+            usage, model_ref=model, provider_id=provider_id, genai_request_timestamp=at
+        )
+    except LookupError:
+        return _Ask.UNPRICED
+    return found.total_price
+
+
+# The genai-prices release whose calc_price :class:`_GenaiMemo` reproduces (the one pinned in
+# pyproject.toml); with any other every call goes to calc_price until the memo is checked
+# against it (tests/unit/test_cost_metrics.py compares the two over the whole database).
+_GENAI_CHECKED = "0.2.3"
+# The usage keys GenaiPrices reports, in the order of its counts (all four always given).
+_GENAI_KEYS = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens")
+
+
+class _Ask(Enum):
+    UNPRICED = "genai-prices has no such model"
+    CALC = "ask calc_price itself"
+
+
+class _GenaiMemo:
+    """``calc_price`` of one genai-prices data snapshot, its per-price work done once.
+
+    Per call ``calc_price`` finds the model (cached by genai-prices too), picks the price in
+    effect at the call's time (:meth:`ModelInfo.get_prices`, still per call: a period may start
+    on a date or cover hours of every day), then validates that price's units and decomposes
+    the usage into the count each unit is charged for. The validation and the decomposition's
+    shape depend on the price alone, so :class:`_GenaiRates` does them once per price, then
+    charges each call's counts with genai-prices' own ``calc_unit_price``, unit by unit in its
+    order: the same Decimal to the last digit and exponent. What the memo is not sure of (a
+    price that fails validation, a usage genai-prices refuses, a model with a rule of its own,
+    a genai-prices release not checked) it leaves to ``calc_price`` (:data:`_Ask.CALC`).
+    """
+
+    def __init__(self, snapshot: DataSnapshot | None, current: Callable[[], DataSnapshot]) -> None:
+        self.snapshot = snapshot  # None: a release not checked, every call to calc_price
+        self._current = current
+        self._models: dict[tuple[str, str], ModelInfo | None] = {}
+        self._rates: dict[int, tuple[GenaiModelPrice, _GenaiRates | None]] = {}
+
+    @classmethod
+    def of_current_data(cls) -> _GenaiMemo:
+        from genai_prices import __version__, data_snapshot
+
+        current = data_snapshot.get_snapshot
+        return cls(current() if __version__ == _GENAI_CHECKED else None, current)
+
+    def stale(self) -> bool:
+        """Whether genai-prices' data changed (a custom snapshot was set in the process)."""
+        return self.snapshot is not None and self._current() is not self.snapshot
+
+    def total(
+        self, provider_id: str, model: str, at: datetime, counts: tuple[int, int, int, int]
+    ) -> Decimal | _Ask:
+        """The call's total price as ``calc_price`` gives it, else what to do."""
+        if self.snapshot is None:
+            return _Ask.CALC
+        key = (provider_id, model)
+        if key in self._models:
+            info = self._models[key]
+        else:
+            try:
+                provider, info = self.snapshot.find_provider_model(model, None, provider_id, None)
+            except LookupError:
+                info = None
+            except Exception:
+                return _Ask.CALC
+            if info is not None and provider.id == "groq" and info.id in _GROQ_WHISPER:
+                return _Ask.CALC  # billed by audio seconds, a rule of calc_price's own
+            if len(self._models) >= _MAX_MODELS:  # names from the entries: keep it bounded
+                self._models.clear()
+            self._models[key] = info
+        if info is None:
+            return _Ask.UNPRICED
+        price = info.get_prices(at)
+        held = self._rates.get(id(price))
+        if held is None:
+            held = self._rates[id(price)] = (price, _GenaiRates.of(price))  # keeps the id valid
+        rates = held[1]
+        total = rates.total(counts) if rates is not None else None
+        return total if total is not None else _Ask.CALC
+
+
+_GROQ_WHISPER = frozenset({"whisper-large-v3", "whisper-large-v3-turbo"})
+_MAX_MODELS = 4096  # (provider, model) names remembered, found or not
+
+
+@dataclass(slots=True)
+class _GenaiRates:
+    """One genai-prices price (a model's price for a period) made ready to charge counts.
+
+    ``terms``: (usage key, price, per, charge of a count of 0) of each priced unit in
+    ``calc_price``'s order (a price of one rate is charged inline as ``calc_unit_price`` does,
+    ``price * Decimal(count) / per``, the same Decimal operations, once for a count of 0);
+    ``leaves``: each priced unit's usage key (but ``requests``) with its priced descendants'
+    keys, most specific first (the order of genai-prices' ``compute_leaf_values``);
+    ``inferred``: by which of the four counts are positive, whether genai-prices infers 0 for
+    every priced key not among them (else it refuses the usage).
+    """
+
+    terms: tuple[tuple[str, Decimal | TieredPrices, int, Decimal | None], ...]
+    leaves: tuple[tuple[str, tuple[str, ...]], ...]
+    tiered: bool
+    unit_price: Callable[[Decimal | TieredPrices, int, int, int], Decimal]
+    inferred: dict[tuple[bool, ...], bool]
+
+    @classmethod
+    def of(cls, price: GenaiModelPrice) -> _GenaiRates | None:
+        """None when the price fails genai-prices' validation (calc_price then raises)."""
+        from genai_prices.decompose import is_descendant_or_self
+        from genai_prices.types import TieredPrices, _collect_resolved_model_prices, calc_unit_price
+        from genai_prices.units import _get_registry
+        from genai_prices.validation import validate_priced_units
+
+        registry = _get_registry()
+        try:
+            resolved = _collect_resolved_model_prices(price, registry)
+            validate_priced_units(tuple(unit for unit, _ in resolved), registry)
+        except Exception:
+            return None
+        units = {unit.usage_key: unit for unit, _ in resolved if unit.usage_key != "requests"}
+        order = sorted(units.values(), key=lambda unit: (-len(unit.dimensions), unit.usage_key))
+        leaves = tuple(
+            (
+                unit.usage_key,
+                tuple(
+                    d.usage_key for d in order if d is not unit and is_descendant_or_self(unit, d)
+                ),
+            )
+            for unit in order
+        )
+        return cls(
+            terms=tuple(
+                (
+                    unit.usage_key,
+                    value,
+                    unit.per,
+                    value * Decimal(0) / unit.per if isinstance(value, Decimal) else None,
+                )
+                for unit, value in resolved
+            ),
+            leaves=leaves,
+            tiered=any(isinstance(value, TieredPrices) for _, value in resolved),
+            unit_price=calc_unit_price,
+            inferred={},
+        )
+
+    def total(self, counts: tuple[int, int, int, int]) -> Decimal | None:
+        """``calc_price``'s total for these counts; None when genai-prices refuses them."""
+        positive = (counts[0] > 0, counts[1] > 0, counts[2] > 0, counts[3] > 0)
+        infers_zeros = self.inferred.get(positive)
+        if infers_zeros is None:
+            infers_zeros = self.inferred[positive] = self._infers_zeros(positive)
+        if not infers_zeros:
+            return None
+        given = dict(zip(_GENAI_KEYS, counts, strict=True))
+        leaf: dict[str, int] = {}
+        for key, descendants in self.leaves:
+            left = given.get(key, 0)
+            for descendant in descendants:
+                left -= leaf[descendant]
+            if left < 0:
+                return None  # more specific counts exceed their total
+            leaf[key] = left
+        tier_input = counts[0] if self.tiered else 0
+        total = Decimal(0)
+        for key, value, per, at_zero in self.terms:
+            count = 1 if key == "requests" else leaf[key]
+            if not isinstance(value, Decimal):  # tiered
+                total += self.unit_price(value, count, tier_input, per)
+            elif count == 0 and at_zero is not None:
+                total += at_zero
+            else:
+                total += value * Decimal(count) / per
+        return total
+
+    def _infers_zeros(self, positive: tuple[bool, ...]) -> bool:
+        """Whether genai-prices infers 0 for each priced key we do not give, when the given
+        counts that are positive are ``positive``: what it infers depends on that alone, so a
+        probe with those counts at 1 tells."""
         import genai_prices
 
-        counts = genai_prices.Usage(
-            input_tokens=usage.input,
-            cache_read_tokens=usage.cached_input,
-            cache_write_tokens=usage.cache_write or 0,
-            output_tokens=usage.output,
-        )
-        try:
-            found = genai_prices.calc_price(
-                counts,
-                model_ref=model,
-                provider_id=_GENAI_PROVIDERS.get(provider.lower(), provider.lower()),
-                genai_request_timestamp=at,
-            )
-        except LookupError:
-            return None
-        return PricedCall(Decimal(found.total_price), None, self.version)
+        given = zip(_GENAI_KEYS, positive, strict=True)
+        probe = genai_prices.Usage(**{key: int(p) for key, p in given})
+        for key, _ in self.leaves:
+            if key in _GENAI_KEYS:
+                continue
+            try:
+                if getattr(probe, key) != 0:
+                    return False
+            except ValueError:
+                return False
+        return True
 
 
 class LayeredPrices:

@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from projectors.base import ModelProjection, QuickCopy
-from schemas.models import EntryKind, LedgerEntry
+from schemas.models import EntryKind, LedgerEntry, RunStatus
 
 
 class RunStats(QuickCopy, BaseModel):
@@ -37,19 +37,28 @@ class RunStatsProjection(ModelProjection[RunStats]):
         return RunStats(run_id=entry.run_id, fleet_id=entry.fleet_id)
 
     def fold(self, state: RunStats, entry: LedgerEntry) -> RunStats:
-        kind = entry.kind.value
+        kind = entry.kind
+        text = _KIND[kind]
+        by_kind = dict(state.by_kind)
+        by_kind[text] = by_kind.get(text, 0) + 1
         status = (
-            entry.run_status.value
-            if entry.kind is EntryKind.RUN_FINISHED and entry.run_status is not None
+            _STATUS[entry.run_status]
+            if kind is _FINISHED and entry.run_status is not None
             else state.status
         )
-        return state.model_copy(
-            update={
-                "entries": state.entries + 1,
-                "last_sequence_no": entry.sequence_no,
-                "first_at": state.first_at or entry.occurred_at,
-                "last_at": entry.occurred_at,
-                "by_kind": {**state.by_kind, kind: state.by_kind.get(kind, 0) + 1},
-                "status": status,
-            }
+        return RunStats.made(
+            run_id=state.run_id,
+            fleet_id=state.fleet_id,
+            entries=state.entries + 1,
+            last_sequence_no=entry.sequence_no,
+            first_at=state.first_at or entry.occurred_at,
+            last_at=entry.occurred_at,
+            by_kind=by_kind,
+            status=status,
         )
+
+
+# Each member's text (``.value`` costs ~5x a look-up).
+_KIND = {k: k.value for k in EntryKind}
+_FINISHED = EntryKind.RUN_FINISHED  # a global: an enum class's attribute costs ~2x
+_STATUS = {s: s.value for s in RunStatus}

@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -140,6 +140,9 @@ class ToolCallStatus(_Frozen):
     status: ToolResultStatus | None = None  # None: no result yet; the first result counts
     read_only: bool = False  # a READ_ONLY tool: its success shows what exists, not that it works
     result_entry_id: str | None = None
+
+
+_NO_CALL = ToolCallStatus()  # a call the index does not know yet (copied, never stored)
 
 
 class RunIndex(_Frozen):
@@ -249,11 +252,12 @@ def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -
     changed = after is not before and _content(before) != _content(after)
     if changed:
         after = _trimmed(after)
+    seq = entry.sequence_no
     return after.model_copy(
         update={
             "index": _indexed(after.index, entry),
-            "source_seq_range": (seen[0] if seen else entry.sequence_no, entry.sequence_no),
-            "snapshot_version": before.snapshot_version + (1 if changed else 0),
+            "source_seq_range": (seen[0] if seen else seq, seq),
+            "snapshot_version": before.snapshot_version + 1 if changed else before.snapshot_version,
             "snapshot_at": entry.occurred_at if changed else before.snapshot_at,
         }
     )
@@ -286,44 +290,66 @@ def _content(state: WorkingMemory) -> tuple[object, ...]:
 
 
 def _indexed(index: RunIndex, entry: LedgerEntry) -> RunIndex:
+    entries = index.entries.copy()
     if not model_visible(entry):
-        return index.model_copy(update={"entries": {**index.entries, entry.entry_id: "hidden"}})
-    entries = {**index.entries, entry.entry_id: _outcome(entry)}
-    calls = dict(index.tool_calls)
-    artifacts = dict(index.artifacts)
+        entries[entry.entry_id] = "hidden"
+        return index.model_copy(update={"entries": entries})
+    entries[entry.entry_id] = _outcome(entry)
+    update: dict[str, object] = {"entries": entries}
     for part in entry.parts:
-        if isinstance(part, ToolCallPart):
-            known = calls.get(part.tool_call_id, ToolCallStatus())
-            read_only = part.permission_class is PermissionClass.READ_ONLY
-            known = known.model_copy(
-                update={"request_entry_id": entry.entry_id, "read_only": read_only}
-            )
-            calls[part.tool_call_id] = known
-            if known.status is not None:  # its result came first: both judged again
-                entries[entry.entry_id] = _call_outcome(known)
-                if known.result_entry_id is not None:
-                    entries[known.result_entry_id] = _call_outcome(known)
-        elif isinstance(part, ToolResultPart):
-            known = calls.get(part.tool_call_id, ToolCallStatus())
-            if known.status is None:  # the first result counts, as in the next turn's pool
-                known = known.model_copy(
-                    update={"status": part.status, "result_entry_id": entry.entry_id}
-                )
-                calls[part.tool_call_id] = known
-            entries[entry.entry_id] = _call_outcome(known)
-            if known.request_entry_id is not None:
-                entries[known.request_entry_id] = _call_outcome(known)
+        if not isinstance(part, _INDEXED_PARTS):  # (text, usage, ...: nothing to index)
+            continue
+        if isinstance(part, ToolCallPart | ToolResultPart):
+            calls = _own(update, "tool_calls", index.tool_calls)
+            _index_call(calls, entries, part, entry.entry_id)
         for artifact_id in _artifact_ids(part):
+            artifacts = _own(update, "artifacts", index.artifacts)
             carrier = artifacts.get(artifact_id)
             if carrier is None or _more_telling(entries, entry.entry_id, carrier):
                 artifacts[artifact_id] = entry.entry_id
-    return index.model_copy(
-        update={"entries": entries, "tool_calls": calls, "artifacts": artifacts}
-    )
+    return index.model_copy(update=update)
+
+
+def _own(update: dict[str, object], name: str, shared: dict[str, Any]) -> dict[str, Any]:
+    """The copy of an index dict this fold step changes (made on its first change only: an
+    entry without tool calls or artifacts keeps sharing the previous state's dicts, which no
+    one changes in place)."""
+    own = update.get(name)
+    if own is None:
+        own = update[name] = shared.copy()
+    return own  # type: ignore[return-value]
+
+
+def _index_call(
+    calls: dict[str, ToolCallStatus],
+    entries: dict[str, Outcome],
+    part: ToolCallPart | ToolResultPart,
+    entry_id: str,
+) -> None:
+    known = calls.get(part.tool_call_id, _NO_CALL)
+    if isinstance(part, ToolCallPart):
+        read_only = part.permission_class is PermissionClass.READ_ONLY
+        known = known.model_copy(update={"request_entry_id": entry_id, "read_only": read_only})
+        calls[part.tool_call_id] = known
+        if known.status is not None:  # its result came first: both judged again
+            entries[entry_id] = _call_outcome(known)
+            if known.result_entry_id is not None:
+                entries[known.result_entry_id] = _call_outcome(known)
+        return
+    if known.status is None:  # the first result counts, as in the next turn's pool
+        known = known.model_copy(update={"status": part.status, "result_entry_id": entry_id})
+        calls[part.tool_call_id] = known
+    entries[entry_id] = _call_outcome(known)
+    if known.request_entry_id is not None:
+        entries[known.request_entry_id] = _call_outcome(known)
 
 
 def _more_telling(entries: dict[str, Outcome], candidate: str, carrier: str) -> bool:
     return _TELLING[entries[candidate]] > _TELLING[entries.get(carrier, "agent")]
+
+
+# The parts that name a tool call or carry an artifact (see _artifact_ids).
+_INDEXED_PARTS = (ToolCallPart, ToolResultPart, DiffPart, VerificationPart, ArtifactRefPart)
 
 
 def _artifact_ids(part: object) -> list[str]:

@@ -68,6 +68,9 @@ def resolve(
         drop = set(part.removed_items)
         if any(i >= len(base) for i in drop):
             problem = f"removed_items beyond the {len(base)} items of the base manifest"
-        out.extend(item for i, item in enumerate(base) if i not in drop)
+        if drop:
+            out.extend(item for i, item in enumerate(base) if i not in drop)
+        else:  # (what a run's deltas mostly are: the base as it is, and more)
+            out.extend(base)
         out.extend(part.items)
     return tuple(out), problem

@@ -102,3 +102,26 @@ def test_folds_never_change_the_state_they_were_given(projection: Projection[Any
             projection.finish(after)
             assert projection.to_json(after) == folded, (run[0].run_id, entry.sequence_no)
             state = after
+
+
+def test_state_parts_made_without_validation_list_every_field_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Folds build their state parts with ``QuickCopy.made`` (no validation): a field left out
+    would be silently missing from the document, and a document lists fields in ``__dict__``
+    order, so every call must give every field in the model's order."""
+    from projectors.base import QuickCopy
+
+    made = QuickCopy.made.__func__  # type: ignore[attr-defined]
+    seen: set[str] = set()
+
+    def checked(cls: Any, /, **values: Any) -> Any:
+        assert list(values) == list(cls.model_fields), cls.__name__
+        seen.add(cls.__name__)
+        return made(cls, **values)
+
+    monkeypatch.setattr(QuickCopy, "made", classmethod(checked))
+    for projection in all_projections():
+        for run in RUNS[:12]:
+            fold_all(projection, run)
+    assert {"CallCost", "CostTotals", "TimelineRow", "DiffSnapshot", "Ref", "RunStats"} <= seen

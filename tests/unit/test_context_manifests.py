@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra.settings import Settings
-from projectors.base import fold_all
+from projectors.base import ModelProjection, fold_all
 from projectors.context_manifests import (
     NOT_MODEL_VISIBLE,
     SOURCE_NOT_MODEL_VISIBLE,
@@ -702,6 +702,23 @@ def test_volatile_items_last_and_the_stable_prefix_is_measured_from_the_last_mod
     assert fourth.stable_prefix_tokens == fourth.total_tokens - fourth.items[-1].tokens - (
         fourth.items[-2].tokens
     )
+
+
+def test_head_json_is_the_model_serializers() -> None:
+    """head_json splices each next-turn item's own JSON into the document: the same bytes as
+    pydantic's serializer gives for the whole (kept states, and reloaded ones)."""
+    projection = ContextManifestsProjection()
+    for run in simulate_runs(1, 3, seed=5, length_profile="real"):
+        state = None
+        for n, entry in enumerate(run, 1):
+            state = projection.fold(state or projection.initial(entry), entry)
+            if n % 9 and n != len(run):
+                continue
+            state = projection.finish(state)
+            expected = ModelProjection.head_json(projection, state)
+            assert projection.head_json(state) == expected, (run[0].run_id, n)
+            reloaded = projection.from_doc(json.loads(projection.to_json(state)))
+            assert projection.head_json(reloaded) == expected, (run[0].run_id, n)
 
 
 def test_next_turn_does_not_depend_on_where_batches_fall() -> None:

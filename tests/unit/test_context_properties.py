@@ -755,6 +755,40 @@ def test_bounded_and_counted_by_what_is_inlined(case: Case) -> None:
                 )
 
 
+@settings(SETTINGS, max_examples=12)  # (each folds a run twice and reloads it every batch)
+@given(case=cases(), seed=st.integers(0, 2**16))
+def test_what_a_kept_state_derives_changes_nothing(case: Case, seed: int) -> None:
+    """A state kept between batches keeps what it derived to make the next ones cheaper (the
+    settled start of its next turn, its last manifest's parts, its pool's tool calls): a kept
+    state gives the documents and history rows a reloaded one (deriving all anew) gives,
+    wherever batches fall and whatever the budget."""
+    rng = random.Random(seed)
+    for budget in (ContextBudget(), ContextBudget(total_tokens=case.tight)):
+        projection = ContextManifestsProjection(budget)
+        kept: ContextState | None = None
+        reloaded: ContextState | None = None
+        entries = list(case.run.entries)
+        while entries:
+            size = rng.randint(1, 12)
+            batch, entries = entries[:size], entries[size:]
+            for entry in batch:
+                before = (kept, reloaded)
+                kept = projection.fold(kept or projection.initial(entry), entry)
+                reloaded = projection.fold(reloaded or projection.initial(entry), entry)
+                rows = [
+                    [(h.kind, h.key, h.seq, h.doc) for h in projection.history(b, a, entry)]
+                    for b, a in zip(before, (kept, reloaded), strict=True)
+                ]
+                assert rows[0] == rows[1], f"history rows after {entry.sequence_no}"
+            assert kept is not None and reloaded is not None
+            kept = projection.finish(kept)
+            reloaded = projection.finish(reloaded)
+            note(f"after {kept.last_sequence_no}, budget {budget.total_tokens}")
+            assert projection.to_json(kept) == projection.to_json(reloaded)
+            assert projection.head_json(kept) == projection.head_json(reloaded)
+            reloaded = projection.from_doc(json.loads(projection.to_json(reloaded)))
+
+
 # --- the bug reports, as plain tests ------------------------------------------------------------
 
 

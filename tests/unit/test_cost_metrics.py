@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -819,3 +821,69 @@ def test_our_table_prices_what_it_names_and_the_database_the_rest() -> None:
     assert ours is not None and ours.cost == 3 and ours.source == "table ours-1"
     assert theirs is not None and theirs.source.startswith("genai-prices")
     assert prices.price_call("acme", "other", at, Usage(1, 0, 1, 0, "x")) is None
+
+
+# -- genai-prices applied per price, not per call ------------------------------------------------
+
+GENAI_TIMES = (
+    datetime(2024, 3, 1, 3, 0, tzinfo=UTC),
+    datetime(2026, 2, 1, 16, 30, tzinfo=UTC),  # in a daily off-peak window (deepseek)
+    datetime(2026, 11, 1, 0, 15, tzinfo=UTC),
+    datetime(2027, 9, 9, 23, 59, 59, tzinfo=UTC),
+)
+GENAI_COUNTS = (  # (input, cache read, cache write, output)
+    (18420, 12000, 0, 1350),
+    (250_000, 100_000, 20_000, 5000),  # past a 200k long-context tier
+    (200_000, 0, 0, 10),
+    (0, 0, 0, 0),
+    (5000, 4000, 3000, 300),  # cache reads and writes above the input: genai-prices refuses it
+    (2**62, 2**61, 2**61, 2**62),  # beyond a Decimal's 28 digits: rounded sums
+    (3, 1, 2, 7),
+)
+
+
+def _genai_outcome(price: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        found = price()
+    except Exception as exc:
+        return "raises", (type(exc), str(exc))
+    # the same Decimal: value, digits and exponent
+    return "priced", found.as_tuple() if isinstance(found, Decimal) else found
+
+
+def test_the_genai_memo_gives_calc_prices_decimal_for_every_model_of_the_database() -> None:
+    """Every model genai-prices knows, at several times and usages: the memo's total is
+    calc_price's to the last digit and exponent, and where calc_price raises it raises alike."""
+    from genai_prices import __version__, data_snapshot
+
+    from projectors.pricing import _GENAI_CHECKED, _Ask, _calc_total, _GenaiMemo
+
+    assert __version__ == _GENAI_CHECKED, "check the memo against this release, then bump it"
+    memo = _GenaiMemo.of_current_data()
+
+    def memoized(provider: str, model: str, when: datetime, counts: Any) -> Any:
+        total = memo.total(provider, model, when, counts)
+        return _calc_total(provider, model, when, counts) if total is _Ask.CALC else total
+
+    checked = 0
+    for provider in data_snapshot.get_snapshot().providers:
+        for n, model in enumerate(provider.models):
+            when = GENAI_TIMES[n % len(GENAI_TIMES)]
+            for counts in (GENAI_COUNTS[n % len(GENAI_COUNTS)], GENAI_COUNTS[0]):
+                call = (provider.id, model.id, when, counts)
+                assert _genai_outcome(partial(memoized, *call)) == _genai_outcome(
+                    partial(_calc_total, *call)
+                ), call
+                checked += 1
+    assert checked > 4000
+
+
+def test_genai_prices_of_the_simulated_models_do_not_ask_calc_price() -> None:
+    from projectors.pricing import _Ask, _GenaiMemo
+
+    memo = _GenaiMemo.of_current_data()
+    for provider, model in MODELS:
+        for counts in GENAI_COUNTS[:4]:
+            total = memo.total(provider, model, GENAI_TIMES[2], counts)
+            assert isinstance(total, Decimal), (provider, model, counts)
+    assert memo.total("acme", "house-model", GENAI_TIMES[2], GENAI_COUNTS[0]) is _Ask.UNPRICED
