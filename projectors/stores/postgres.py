@@ -46,7 +46,6 @@ __all__ = [
 # every read through this module (readers of the SQL views see the escaped form).
 _ESC = "\ue000".encode()
 _TO_PG = re.compile(rb"\\\\|\\u0000|\\u[eE]000|" + re.escape(_ESC))
-_TRIGGER = re.compile(rb"\\u0000|\\u[eE]000|" + re.escape(_ESC))
 _FROM_PG = re.compile(re.escape(_ESC) + rb"(" + re.escape(_ESC) + rb"|0)")
 
 
@@ -61,7 +60,14 @@ def _escape(match: re.Match[bytes]) -> bytes:
 
 def to_jsonb_text(doc: bytes) -> bytes:
     """JSON text as PostgreSQL's jsonb will take it (see above); unchanged without NULs."""
-    if _TRIGGER.search(doc) is None:  # one pass (most documents have neither)
+    # Four substring searches are ~3.5x faster than one pass of an alternation regex (no
+    # literal prefix for it to skip by) on the large documents checkpoints and heads are.
+    if (
+        b"\\u0000" not in doc
+        and _ESC not in doc
+        and b"\\ue000" not in doc
+        and b"\\uE000" not in doc
+    ):  # most documents have none of them
         return doc
     return _TO_PG.sub(_escape, doc)
 
