@@ -327,7 +327,12 @@ def publish_cmd(
 @app.command("import")
 def import_cmd(
     source_format: Annotated[
-        str, typer.Argument(metavar="FORMAT", help="the agent's log format: claude-code")
+        str,
+        typer.Argument(
+            metavar="FORMAT",
+            help="the agent's log format: claude-code, codex, openhands, aider, mini-swe-agent, "
+            "swe-agent, otel",
+        ),
     ],
     paths: Annotated[list[Path], typer.Argument(help="log files or folders (searched)")],
     fleet: Annotated[
@@ -382,25 +387,35 @@ def import_cmd(
     from projectors.registry import all_projections
 
     [pricing] = [p for p in all_projections(settings) if p.name == "cost-metrics"]
-    reports = []
+    reports: list[dict[str, Any]] = []
+    failed = 0
     for number, path in enumerate(files, 1):
+        # A file that cannot be imported is skipped with its reason; the others still are.
+        why: str | None = None
         try:
             runs, summary = module.import_file(path, fleet_id)
         except ImportFormatError as exc:
-            err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-            raise typer.Exit(code=2) from None
+            why = str(exc)
         except ValidationError as exc:  # named by field, never by value (it may be a secret)
-            why = validation_error(exc)
-            err.print(
-                f"[red]error:[/] {escape(str(path))}: a record breaks the ledger contract at "
-                f"{escape(str(why))}; nothing of this file was sent",
-                soft_wrap=True,
+            why = (
+                f"{path}: a record breaks the ledger contract at {validation_error(exc)}; "
+                "nothing of this file was sent"
             )
-            raise typer.Exit(code=2) from None
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+            why = f"{path}: not importable as {source_format} ({type(exc).__name__})"
+        if why is not None:
+            failed += 1
+            reports.append({"path": str(path), "error": why, "published": 0})
+            if not as_json:
+                err.print(f"[{number}/{len(files)}] [red]skipped:[/] {escape(why)}", soft_wrap=True)
+            continue
         try:
             sent = asyncio.run(publish_runs(settings, runs))
         except AgentLedgerError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            if as_json:
+                reports.append({"path": str(path), "error": str(exc), "published": 0})
+                print(json.dumps(reports, indent=2))
             raise typer.Exit(code=1) from None
         priced = [fold_all(pricing, r.entries) for r in runs]
         totals = [s.totals for s in priced if s is not None]
@@ -443,6 +458,10 @@ def import_cmd(
             )
     if as_json:
         print(json.dumps(reports, indent=2))
+    elif failed:
+        err.print(f"{failed} of {len(files)} files skipped (see above); the others were imported")
+    if failed:
+        raise typer.Exit(code=1)
 
 
 @app.command("otlp")

@@ -27,9 +27,11 @@ from schemas.models import (
     Causation,
     EntryKind,
     LedgerEntry,
+    ModelUsagePart,
     Part,
     PermissionClass,
     RunStatus,
+    UsageField,
 )
 
 # Tool output kept inline in a TOOL_CALL_RESULT's summary; the rest is counted, not imported.
@@ -224,3 +226,120 @@ def _patch_path(text: str) -> str | None:
     if path == "/dev/null":
         return None
     return path[2:] if path.startswith(("a/", "b/")) else path
+
+
+# -- provider usage, as real providers report it ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One call's usage normalized from an OpenAI-style ``usage`` object (OpenAI, litellm,
+    OpenRouter, Portkey, DeepSeek, Anthropic through litellm). ``None``: not reported (unknown,
+    never zero). ``notes``: what was normalized, for the entry's metadata and the summary."""
+
+    input_tokens: int | None
+    cached_input_tokens: int | None
+    cache_write_input_tokens: int | None
+    output_tokens: int | None
+    reasoning_tokens: int | None
+    cost_usd: float | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def unknown(self) -> tuple[UsageField, ...]:
+        fields: list[UsageField] = ["latency_ms"]
+        if self.input_tokens is None:
+            fields += ["input_tokens", "cached_input_tokens"]
+        elif self.cached_input_tokens is None:
+            fields.append("cached_input_tokens")
+        if self.output_tokens is None:
+            fields += ["output_tokens", "reasoning_tokens"]
+        elif self.reasoning_tokens is None:
+            fields.append("reasoning_tokens")
+        return tuple(fields)
+
+    def part(self, **fields: Any) -> ModelUsagePart:
+        """The ledger's usage part: unknown counts written as 0 and named in ``unknown_fields``."""
+        unknown = self.unknown
+
+        def known(name: UsageField, value: int | None) -> int:
+            return 0 if name in unknown or value is None else value
+
+        return ModelUsagePart(
+            input_tokens=known("input_tokens", self.input_tokens),
+            cached_input_tokens=known("cached_input_tokens", self.cached_input_tokens),
+            cache_write_input_tokens=None
+            if self.input_tokens is None
+            else self.cache_write_input_tokens,
+            output_tokens=known("output_tokens", self.output_tokens),
+            reasoning_tokens=known("reasoning_tokens", self.reasoning_tokens),
+            latency_ms=0,
+            provider_reported_cost_usd=self.cost_usd,
+            unknown_fields=unknown,
+            **fields,
+        )
+
+
+def count(value: Any) -> int | None:
+    """A token count as a log holds it (an int, or a float with no fraction); None otherwise."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and value >= 0 else None
+
+
+def openai_usage(usage: dict[str, Any], cost: Any = None) -> Usage:
+    """Normalize a usage object. Providers differ in what includes what: OpenAI counts cached
+    prompt tokens inside ``prompt_tokens`` and reasoning inside ``completion_tokens``; some
+    (Portkey, Anthropic through older litellm) report reasoning, cache reads or cache writes
+    apart. The ledger's counts include their parts, so a part larger than its total is taken
+    as reported apart and added to it, with a note; nothing is refused. ``cost``: a per-call
+    cost the log holds elsewhere (``usage.cost``, OpenRouter's, is read here)."""
+    prompt = count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    completion = count(usage.get("completion_tokens", usage.get("output_tokens")))
+    in_details = obj(usage.get("prompt_tokens_details") or usage.get("input_tokens_details"))
+    out_details = obj(usage.get("completion_tokens_details") or usage.get("output_tokens_details"))
+    cached = _first_count(
+        in_details.get("cached_tokens"),
+        usage.get("cache_read_input_tokens"),
+        usage.get("prompt_cache_hit_tokens"),
+    )
+    written = _first_count(
+        usage.get("cache_creation_input_tokens"), in_details.get("cache_write_tokens")
+    )
+    reasoning = _first_count(out_details.get("reasoning_tokens"), usage.get("reasoning_tokens"))
+    notes: list[str] = []
+    if prompt is not None:
+        reported = prompt
+        if (cached or 0) > prompt:  # reads apart (and so writes too)
+            prompt += cached or 0
+        if (cached or 0) + (written or 0) > prompt:  # writes apart
+            prompt += written or 0
+        if prompt != reported:
+            notes.append("cache tokens reported apart from prompt tokens: added to input")
+    if completion is not None and reasoning is not None and reasoning > completion:
+        completion += reasoning
+        notes.append("reasoning tokens reported apart from completion tokens: added to output")
+    given = cost if cost is not None else usage.get("cost")
+    cost_usd = (
+        float(given)
+        if isinstance(given, int | float) and not isinstance(given, bool) and given >= 0
+        else None
+    )
+    return Usage(prompt, cached, written, completion, reasoning, cost_usd, tuple(notes))
+
+
+def _first_count(*values: Any) -> int | None:
+    return next((c for c in map(count, values) if c is not None), None)
+
+
+def model_id(provider: str, model: str) -> str:
+    """A model id without its provider doubled in front (``google/google/x`` -> ``google/x``,
+    ``openrouter/openrouter/x`` -> ``openrouter/x``) or a trailing slash."""
+    model = model.strip().strip("/") or "unknown"
+    prefix = f"{provider}/"
+    while model.startswith(prefix + prefix):
+        model = model[len(prefix) :]
+    parts = model.split("/")
+    while len(parts) > 2 and parts[0] == parts[1]:
+        parts = parts[1:]
+    return "/".join(parts)

@@ -31,19 +31,19 @@ from schemas.models import (
     EntryKind,
     FileChangeStatus,
     ModelCallStatus,
-    ModelUsagePart,
     RunStatus,
     TextPart,
     ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
-    UsageField,
 )
 from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    model_id,
     obj,
+    openai_usage,
     parse_time,
     permission_of,
     sha256_digest,
@@ -140,44 +140,36 @@ def import_file(
 
 def _model_call(run: ImportedRun, response: dict[str, Any], at: Any, summary: Summary) -> None:
     usage = obj(response.get("usage"))
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if type(prompt) is not int or type(completion) is not int:
+    normalized = openai_usage(usage)
+    if normalized.input_tokens is None or normalized.output_tokens is None:
         summary.skipped["model response without usage"] += 1
         return
-    read = usage.get("cache_read_input_tokens")
-    cached = (
-        read if type(read) is int else obj(usage.get("prompt_tokens_details")).get("cached_tokens")
-    )
-    written = usage.get("cache_creation_input_tokens")
-    reasoning = obj(usage.get("completion_tokens_details")).get("reasoning_tokens")
-    unknown: list[UsageField] = ["latency_ms"]
-    if type(reasoning) is not int:
-        unknown.append("reasoning_tokens")
     model = str(response.get("model") or "unknown")
+    provider = "anthropic" if "claude" in model else model.split("/", 1)[0]
     choice = obj((response.get("choices") or [{}])[0])
-    part = ModelUsagePart(
-        provider="anthropic" if "claude" in model else model.split("/", 1)[0],
-        model=model,
+    part = normalized.part(
+        provider=provider,
+        model=model_id(provider, model),
         purpose="agent",
         provider_response_id=response["id"],
-        input_tokens=prompt,
-        cached_input_tokens=cached if type(cached) is int else 0,
-        cache_write_input_tokens=written if type(written) is int else None,
-        output_tokens=completion,
-        reasoning_tokens=reasoning if type(reasoning) is int else 0,
-        latency_ms=0,
         finish_reason=str(choice.get("finish_reason")) if choice.get("finish_reason") else None,
         status=ModelCallStatus.OK,
         raw_usage_json=json.dumps(usage),
-        unknown_fields=tuple(unknown),
     )
-    run.add(EntryKind.MODEL_CALL, at, f"call-{response['id']}", [part])
+    summary.notes += [note for note in normalized.notes if note not in summary.notes]
+    run.add(
+        EntryKind.MODEL_CALL,
+        at,
+        f"call-{response['id']}",
+        [part],
+        metadata={"import.usage": "; ".join(normalized.notes)} if normalized.notes else None,
+    )
     text = obj(choice.get("message")).get("content")
     if isinstance(text, str) and text.strip():
         run.add(EntryKind.ASSISTANT_RESPONSE, at, f"text-{response['id']}", [TextPart(text=text)])
     summary.calls += 1
-    summary.input_tokens += prompt
-    summary.output_tokens += completion
+    summary.input_tokens += part.input_tokens
+    summary.output_tokens += part.output_tokens
 
 
 def _observation(run: ImportedRun, event: dict[str, Any], call_id: str, at: Any, eid: str) -> None:

@@ -33,19 +33,19 @@ from schemas.models import (
     FileChangeStatus,
     JsonPart,
     ModelCallStatus,
-    ModelUsagePart,
     RunStatus,
     TextPart,
     ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
-    UsageField,
 )
 from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    model_id,
     obj,
+    openai_usage,
     patch_numstat,
     permission_of,
     sha256_digest,
@@ -144,12 +144,16 @@ class MiniSweAgent:
         summary = Summary(str(path))
         instance = str(doc.get("instance_id") or path.name.removesuffix(".traj.json"))
         run = ImportedRun(f"mini-{instance}", fleet_id, instance, MiniSweAgent.FORMAT)
-        times = [
-            _unix(m.get("extra", {}).get("timestamp")) for m in messages if isinstance(m, dict)
-        ]
-        first = next((t for t in times if t is not None), None)
-        if first is None:
-            raise ImportFormatError(f"{path}: no message has a timestamp")
+        times = [_message_time(m) for m in messages]
+        first = min((t for t in times if t is not None), default=None)
+        time_note: dict[str, str] = {}
+        if first is None:  # (e.g. a run that timed out before any response)
+            first = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+            time_note = {"import.time": "unknown: no record has a time; the file's mtime"}
+            summary.notes.append(
+                "no message has a time: entries carry the file's modification time, marked "
+                "import.time=unknown"
+            )
         at = first
         config = doc["info"].get("config") or {}
         model_name = str((config.get("model") or {}).get("model_name") or "unknown/unknown")
@@ -160,7 +164,7 @@ class MiniSweAgent:
             at,
             "start",
             [TextPart(text="run imported")],
-            metadata={"mini_swe_agent.version": version},
+            metadata={"mini_swe_agent.version": version, **time_note},
         )
         seen: set[str] = set()
         for n, message in enumerate(messages):
@@ -168,7 +172,7 @@ class MiniSweAgent:
                 summary.skipped["not a message"] += 1
                 continue
             extra = obj(message.get("extra"))
-            at = _unix(extra.get("timestamp")) or at
+            at = times[n] or at
             role = message.get("role")
             content = message.get("content")
             text: str = content if isinstance(content, str) else ""
@@ -223,6 +227,13 @@ class MiniSweAgent:
         return [run], summary
 
 
+def _message_time(message: Any) -> datetime | None:
+    """A message's time: ``extra.timestamp`` (mini 1.x/2.x), else its response's ``created``
+    (the only time some versions keep)."""
+    extra = obj(obj(message).get("extra"))
+    return _unix(extra.get("timestamp")) or _unix(obj(extra.get("response")).get("created"))
+
+
 def _unix(value: Any) -> datetime | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return datetime.fromtimestamp(value, UTC)
@@ -249,51 +260,29 @@ def _mini_call(
         return
     if rid is not None:
         seen.add(rid)
-    prompt = _count(usage.get("prompt_tokens"))
-    completion = _count(usage.get("completion_tokens"))
-    details = usage.get("prompt_tokens_details") or {}
-    cached = _count(details.get("cached_tokens") if isinstance(details, dict) else None)
-    if cached is None:
-        cached = _count(usage.get("prompt_cache_hit_tokens"))
-    out_details = usage.get("completion_tokens_details")
-    reasoning = (
-        _count(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else None
-    )
-    unknown: list[UsageField] = ["latency_ms"]
-    if prompt is None or completion is None:
-        unknown += ["input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens"]
-    else:
-        if cached is None:
-            unknown.append("cached_input_tokens")
-        if reasoning is None:
-            unknown.append("reasoning_tokens")
-    cost = extra.get("cost")
+    normalized = openai_usage(usage, extra.get("cost"))
     choices = response.get("choices") or [{}]
     finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
-    part = ModelUsagePart(
+    part = normalized.part(
         provider=provider,
-        model=str(response.get("model") or "unknown"),
+        model=model_id(provider, str(response.get("model") or "unknown")),
         purpose="agent",
         provider_response_id=rid,
-        input_tokens=prompt or 0 if "input_tokens" not in unknown else 0,
-        cached_input_tokens=cached or 0 if "cached_input_tokens" not in unknown else 0,
-        output_tokens=completion or 0 if "output_tokens" not in unknown else 0,
-        reasoning_tokens=reasoning or 0 if "reasoning_tokens" not in unknown else 0,
-        latency_ms=0,
         finish_reason=str(finish) if finish else None,
         status=ModelCallStatus.OK,
-        provider_reported_cost_usd=float(cost) if isinstance(cost, int | float) else None,
         raw_usage_json=json.dumps(usage),
-        unknown_fields=tuple(unknown),
     )
-    run.add(EntryKind.MODEL_CALL, at, f"call-{rid or n}", [part])
+    summary.notes += [note for note in normalized.notes if note not in summary.notes]
+    run.add(
+        EntryKind.MODEL_CALL,
+        at,
+        f"call-{rid or n}",
+        [part],
+        metadata={"import.usage": "; ".join(normalized.notes)} if normalized.notes else None,
+    )
     summary.calls += 1
     summary.input_tokens += part.input_tokens
     summary.output_tokens += part.output_tokens
-
-
-def _count(value: Any) -> int | None:
-    return value if type(value) is int and value >= 0 else None
 
 
 # -- SWE-agent ------------------------------------------------------------------------------

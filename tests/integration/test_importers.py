@@ -334,3 +334,39 @@ def test_runs_say_how_a_submission_ended(imported: Any) -> None:
     assert outcome[astropy] == "submitted, not evaluated yet"
     [basic] = by_file["basic.json"]["run_ids"]
     assert outcome[basic] == "succeeded"
+
+
+def test_a_bad_file_skips_only_itself_and_json_always_prints(
+    services: Settings, tmp_path: Path
+) -> None:
+    """Issue 26: a multi-file import goes on past a file it cannot import; the summary names it
+    with its reason, exit 1, and --json prints every file's report."""
+    samples2 = SAMPLES.parent / "samples2" / "mini-swe-agent"
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    good = [
+        "pr814-django__django-13660.traj.json",
+        "pr816-reasoner-pylint-dev__astroid-1978.traj.json",
+    ]
+    for name in good:
+        (folder / name).write_bytes((samples2 / name).read_bytes())
+    (folder / "a-corrupt.traj.json").write_text('{"info": {}, "messages": [')  # cut short
+    (folder / "b-not-mini.traj.json").write_text('{"info": {}, "trajectory": []}')
+    d = PrivateDeployment(services, "imptol", ["tolerant"], tmp_path / "state")
+    asyncio.run(d.create())
+    try:
+        done = _cli(d, "import", "mini-swe-agent", str(folder), "--fleet", "tolerant", "--json")
+        assert done.returncode == 1, done.stdout[-2000:] + done.stderr
+        reports = {Path(r["path"]).name: r for r in json.loads(done.stdout)}
+        assert set(reports) == {*good, "a-corrupt.traj.json", "b-not-mini.traj.json"}
+        assert "not JSON" in reports["a-corrupt.traj.json"]["error"]
+        assert "no 'messages' list" in reports["b-not-mini.traj.json"]["error"]
+        django = reports["pr814-django__django-13660.traj.json"]
+        assert django["calls"] == 46 and django["published"] == django["entries"] > 0
+        assert reports["pr816-reasoner-pylint-dev__astroid-1978.traj.json"]["published"] > 0
+        text = _cli(d, "import", "mini-swe-agent", str(folder), "--fleet", "tolerant")
+        assert text.returncode == 1
+        assert "2 of 4 files skipped" in text.stderr and "a-corrupt.traj.json" in text.stderr
+        assert "Traceback" not in text.stderr
+    finally:
+        d.drop()

@@ -76,3 +76,132 @@ def test_a_second_import_yields_the_same_entries() -> None:
     again, _ = FORMATS["openhands"].import_file(path, "f")
     assert [e.entry_id for e in first[0].entries] == [e.entry_id for e in again[0].entries]
     assert first[0].entries == again[0].entries
+
+
+# -- real providers' usage, normalized, never refused (issue 26) ---------------------------------
+
+SAMPLES2 = SAMPLES.parent / "samples2"
+
+
+def test_openai_usage_counts_parts_inside_their_totals_as_openai_does() -> None:
+    from streams.importers.base import openai_usage
+
+    got = openai_usage(
+        {
+            "prompt_tokens": 1000,
+            "completion_tokens": 200,
+            "prompt_tokens_details": {"cached_tokens": 800},
+            "completion_tokens_details": {"reasoning_tokens": 150},
+            "cost": 0.0042,
+        }
+    )
+    assert (got.input_tokens, got.cached_input_tokens, got.output_tokens) == (1000, 800, 200)
+    assert (got.reasoning_tokens, got.cost_usd, got.notes) == (150, 0.0042, ())
+    part = got.part(
+        provider="openrouter", model="x/y", purpose="agent", status="OK", raw_usage_json="{}"
+    )
+    assert part.provider_reported_cost_usd is not None and part.unknown_fields == ("latency_ms",)
+
+
+def test_reasoning_or_cache_reported_apart_is_added_and_flagged_not_refused() -> None:
+    from streams.importers.base import openai_usage
+
+    # Portkey: reasoning outside completion; Anthropic through older litellm: cache outside prompt
+    got = openai_usage(
+        {
+            "prompt_tokens": 4,
+            "completion_tokens": 30,
+            "cache_creation_input_tokens": 20_000,
+            "cache_read_input_tokens": 0,
+            "completion_tokens_details": {"reasoning_tokens": 500},
+        }
+    )
+    assert (got.input_tokens, got.cache_write_input_tokens) == (20_004, 20_000)
+    assert (got.output_tokens, got.reasoning_tokens) == (530, 500)
+    assert len(got.notes) == 2 and all("reported apart" in n for n in got.notes)
+    part = got.part(provider="p", model="m", purpose="agent", status="OK", raw_usage_json="{}")
+    assert part.reasoning_tokens <= part.output_tokens  # the contract holds, nothing refused
+    # reads inside the prompt, writes apart: only the writes are added
+    mixed = openai_usage(
+        {
+            "prompt_tokens": 100,
+            "completion_tokens": 1,
+            "cache_read_input_tokens": 80,
+            "cache_creation_input_tokens": 30,
+        }
+    )
+    assert mixed.input_tokens == 130
+
+
+def test_unreported_usage_is_unknown_never_zero() -> None:
+    from streams.importers.base import openai_usage
+
+    got = openai_usage({"completion_tokens": 7, "cost": "free"})
+    assert got.input_tokens is None and got.cost_usd is None
+    part = got.part(provider="p", model="m", purpose="agent", status="OK", raw_usage_json="{}")
+    assert {"input_tokens", "cached_input_tokens", "reasoning_tokens"} <= set(part.unknown_fields)
+    assert part.output_tokens == 7 and part.known("output_tokens")
+    assert openai_usage({"prompt_tokens": 3.0, "completion_tokens": -1}).unknown == (
+        "latency_ms",
+        "cached_input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+    )
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "expected"),
+    [
+        ("google", "google/google/gemini-3-pro-preview", "google/gemini-3-pro-preview"),
+        ("openrouter", "google/google/gemini-3-pro-preview", "google/gemini-3-pro-preview"),
+        ("openrouter", "openrouter/openrouter/x", "openrouter/x"),
+        ("deepseek", "deepseek-reasoner", "deepseek-reasoner"),
+        ("anthropic", " claude-sonnet-4/ ", "claude-sonnet-4"),
+        ("x", "", "unknown"),
+    ],
+)
+def test_model_ids_never_double_their_provider(provider: str, model: str, expected: str) -> None:
+    from streams.importers.base import model_id
+
+    assert model_id(provider, model) == expected
+
+
+def test_a_mini_swe_agent_run_without_any_timestamp_imports_with_its_time_marked_unknown() -> None:
+    path = SAMPLES2 / "mini-swe-agent" / "pr816-reasoner-pylint-dev__astroid-1978.traj.json"
+    runs, summary = FORMATS["mini-swe-agent"].import_file(path, "fleet-x")
+    (run,) = runs
+    assert run.entries[0].metadata["import.time"].startswith("unknown")
+    assert any("no message has a time" in n for n in summary.notes)
+    assert summary.calls == 0
+
+
+def test_mini_swe_agent_times_come_from_the_response_when_messages_have_none(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    path = SAMPLES2 / "mini-swe-agent" / "pr814-django__django-13660.traj.json"
+    doc = json.loads(path.read_text())
+    for message in doc["messages"]:  # a version that keeps only extra.response.created
+        message.get("extra", {}).pop("timestamp", None)
+    drifted = tmp_path / "drifted.traj.json"
+    drifted.write_text(json.dumps(doc))
+    runs, summary = FORMATS["mini-swe-agent"].import_file(drifted, "fleet-x")
+    original, _ = FORMATS["mini-swe-agent"].import_file(path, "fleet-x")
+    assert summary.calls == 46 and summary.input_tokens == 483_680
+    assert summary.output_tokens == 7_692
+    first = runs[0].entries[0].occurred_at.timestamp()
+    assert first == 1775810653  # the first response's `created`
+    assert "import.time" not in runs[0].entries[0].metadata
+    assert [e.kind for e in runs[0].entries] == [e.kind for e in original[0].entries]
+
+
+def test_import_help_names_every_format() -> None:
+    from typer.testing import CliRunner
+
+    from consumers.cli import app
+
+    shown = CliRunner().invoke(app, ["import", "--help"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0
+    for name in FORMATS:
+        assert name in shown.output, name
