@@ -11,9 +11,17 @@ sums, never added to them).
   OpenAI-style ``usage`` whose ``prompt_tokens`` include the cached ones) and ``extra.cost``: one
   model call per response id, the cost as the provider-reported cost. Times are the messages'
   ``extra.timestamp`` (Unix seconds, so UTC); messages before the first one get its time.
-* **SWE-agent** (0.x ``.traj``): there is no per-call usage (``model_stats`` is the only
+  Versions that keep no ``extra.timestamp`` give each message its response's ``created``; a
+  run with no time at all (one that timed out before any response) is imported with the file's
+  modification time, marked ``import.time: unknown`` on its first entry and in the summary.
+  Usage goes through :func:`~streams.importers.base.openai_usage` (reasoning or cache tokens
+  reported apart are added and flagged, ``usage.cost`` read); model ids are not prefixed twice.
+* **SWE-agent** (0.x and 1.x ``.traj``): there is no per-call usage (``model_stats`` is the only
   accounting, so no model-call entries are made and the run's tokens and cost are the reported
-  totals) and no timestamps: every entry is given the file's modification time, in UTC.
+  totals) and no timestamps: every entry is given the file's modification time, marked
+  ``import.time: unknown`` on the run's first entry. 1.x: the model from ``replay_config``
+  (a JSON text), each step's tool from its assistant message's ``tool_calls``, message content as
+  a list of text blocks; demonstration messages (``is_demo``) are not the run's task.
 """
 
 from __future__ import annotations
@@ -311,13 +319,23 @@ class SweAgent:
         at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         stem = path.name.removesuffix(".traj")
         run = ImportedRun(f"swe-{stem}", fleet_id, stem, SweAgent.FORMAT)
-        run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
-        for n, message in enumerate(doc.get("history") or []):
-            if not isinstance(message, dict):
-                continue
+        info = obj(doc.get("info"))
+        about = {
+            "import.time": "unknown: SWE-agent keeps no times; the file's mtime",
+            "swe_agent.version": str(info.get("swe_agent_version") or "0.x"),
+        }
+        model = _swe_model(doc)
+        if model is not None:
+            about["swe_agent.model"] = model
+        run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")], metadata=about)
+        history = [m for m in doc.get("history") or [] if isinstance(m, dict)]
+        for n, message in enumerate(history):
             if message.get("role") == "assistant":
                 break  # the steps below carry the rest
-            text = str(message.get("content") or "")
+            if message.get("is_demo"):  # a demonstration shown to the model, not this run's task
+                summary.skipped["demonstration message"] += 1
+                continue
+            text = _text_of(message.get("content"))
             kind = (
                 EntryKind.SYSTEM_INSTRUCTION
                 if message.get("role") == "system"
@@ -325,6 +343,8 @@ class SweAgent:
             )
             if text.strip():
                 run.add(kind, at, f"h{n}", [TextPart(text=text)])
+        # 1.x: each step's assistant message names its tool (bash, str_replace_editor, submit)
+        tool_names = [_tool_name(m) for m in history if m.get("role") == "assistant"]
         for n, step in enumerate(steps):
             if not isinstance(step, dict):
                 summary.skipped["not a step"] += 1
@@ -336,7 +356,8 @@ class SweAgent:
             if not action:
                 continue
             call_id = f"step-{n}"
-            name = action.split()[0]
+            named = tool_names[n] if n < len(tool_names) else None
+            name = named or action.split()[0]
             request = ToolCallPart(
                 tool_call_id=call_id,
                 tool_name=name,
@@ -359,3 +380,36 @@ class SweAgent:
         summary.output_tokens = int(stats.get("tokens_received") or 0)
         summary.runs, summary.entries = 1, len(run.entries)
         return [run], summary
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: a string, or (SWE-agent 1.x) a list of ``{"type": "text"}`` blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(block.get("text") or "")
+            for block in content
+            if isinstance(block, dict) and block.get("type") == "text"
+        )
+    return ""
+
+
+def _tool_name(message: dict[str, Any]) -> str | None:
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls and isinstance(calls[0], dict):
+        name = obj(calls[0].get("function")).get("name")
+        return name if isinstance(name, str) and name else None
+    return None
+
+
+def _swe_model(doc: dict[str, Any]) -> str | None:
+    """The model of a 1.x run: only in ``replay_config`` (a JSON text) at agent.model.name."""
+    config = doc.get("replay_config")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return None
+    name = obj(obj(obj(config).get("agent")).get("model")).get("name")
+    return name if isinstance(name, str) and name else None
