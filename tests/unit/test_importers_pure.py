@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas.models import LedgerEntry, TextPart, ToolCallPart
 from streams.importers import FORMATS
 from streams.importers.base import patch_numstat
 
@@ -215,15 +216,23 @@ def test_swe_agent_1x_names_its_model_tools_and_task_and_marks_its_time_unknown(
     start = run.entries[0].metadata
     assert start["swe_agent.model"] == "claude-3-7-sonnet-20250219"
     assert start["swe_agent.version"] == "1.0.1" and start["import.time"].startswith("unknown")
-    tools = Counter(p.tool_name for e in run.entries for p in e.parts if p.type == "tool_call")
+    tools = Counter(
+        p.tool_name for e in run.entries for p in e.parts if isinstance(p, ToolCallPart)
+    )
     assert tools == {"bash": 9, "str_replace_editor": 6, "submit": 2}  # samples2 README
-    (task,) = [e for e in run.entries if e.kind.value == "USER_TASK"]
-    assert task.parts[0].text.startswith("<uploaded_files>")  # not a Python repr of a list
+    (task,) = _texts(run.entries, "USER_TASK")
+    assert task.startswith("<uploaded_files>")  # not a Python repr of a list
 
 
 def test_swe_agent_0x_demonstrations_are_not_the_task() -> None:
     path = SAMPLES2 / "swe-agent" / "pr843-portalocker_madeup_cmd-97af1e.traj"
     (run,), summary = FORMATS["swe-agent"].import_file(path, "fleet-x")
-    tasks = [e.parts[0].text for e in run.entries if e.kind.value == "USER_TASK"]
+    tasks = _texts(run.entries, "USER_TASK")
     assert tasks and not any("demonstration" in t for t in tasks)
     assert summary.skipped["demonstration message"] == 1
+
+
+def _texts(entries: list[LedgerEntry], kind: str) -> list[str]:
+    return [
+        p.text for e in entries if e.kind.value == kind for p in e.parts if isinstance(p, TextPart)
+    ]
