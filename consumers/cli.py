@@ -421,11 +421,14 @@ def import_cmd(
         totals = [s.totals for s in priced if s is not None]
         cost = sum((t.cost_usd for t in totals), Decimal(0))
         unpriced = sum(t.unpriced_calls for t in totals)
+        unmetered = sum(t.usage_unknown_calls for t in totals)
         calls = sum(t.calls for t in totals)
         report = summary.as_json() | {
             # priced as the projection will (None: no call, or none could be priced; never $0)
-            "cost_usd": usd_text(cost) if calls > unpriced else None,
+            # (a lower bound when some calls are unpriced or of unknown usage)
+            "cost_usd": usd_text(cost) if calls > unpriced + unmetered else None,
             "unpriced_calls": unpriced,
+            "usage_unknown_calls": unmetered,
             "provider_reported_cost_usd": usd_text(
                 sum((t.provider_reported_cost_usd for t in totals), Decimal(0))
             )
@@ -445,14 +448,22 @@ def import_cmd(
                 f"{summary.entries} entries "
                 f"({report['published']} published, {report['already_on_ledger']} already on "
                 f"the ledger), {summary.calls} model calls ({summary.duplicate_reports} repeated "
-                f"usage reports not counted), {summary.input_tokens:,} in / "
-                f"{summary.output_tokens:,} out tokens, cost "
+                f"usage reports not counted), "
                 + (
-                    f"${report['cost_usd']}"
+                    "tokens unknown"
+                    if calls and unmetered >= calls
+                    else f"{summary.input_tokens:,} in / {summary.output_tokens:,} out tokens"
+                )
+                + ", cost "
+                + (
+                    (">= " if unpriced + unmetered else "") + f"${report['cost_usd']}"
                     if report["cost_usd"] is not None
-                    else ("unpriced" if calls else "- (no model calls)")
+                    else ("unpriced" if unpriced else "unknown")
+                    if calls
+                    else "- (no model calls)"
                 )
                 + (f" ({unpriced} calls unpriced)" if unpriced else "")
+                + (f" ({unmetered} calls of unknown usage)" if unmetered else "")
                 + (f"; skipped: {skipped}" if skipped else ""),
                 soft_wrap=True,
             )

@@ -55,30 +55,163 @@ FORMAT = "openhands"
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
+    """Event files and evaluation outputs (``*.json``, ``*.jsonl``) under the paths; a V0
+    on-disk session (``events/0.json`` ... beside ``metadata.json``) is one run: its folder."""
     found: list[Path] = []
     for path in paths:
-        found.extend(sorted(path.rglob("*.json")) if path.is_dir() else [path])
+        if not path.is_dir() or _is_session(path):
+            found.append(path)
+            continue
+        sessions = sorted({p.parent.parent for p in path.rglob("events/*.json")})
+        sessions = [p for p in sessions if _is_session(p)]
+        for candidate in sorted([*path.rglob("*.json"), *path.rglob("*.jsonl")]):
+            if not any(candidate.is_relative_to(session) for session in sessions):
+                found.append(candidate)
+        found.extend(sessions)
     return list(dict.fromkeys(found))
+
+
+def _is_session(path: Path) -> bool:
+    return path.is_dir() and (path / "events").is_dir() and (path / "metadata.json").is_file()
 
 
 def import_file(
     path: Path, fleet_id: str, settled: bool = False
 ) -> tuple[list[ImportedRun], Summary]:
-    try:
-        events = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise ImportFormatError(f"{path}: not JSON ({exc})") from None
-    if isinstance(events, dict):  # a trajectory object holding its events
-        events = events.get("history") or events.get("events")
-    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-        raise ImportFormatError(f"{path}: not a list of OpenHands events")
+    """One file (or session folder) as runs, its layout recognised by content: a JSON list of
+    events; an object holding them (``history``/``events``); an evaluation output (JSONL, one
+    instance a line: a run each); a V0 session folder (one JSON file per event)."""
     summary = Summary(str(path))
     summary.notes.append("OpenHands timestamps carry no zone: read as UTC")
-    run = ImportedRun(f"oh-{path.stem}", fleet_id, path.stem, FORMAT)
+    if path.is_dir():
+        events = _session_events(path)
+        run = _run(events, f"oh-{path.name}", path.name, fleet_id, summary)
+        return _done([run], summary)
+    data = path.read_bytes()
+    try:
+        doc: Any = json.loads(data)
+        instances = None
+    except ValueError as exc:
+        instances = _jsonl(data)
+        if instances is None:
+            raise ImportFormatError(f"{path}: not JSON ({exc})") from None
+    if instances is not None:
+        if not any(isinstance(i.get("history"), list) for i in instances):
+            raise ImportFormatError(
+                f"{path}: JSON lines, but no line holds a 'history'; not an OpenHands "
+                "evaluation output"
+            )
+        models = [m for m in map(_model_of, instances) if m is not None]
+        if models and len(models) < len(instances):
+            summary.notes.append(
+                f"{len(instances) - len(models)} instances name no model: taken as the file's "
+                f"({models[0]})"
+            )
+        runs = [
+            _instance(instance, n, path, fleet_id, summary, models[0] if models else "unknown")
+            for n, instance in enumerate(instances)
+        ]
+        return _done(runs, summary)
+    if isinstance(doc, dict) and isinstance(doc.get("history"), list) and _instance_id(doc):
+        return _done([_instance(doc, 0, path, fleet_id, summary)], summary)
+    held: Any = doc
+    if isinstance(held, dict):  # a trajectory object holding its events
+        held = held.get("history") or held.get("events")
+    if not isinstance(held, list) or not all(isinstance(e, dict | list) for e in held):
+        raise ImportFormatError(f"{path}: not a list of OpenHands events")
+    return _done([_run(held, f"oh-{path.stem}", path.stem, fleet_id, summary)], summary)
+
+
+def _done(runs: list[ImportedRun | None], summary: Summary) -> tuple[list[ImportedRun], Summary]:
+    kept = [r for r in runs if r is not None and r.entries]
+    summary.runs, summary.entries = len(kept), sum(len(r.entries) for r in kept)
+    return kept, summary
+
+
+def _jsonl(data: bytes) -> list[dict[str, Any]] | None:
+    """An evaluation output's instances (one JSON object a line), or None if it is not one."""
+    out = []
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        out.append(doc)
+    return out or None
+
+
+def _session_events(folder: Path) -> list[Any]:
+    """A V0 session's events, by their number (10 after 9, not after 1)."""
+    files = [p for p in (folder / "events").glob("*.json") if p.stem.isdigit()]
+    events = []
+    for file in sorted(files, key=lambda p: int(p.stem)):
+        try:
+            events.append(json.loads(file.read_bytes()))
+        except ValueError:
+            raise ImportFormatError(f"{file}: not JSON") from None
+    return events
+
+
+def _instance_id(doc: dict[str, Any]) -> str | None:
+    value = doc.get("instance_id", doc.get("id"))
+    return str(value) if isinstance(value, str | int) and str(value) else None
+
+
+def _model_of(doc: dict[str, Any]) -> str | None:
+    metadata = obj(doc.get("metadata"))
+    model = metadata.get("model_name") or obj(metadata.get("llm")).get("model")
+    return model if isinstance(model, str) and model else None
+
+
+def _instance(
+    doc: dict[str, Any],
+    n: int,
+    path: Path,
+    fleet_id: str,
+    summary: Summary,
+    file_model: str = "unknown",
+) -> ImportedRun | None:
+    """One evaluation instance: its ``history`` (flat events, [action, observation] pairs, or
+    V1 ``kind`` events) as a run ``oh-<file stem>-<instance id>``."""
+    history = doc.get("history")
+    if not isinstance(history, list):
+        summary.skipped["instance without a history"] += 1
+        return None
+    instance = _instance_id(doc) or f"line-{n + 1}"
+    model = _model_of(doc) or file_model
+    return _run(history, f"oh-{path.stem}-{instance}", instance, fleet_id, summary, model=model)
+
+
+def _flat(events: Iterable[Any]) -> list[dict[str, Any]]:
+    """Events in order: [action, observation] pairs (2024 outputs) taken apart."""
+    out: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, list):
+            out.extend(e for e in event if isinstance(e, dict))
+        elif isinstance(event, dict):
+            out.append(event)
+    return out
+
+
+def _run(
+    events: Iterable[Any],
+    run_id: str,
+    session: str,
+    fleet_id: str,
+    summary: Summary,
+    model: str = "unknown",
+) -> ImportedRun:
+    run = ImportedRun(run_id, fleet_id, session, FORMAT)
     seen: set[str] = set()
     status: RunStatus | None = None
     at = None
-    for event in events:
+    events = list(events)
+    paired = any(isinstance(e, list) for e in events)  # 2024 outputs: no tool call ids
+    for event in _flat(events):
         at = parse_time(event.get("timestamp")) or at
         if at is None:
             summary.skipped["event without a timestamp"] += 1
@@ -86,6 +219,11 @@ def import_file(
         if not run.entries:
             run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
         eid = str(event.get("id"))
+        if paired and event.get("source") == "agent" and isinstance(event.get("action"), str):
+            _unmetered_call(run, f"llm-e{eid}", None, model, at, summary)  # one per action
+        if isinstance(event.get("kind"), str):  # OpenHands V1 (software-agent-sdk) events
+            status = _v1_event(run, event, at, eid, seen, model, summary) or status
+            continue
         meta = obj(event.get("tool_call_metadata"))
         response = obj(meta.get("model_response"))
         if response and isinstance(response.get("id"), str):
@@ -96,6 +234,9 @@ def import_file(
                 _model_call(run, response, at, summary)
         action, observation = event.get("action"), event.get("observation")
         call_id = meta.get("tool_call_id") if isinstance(meta.get("tool_call_id"), str) else None
+        if call_id is None and paired and event.get("source") == "agent" and action != "message":
+            cause = event.get("cause") if observation is not None else event.get("id")
+            call_id = f"event-{cause}" if isinstance(cause, int | str) else None
         if action == "message" and event.get("source") == "user":
             text = str(obj(event.get("args")).get("content") or event.get("message") or "")
             if text.strip():
@@ -105,7 +246,7 @@ def import_file(
             if text.strip():
                 run.add(EntryKind.ASSISTANT_RESPONSE, at, f"e{eid}", [TextPart(text=text)])
             status = RunStatus.SUCCEEDED
-        elif action is not None and call_id is not None:
+        elif isinstance(action, str) and call_id is not None:
             name = str(meta.get("function_name") or action)
             part = ToolCallPart(
                 tool_call_id=call_id,
@@ -115,7 +256,7 @@ def import_file(
                 started_at=at,
             )
             run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [part], tool_call_id=call_id)
-        elif observation is not None and call_id is not None:
+        elif isinstance(observation, str) and call_id is not None and _asked(run, call_id):
             _observation(run, event, call_id, at, eid)
         elif observation == "agent_state_changed":
             state = str(obj(event.get("extras")).get("agent_state") or "")
@@ -125,7 +266,7 @@ def import_file(
                 status = RunStatus.STEP_LIMIT if limited else RunStatus.FAILED
             summary.skipped["agent_state_changed"] += 1
         else:
-            summary.skipped[f"{action or observation}"] += 1
+            summary.skipped[_kind_of(action, observation)] += 1
     if at is not None and status is not None:
         run.add(
             EntryKind.RUN_FINISHED,
@@ -134,8 +275,134 @@ def import_file(
             [TextPart(text=f"finished: {status.value}")],
             run_status=status,
         )
-    summary.runs, summary.entries = (1 if run.entries else 0), len(run.entries)
-    return ([run] if run.entries else []), summary
+    return run
+
+
+def _unmetered_call(
+    run: ImportedRun, source_id: str, rid: str | None, model: str, at: Any, summary: Summary
+) -> None:
+    """A model call the output shows (an action the model chose) but keeps no usage of: its
+    tokens and cost are unknown, never 0."""
+    provider = _provider_of(model)
+    part = openai_usage({}).part(
+        provider=provider,
+        model=_model_name(model),
+        purpose="agent",
+        provider_response_id=rid,
+        status=ModelCallStatus.OK,
+        raw_usage_json="{}",
+    )
+    run.add(EntryKind.MODEL_CALL, at, source_id, [part])
+    summary.calls += 1
+    if _UNMETERED not in summary.notes:
+        summary.notes.append(_UNMETERED)
+
+
+_UNMETERED = "the output keeps no usage: each model call's tokens and cost are unknown"
+
+
+def _model_name(model: str) -> str:
+    """The model's own name, without routing prefixes (``litellm_proxy/neulab/gpt-4o`` ->
+    ``gpt-4o``) when the provider is known from it."""
+    name = model.rsplit("/", 1)[-1]
+    return name if _provider_of(name) != "unknown" else model_id("", model)
+
+
+def _provider_of(model: str) -> str:
+    """The provider a model id names (``litellm_proxy/neulab/gpt-4o``: the model's own name
+    decides; ``gpt-4o-2024-05-13``: openai)."""
+    name = model.rsplit("/", 1)[-1].lower()
+    if name.startswith(("gpt-", "o1", "o3", "o4", "chatgpt")):
+        return "openai"
+    if name.startswith("claude"):
+        return "anthropic"
+    if name.startswith("gemini"):
+        return "google"
+    return model.split("/", 1)[0] if "/" in model else "unknown"
+
+
+def _asked(run: ImportedRun, call_id: str) -> bool:
+    """Whether the run holds the request of this call (a result needs one)."""
+    return any(e.causation.tool_call_id == call_id for e in reversed(run.entries[-50:]))
+
+
+def _kind_of(action: Any, observation: Any) -> str:
+    """A short name of what was skipped (never a whole event)."""
+    for value in (action, observation):
+        if isinstance(value, str) and value:
+            return value[:60]
+        if isinstance(value, dict) and isinstance(value.get("kind"), str):
+            return str(value["kind"])[:60]
+    return "event of no known kind"
+
+
+def _v1_event(
+    run: ImportedRun,
+    event: dict[str, Any],
+    at: Any,
+    eid: str,
+    seen: set[str],
+    model: str,
+    summary: Summary,
+) -> RunStatus | None:
+    """An OpenHands V1 event (``kind``): an ActionEvent is a tool call (and, once per
+    ``llm_response_id``, a model call whose usage the output does not keep: unknown, never 0);
+    an ObservationEvent its result; a user MessageEvent the task."""
+    kind = event["kind"]
+    call_id = event.get("tool_call_id") if isinstance(event.get("tool_call_id"), str) else None
+    name = str(event.get("tool_name") or "tool")
+    if kind == "ActionEvent" and call_id is not None:
+        rid = event.get("llm_response_id")
+        if isinstance(rid, str) and rid not in seen:
+            seen.add(rid)
+            _unmetered_call(run, f"call-{rid}", rid, model, at, summary)
+        elif isinstance(rid, str):
+            summary.duplicate_reports += 1
+        thought = event.get("thought")
+        text = (
+            " ".join(str(t.get("text") or "") for t in thought if isinstance(t, dict))
+            if isinstance(thought, list)
+            else str(thought or "")
+        )
+        if text.strip():
+            run.add(EntryKind.ASSISTANT_RESPONSE, at, f"e{eid}-thought", [TextPart(text=text)])
+        request = ToolCallPart(
+            tool_call_id=call_id,
+            tool_name=name,
+            permission_class=permission_of(name),
+            arguments_hash=sha256_digest(event.get("action")),
+            started_at=at,
+        )
+        run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [request], tool_call_id=call_id)
+        return RunStatus.SUCCEEDED if name == "finish" else None
+    if kind == "ObservationEvent" and call_id is not None and _asked(run, call_id):
+        observation = obj(event.get("observation"))
+        code = observation.get("exit_code")
+        exit_code = code if type(code) is int else None
+        failed = exit_code not in (None, 0) or bool(observation.get("error"))
+        output = observation.get("output", observation.get("content"))
+        result = ToolResultPart(
+            tool_call_id=call_id,
+            status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
+            exit_code=exit_code,
+            timed_out=False,
+            summary=shorten(output if isinstance(output, str) else json.dumps(output)[:4000]),
+        )
+        run.add(EntryKind.TOOL_CALL_RESULT, at, f"e{eid}", [result], tool_call_id=call_id)
+        return None
+    if kind == "MessageEvent" and event.get("source") == "user":
+        message = obj(event.get("llm_message"))
+        content = message.get("content")
+        text = (
+            " ".join(str(c.get("text") or "") for c in content if isinstance(c, dict))
+            if isinstance(content, list)
+            else str(content or "")
+        )
+        if text.strip():
+            run.add(EntryKind.USER_TASK, at, f"e{eid}", [TextPart(text=text)])
+            return None
+    summary.skipped[kind[:60]] += 1
+    return None
 
 
 def _model_call(run: ImportedRun, response: dict[str, Any], at: Any, summary: Summary) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.models import LedgerEntry, TextPart, ToolCallPart
+from schemas.models import LedgerEntry, ModelUsagePart, TextPart, ToolCallPart
 from streams.importers import FORMATS
-from streams.importers.base import patch_numstat
+from streams.importers.base import ImportedRun, patch_numstat
 
 SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
 
@@ -236,3 +236,59 @@ def _texts(entries: list[LedgerEntry], kind: str) -> list[str]:
     return [
         p.text for e in entries if e.kind.value == kind for p in e.parts if isinstance(p, TextPart)
     ]
+
+
+# -- OpenHands layouts recognised by content (samples2 README figures) ---------------------------
+
+OPENHANDS2 = SAMPLES2 / "openhands"
+
+
+def _usage(run: ImportedRun) -> list[ModelUsagePart]:
+    return [p for e in run.entries for p in e.parts if isinstance(p, ModelUsagePart)]
+
+
+def test_an_openhands_v0_session_folder_is_one_run_and_its_usage_is_counted_once() -> None:
+    folder = OPENHANDS2 / "pr9633-session-63b43159"
+    assert FORMATS["openhands"].discover([OPENHANDS2]).count(folder) == 1
+    (run,), summary = FORMATS["openhands"].import_file(folder, "fleet-x")
+    calls = _usage(run)
+    assert len(calls) == 3 and summary.duplicate_reports == 2  # 5 reports, 3 response ids
+    assert sum(c.output_tokens for c in calls) == 302
+    assert sum(c.cached_input_tokens for c in calls) == 13_316
+    assert sum(c.cache_write_input_tokens or 0 for c in calls) == 6_972
+    # the first call reports 4 prompt tokens without its 6,972 cache writes: added, flagged
+    assert sum(c.input_tokens for c in calls) == 13_332 + 6_972
+    assert any("reported apart" in n for n in summary.notes)
+
+
+def test_a_2024_evaluation_output_gives_a_run_per_instance_and_unknown_usage_per_action() -> None:
+    path = OPENHANDS2 / "pr1973-prontoqa-gpt-4o-v1.5-output.jsonl"
+    runs, summary = FORMATS["openhands"].import_file(path, "fleet-x")
+    assert [r.run_id.rsplit("-", 1)[-1] for r in runs] == [f"ProntoQA_{n}" for n in range(1, 7)]
+    assert [len(_usage(r)) for r in runs] == [4, 4, 4, 4, 4, 3]  # the agent's actions
+    for run in runs:
+        for call in _usage(run):
+            assert not call.known("input_tokens") and not call.known("output_tokens")
+            assert call.provider_reported_cost_usd is None
+            assert (call.provider, call.model) == ("openai", "gpt-4o-2024-05-13")
+    assert summary.runs == 6
+
+
+def test_a_v1_sdk_evaluation_output_maps_its_kind_events() -> None:
+    path = OPENHANDS2 / "benchmarks-pr90-openagentsafety-v1sdk-output.jsonl"
+    runs, summary = FORMATS["openhands"].import_file(path, "fleet-x")
+    assert len(runs) == 2 and not summary.skipped
+    for run in runs:
+        assert len(_usage(run)) == 9  # 9 unique llm_response_ids
+        kinds = [e.kind.value for e in run.entries]
+        assert kinds.count("TOOL_CALL_REQUEST") == kinds.count("TOOL_CALL_RESULT") == 9
+        assert {c.model for c in _usage(run)} == {"gpt-4o-2024-08-06"}
+
+
+def test_jsonl_that_is_not_an_evaluation_output_is_refused_by_content(tmp_path: Path) -> None:
+    from streams.importers.base import ImportFormatError
+
+    path = tmp_path / "other.jsonl"
+    path.write_text('{"type": "user"}\n{"type": "assistant"}\n')
+    with pytest.raises(ImportFormatError, match="no line holds a 'history'"):
+        FORMATS["openhands"].import_file(path, "fleet-x")
