@@ -245,9 +245,11 @@ class Usage:
     cost_usd: float | None
     notes: tuple[str, ...] = ()
 
+    latency_ms: int | None = None
+
     @property
     def unknown(self) -> tuple[UsageField, ...]:
-        fields: list[UsageField] = ["latency_ms"]
+        fields: list[UsageField] = [] if self.latency_ms is not None else ["latency_ms"]
         if self.input_tokens is None:
             fields += ["input_tokens", "cached_input_tokens"]
         elif self.cached_input_tokens is None:
@@ -273,7 +275,7 @@ class Usage:
             else self.cache_write_input_tokens,
             output_tokens=known("output_tokens", self.output_tokens),
             reasoning_tokens=known("reasoning_tokens", self.reasoning_tokens),
-            latency_ms=0,
+            latency_ms=self.latency_ms or 0,
             provider_reported_cost_usd=self.cost_usd,
             unknown_fields=unknown,
             **fields,

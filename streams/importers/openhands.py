@@ -22,6 +22,8 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterable
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,7 @@ def discover(paths: Iterable[Path]) -> list[Path]:
             continue
         sessions = sorted({p.parent.parent for p in path.rglob("events/*.json")})
         sessions = [p for p in sessions if _is_session(p)]
+        sessions += sorted({p.parent for p in path.rglob("*.json") if _is_completion_log(p)})
         for candidate in sorted([*path.rglob("*.json"), *path.rglob("*.jsonl")]):
             if not any(candidate.is_relative_to(session) for session in sessions):
                 found.append(candidate)
@@ -75,6 +78,29 @@ def _is_session(path: Path) -> bool:
     return path.is_dir() and (path / "events").is_dir() and (path / "metadata.json").is_file()
 
 
+def _is_completion_log(path: Path) -> bool:
+    """An LLM completion log (``log_completions``: one call a file, ``messages`` and
+    ``response``); small files only are opened to tell."""
+    if path.suffix != ".json" or path.stat().st_size > 16 * 1024 * 1024:
+        return False
+    try:
+        doc = json.loads(path.read_bytes())
+    except ValueError:
+        return False
+    return _completion(doc) is not None
+
+
+def _completion(doc: Any) -> dict[str, Any] | None:
+    if (
+        isinstance(doc, dict)
+        and isinstance(doc.get("response"), dict)
+        and isinstance(doc.get("messages"), list)
+        and "history" not in doc
+    ):
+        return doc
+    return None
+
+
 def import_file(
     path: Path, fleet_id: str, settled: bool = False
 ) -> tuple[list[ImportedRun], Summary]:
@@ -83,6 +109,8 @@ def import_file(
     instance a line: a run each); a V0 session folder (one JSON file per event)."""
     summary = Summary(str(path))
     summary.notes.append("OpenHands timestamps carry no zone: read as UTC")
+    if path.is_dir() and not _is_session(path):
+        return _done([_completions(path, fleet_id, summary)], summary)
     if path.is_dir():
         events = _session_events(path)
         run = _run(events, f"oh-{path.name}", path.name, fleet_id, summary)
@@ -126,6 +154,103 @@ def _done(runs: list[ImportedRun | None], summary: Summary) -> tuple[list[Import
     kept = [r for r in runs if r is not None and r.entries]
     summary.runs, summary.entries = len(kept), sum(len(r.entries) for r in kept)
     return kept, summary
+
+
+def _completions(folder: Path, fleet_id: str, summary: Summary) -> ImportedRun | None:
+    """A folder of LLM completion logs as one run: a model call a file (its usage, the
+    provider's per-call ``cost``, ``latency_sec``), in time order; the first file's prompt
+    gives the instructions and the task, each response its text and tool calls."""
+    logs = []
+    for file in sorted(folder.glob("*.json")):
+        try:
+            doc = _completion(json.loads(file.read_bytes()))
+        except ValueError:
+            doc = None
+        if doc is None:
+            summary.skipped["file that is not a completion log"] += 1
+            continue
+        logs.append(doc)
+    if not logs:
+        raise ImportFormatError(f"{folder}: no OpenHands session or completion logs in it")
+    logs.sort(key=_stamp)
+    run = ImportedRun(f"oh-llm-{folder.name}", fleet_id, folder.name, FORMAT)
+    summary.notes.append("completion logs: one model call a file; tool results are not in them")
+    seen: set[str] = set()
+    for n, doc in enumerate(logs):
+        stamp = doc.get("timestamp")
+        at = datetime.fromtimestamp(stamp, UTC) if isinstance(stamp, int | float) else None
+        if at is None:
+            summary.skipped["completion log without a timestamp"] += 1
+            continue
+        if not run.entries:
+            run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
+            for m, message in enumerate(doc["messages"]):
+                role = obj(message).get("role")
+                text = _content_text(obj(message).get("content"))
+                if role in ("system", "user") and text.strip():
+                    kind = EntryKind.SYSTEM_INSTRUCTION if role == "system" else EntryKind.USER_TASK
+                    run.add(kind, at, f"prompt-{m}", [TextPart(text=text)])
+        response = doc["response"]
+        rid = response.get("id") if isinstance(response.get("id"), str) else f"file-{n}"
+        if rid in seen:
+            summary.duplicate_reports += 1
+            continue
+        seen.add(rid)
+        latency = doc.get("latency_sec")
+        usage = openai_usage(obj(response.get("usage")), doc.get("cost"))
+        if isinstance(latency, int | float) and latency >= 0:
+            usage = replace(usage, latency_ms=round(latency * 1000))
+        model = str(response.get("model") or "unknown")
+        choice = obj((response.get("choices") or [{}])[0])
+        part = usage.part(
+            provider=_provider_of(model),
+            model=_model_name(model),
+            purpose="agent",
+            provider_response_id=rid,
+            finish_reason=str(choice["finish_reason"]) if choice.get("finish_reason") else None,
+            status=ModelCallStatus.OK,
+            raw_usage_json=json.dumps(obj(response.get("usage"))),
+        )
+        run.add(EntryKind.MODEL_CALL, at, f"call-{rid}", [part])
+        summary.calls += 1
+        summary.input_tokens += part.input_tokens
+        summary.output_tokens += part.output_tokens
+        message = obj(choice.get("message"))
+        text = _content_text(message.get("content"))
+        if text.strip():
+            run.add(EntryKind.ASSISTANT_RESPONSE, at, f"text-{rid}", [TextPart(text=text)])
+        for call in message.get("tool_calls") or []:
+            function = obj(obj(call).get("function"))
+            call_id = obj(call).get("id")
+            if not isinstance(call_id, str):
+                continue
+            name = str(function.get("name") or "tool")
+            request = ToolCallPart(
+                tool_call_id=call_id,
+                tool_name=name,
+                permission_class=permission_of(name),
+                arguments_hash=sha256_digest(function.get("arguments")),
+                started_at=at,
+            )
+            run.add(
+                EntryKind.TOOL_CALL_REQUEST, at, f"call-{call_id}", [request], tool_call_id=call_id
+            )
+    return run
+
+
+def _stamp(doc: dict[str, Any]) -> float:
+    stamp = doc.get("timestamp")
+    return float(stamp) if isinstance(stamp, int | float) else 0.0
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(c.get("text") or "") for c in content if isinstance(c, dict) and "text" in c
+        )
+    return ""
 
 
 def _jsonl(data: bytes) -> list[dict[str, Any]] | None:

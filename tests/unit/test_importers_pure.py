@@ -292,3 +292,19 @@ def test_jsonl_that_is_not_an_evaluation_output_is_refused_by_content(tmp_path: 
     path.write_text('{"type": "user"}\n{"type": "assistant"}\n')
     with pytest.raises(ImportFormatError, match="no line holds a 'history'"):
         FORMATS["openhands"].import_file(path, "fleet-x")
+
+
+def test_a_folder_of_completion_logs_is_one_run_with_each_calls_cost_and_latency() -> None:
+    from decimal import Decimal
+
+    folder = SAMPLES2 / "openhands-llm-logs" / "sdk-claude-sonnet-4-run"
+    assert folder in FORMATS["openhands"].discover([SAMPLES2])
+    (run,), summary = FORMATS["openhands"].import_file(folder, "fleet-x")
+    calls = _usage(run)
+    assert len(calls) == 6 == summary.calls
+    assert sum(c.input_tokens for c in calls) == 35_428  # samples2 README
+    assert sum(c.output_tokens for c in calls) == 804
+    cost = sum((Decimal(repr(c.provider_reported_cost_usd)) for c in calls), Decimal(0))
+    assert cost.quantize(Decimal("1e-9")) == Decimal("0.118344000")
+    assert all(c.known("latency_ms") and c.latency_ms > 0 for c in calls)
+    assert {(c.provider, c.model) for c in calls} == {("anthropic", "claude-sonnet-4-20250514")}
