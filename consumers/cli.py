@@ -447,11 +447,16 @@ def import_cmd(
                 f"[{number}/{len(files)}] {path.name}: {summary.runs} runs, "
                 f"{summary.entries} entries "
                 f"({report['published']} published, {report['already_on_ledger']} already on "
-                f"the ledger), {summary.calls} model calls ({summary.duplicate_reports} repeated "
-                f"usage reports not counted), "
+                f"the ledger), "
+                + (
+                    f"{summary.calls} model calls ({summary.duplicate_reports} repeated usage "
+                    "reports not counted), "
+                    if summary.calls_known
+                    else "model calls unknown (the log keeps no usage), "
+                )
                 + (
                     "tokens unknown"
-                    if calls and unmetered >= calls
+                    if (calls and unmetered >= calls) or not summary.calls_known
                     else f"{summary.input_tokens:,} in / {summary.output_tokens:,} out tokens"
                 )
                 + ", cost "
@@ -461,6 +466,8 @@ def import_cmd(
                     else ("unpriced" if unpriced else "unknown")
                     if calls
                     else "- (no model calls)"
+                    if summary.calls_known
+                    else "unknown"
                 )
                 + (f" ({unpriced} calls unpriced)" if unpriced else "")
                 + (f" ({unmetered} calls of unknown usage)" if unmetered else "")

@@ -50,6 +50,7 @@ class Summary:
     runs: int = 0
     entries: int = 0
     calls: int = 0
+    calls_known: bool = True  # False: the log shows model output but keeps no usage at all
     duplicate_reports: int = 0  # usage reports of a call already counted (the format's trap)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -62,7 +63,7 @@ class Summary:
             "path": self.path,
             "runs": self.runs,
             "entries": self.entries,
-            "calls": self.calls,
+            "calls": self.calls if self.calls_known else None,  # unknown, never 0
             "duplicate_reports": self.duplicate_reports,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,

@@ -21,6 +21,7 @@ is left open: a rollout records turns ending, not the session.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    obj,
     parse_time,
     patch_numstat,
     permission_of,
@@ -182,6 +184,13 @@ def import_file(
             summary.skipped["agent_message (repeats the assistant message)"] += 1
         else:
             summary.skipped[str(kind)] += 1
+    outputs = {"message", "function_call", "custom_tool_call", "reasoning"}
+    spoke = any(obj(d.get("payload")).get("type") in outputs for d in lines)
+    if not any(obj(d.get("payload")).get("type") == "token_count" for d in lines) and spoke:
+        summary.calls_known = False  # (Desktop 0.128: no token_count, no turn_context)
+        summary.notes.append(
+            "the rollout keeps no token counts: its model calls, tokens and cost are unknown"
+        )
     summary.runs = 1 if run.entries else 0
     summary.entries = len(run.entries)
     summary.notes.append("a Codex rollout records no session end: the run is left open (RUNNING)")
@@ -251,6 +260,9 @@ def _request(run: ImportedRun, call_id: str, name: str, arguments: Any, at: Any)
     run.add(EntryKind.TOOL_CALL_REQUEST, at, f"call-{call_id}", [call], tool_call_id=call_id)
 
 
+_EXITED = re.compile(r"^Process exited with code (\d{1,3})$", re.MULTILINE)
+
+
 def _result(
     run: ImportedRun, payload: dict[str, Any], exit_code: int | None, at: Any, sid: str
 ) -> None:
@@ -263,6 +275,9 @@ def _result(
             text = str(json.loads(output).get("output") or text)
         except (ValueError, AttributeError):
             pass
+    if exit_code is None and isinstance(text, str):  # Desktop 0.128: only in the output text
+        said = _EXITED.search(text[:2000])
+        exit_code = int(said.group(1)) if said else None
     status = (  # a call with no exit code anywhere (an MCP tool) has no recorded outcome
         ToolResultStatus.UNKNOWN
         if exit_code is None

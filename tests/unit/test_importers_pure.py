@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.models import LedgerEntry, ModelUsagePart, TextPart, ToolCallPart
+from schemas.models import LedgerEntry, ModelUsagePart, TextPart, ToolCallPart, ToolResultPart
 from streams.importers import FORMATS
 from streams.importers.base import ImportedRun, patch_numstat
 
@@ -308,3 +308,15 @@ def test_a_folder_of_completion_logs_is_one_run_with_each_calls_cost_and_latency
     assert cost.quantize(Decimal("1e-9")) == Decimal("0.118344000")
     assert all(c.known("latency_ms") and c.latency_ms > 0 for c in calls)
     assert {(c.provider, c.model) for c in calls} == {("anthropic", "claude-sonnet-4-20250514")}
+
+
+def test_a_codex_rollout_without_token_counts_has_unknown_calls_and_exit_codes_from_text() -> None:
+    (path,) = (SAMPLES2 / "codex").glob("*.jsonl")
+    (run,), summary = FORMATS["codex"].import_file(path, "fleet-x")
+    assert summary.as_json()["calls"] is None and not summary.calls_known  # unknown, never 0
+    results = [p for e in run.entries for p in e.parts if isinstance(p, ToolResultPart)]
+    assert len(results) == 38
+    assert sum(r.exit_code == 0 for r in results) == 34  # "Process exited with code 0"
+    assert [r.exit_code for r in results if r.status.value == "FAILED"] == [1]
+    for path in (SAMPLES / "codex").glob("*.jsonl"):  # rollouts with token counts: known
+        assert FORMATS["codex"].import_file(path, "fleet-x")[1].as_json()["calls"] > 0
