@@ -16,9 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from schemas.factory import PROFILES
 from schemas.models import (
@@ -32,6 +36,7 @@ from schemas.models import (
     PermissionClass,
     RunStatus,
     UsageField,
+    validation_error,
 )
 
 # Tool output kept inline in a TOOL_CALL_RESULT's summary; the rest is counted, not imported.
@@ -139,6 +144,15 @@ def stable_id(scope: str, source_id: str) -> str:
     if len(text) <= 200 and all(c.isalnum() or c in "_.:@/+=#~-" for c in text):
         return text
     return f"{scope[:120]}:h{hashlib.sha256(text.encode()).hexdigest()[:40]}"
+
+
+def safe_id(text: str) -> str:
+    """A run or session id from a name a log gives: itself when it is a plain id (the
+    contract's charset and length), else a readable part and a hash of the whole."""
+    if 0 < len(text) <= 120 and all(c.isalnum() or c in "_.:@/+=#~-" for c in text):
+        return text
+    clean = "".join(c if c.isalnum() or c in "_.-" else "-" for c in text)[:60].strip("-")
+    return f"{clean or 'run'}-h{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
 
 
 def sha256_digest(value: Any) -> str:
@@ -346,3 +360,20 @@ def model_id(provider: str, model: str) -> str:
     while len(parts) > 2 and parts[0] == parts[1]:
         parts = parts[1:]
     return "/".join(parts)
+
+
+@contextmanager
+def skipping(summary: Summary, what: str = "record") -> Iterator[None]:
+    """Map one record; one the importer cannot map (a field missing, of another type, a value
+    the ledger contract refuses) is skipped and counted with its reason, named by field, never
+    by value. A file of another format still raises ImportFormatError."""
+    try:
+        yield
+    except ImportFormatError:
+        raise
+    except ValidationError as exc:
+        summary.skipped[
+            f"{what} breaking the ledger contract at {validation_error(exc).field}"
+        ] += 1
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        summary.skipped[f"{what} the importer cannot map ({type(exc).__name__})"] += 1

@@ -46,10 +46,12 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    obj,
     parse_time,
     permission_of,
     sha256_digest,
     shorten,
+    skipping,
 )
 
 FORMAT = "claude-code"
@@ -109,30 +111,37 @@ def import_file(
     tool_names: dict[str, str] = {}
     started = False
     for doc in lines:
-        at = parse_time(doc.get("timestamp"))
-        kind = doc.get("type")
-        if at is None:  # summary (a session title), file-history-snapshot: no event
-            summary.skipped[f"{kind or 'untyped'} (no timestamp)"] += 1
-            continue
-        if not started:
-            meta = {"claude_code.version": str(doc.get("version") or "?")}
-            if doc.get("gitBranch"):
-                meta["git_branch"] = str(doc["gitBranch"])
-            if agent:
-                meta["parent_run_id"] = f"cc-{session}"
-                meta["subagent_id"] = agent
-            run.add(
-                EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")], metadata=meta
-            )
-            started = True
-        if kind == "assistant":
-            _assistant(run, doc, at, last_usage, counted, tool_names, summary)
-        elif kind == "user":
-            _user(run, doc, at, tool_names, summary)
-        elif kind == "system" and doc.get("subtype") == "compact_boundary":
-            _compaction(run, doc, at)
-        else:
-            summary.skipped[f"{kind}{'/' + str(doc['subtype']) if doc.get('subtype') else ''}"] += 1
+        with skipping(summary, "line"):
+            at = parse_time(doc.get("timestamp"))
+            kind = doc.get("type")
+            if at is None:  # summary (a session title), file-history-snapshot: no event
+                summary.skipped[f"{kind or 'untyped'} (no timestamp)"] += 1
+                continue
+            if not started:
+                meta = {"claude_code.version": str(doc.get("version") or "?")}
+                if doc.get("gitBranch"):
+                    meta["git_branch"] = str(doc["gitBranch"])
+                if agent:
+                    meta["parent_run_id"] = f"cc-{session}"
+                    meta["subagent_id"] = agent
+                run.add(
+                    EntryKind.RUN_STARTED,
+                    at,
+                    "start",
+                    [TextPart(text="run imported")],
+                    metadata=meta,
+                )
+                started = True
+            if kind == "assistant":
+                _assistant(run, doc, at, last_usage, counted, tool_names, summary)
+            elif kind == "user":
+                _user(run, doc, at, tool_names, summary)
+            elif kind == "system" and doc.get("subtype") == "compact_boundary":
+                _compaction(run, doc, at)
+            else:
+                summary.skipped[
+                    f"{kind}{'/' + str(doc['subtype']) if doc.get('subtype') else ''}"
+                ] += 1
     if not run.entries:
         return [], summary
     summary.runs = 1
@@ -194,7 +203,7 @@ def _assistant(
     tool_names: dict[str, str],
     summary: Summary,
 ) -> None:
-    message = doc.get("message") or {}
+    message = obj(doc.get("message"))
     mid = message.get("id")
     uid = str(doc.get("uuid") or mid)
     if isinstance(mid, str) and mid in last_usage:
@@ -271,7 +280,7 @@ def _model_call(
 def _user(
     run: ImportedRun, doc: dict[str, Any], at: Any, tool_names: dict[str, str], summary: Summary
 ) -> None:
-    message = doc.get("message") or {}
+    message = obj(doc.get("message"))
     content = message.get("content")
     uid = str(doc.get("uuid"))
     if isinstance(content, str):

@@ -48,6 +48,7 @@ from streams.importers.base import (
     permission_of,
     sha256_digest,
     shorten,
+    skipping,
 )
 from streams.importers.claude_code import classify, read_lines
 
@@ -81,109 +82,114 @@ def import_file(
         if isinstance(d.get("payload"), dict) and d["payload"].get("type") == "patch_apply_end"
     }
     for n, doc in enumerate(lines):
-        at = parse_time(doc.get("timestamp"))
-        found = doc.get("payload")
-        payload: dict[str, Any] = found if isinstance(found, dict) else {}
-        kind = (
-            f"{doc.get('type')}/{payload.get('type')}" if payload.get("type") else doc.get("type")
-        )
-        if at is None:
-            summary.skipped[f"{kind} (no timestamp)"] += 1
-            continue
-        if not run.entries:
-            found_git = meta.get("git")
-            git: dict[str, Any] = found_git if isinstance(found_git, dict) else {}
-            started = {
-                "codex.cli_version": str(meta.get("cli_version") or "?"),
-                "codex.originator": str(meta.get("originator") or "?"),
-            }
-            if git.get("commit_hash"):
-                started["base_sha"] = str(git["commit_hash"])
-            if git.get("branch"):
-                started["git_branch"] = str(git["branch"])
-            run.add(
-                EntryKind.RUN_STARTED,
-                at,
-                "start",
-                [TextPart(text="run imported")],
-                metadata=started,
+        with skipping(summary, "line"):
+            at = parse_time(doc.get("timestamp"))
+            found = doc.get("payload")
+            payload: dict[str, Any] = found if isinstance(found, dict) else {}
+            kind = (
+                f"{doc.get('type')}/{payload.get('type')}"
+                if payload.get("type")
+                else doc.get("type")
             )
-        sid = f"l{n}"  # a line's position: rollouts are append-only
-        if doc.get("type") == "turn_context":
-            model = str(payload.get("model") or model)
-            continue
-        if doc.get("type") == "session_meta":
-            continue
-        ptype = payload.get("type")
-        if ptype == "token_count":
-            total = _token_count(run, payload, total, model, at, sid, summary)
-        elif ptype == "user_message" and str(payload.get("message") or "").strip():
-            run.add(EntryKind.USER_TASK, at, sid, [TextPart(text=payload["message"])])
-        elif ptype == "message" and payload.get("role") == "assistant":
-            text = "\n".join(
-                str(c.get("text") or "")
-                for c in payload.get("content") or []
-                if isinstance(c, dict)
-            )
-            if text.strip():
-                run.add(EntryKind.ASSISTANT_RESPONSE, at, sid, [TextPart(text=text)])
-        elif ptype in ("function_call", "custom_tool_call") and isinstance(
-            payload.get("call_id"), str
-        ):
-            name = str(payload.get("name") or "tool")
-            calls[payload["call_id"]] = name
-            arguments = payload.get("arguments", payload.get("input"))
-            _request(run, payload["call_id"], name, arguments, at)
-            if name == "apply_patch" and payload["call_id"] not in patched:
-                diff = _diff_from_patch_input(str(payload.get("input") or ""))
+            if at is None:
+                summary.skipped[f"{kind} (no timestamp)"] += 1
+                continue
+            if not run.entries:
+                found_git = meta.get("git")
+                git: dict[str, Any] = found_git if isinstance(found_git, dict) else {}
+                started = {
+                    "codex.cli_version": str(meta.get("cli_version") or "?"),
+                    "codex.originator": str(meta.get("originator") or "?"),
+                }
+                if git.get("commit_hash"):
+                    started["base_sha"] = str(git["commit_hash"])
+                if git.get("branch"):
+                    started["git_branch"] = str(git["branch"])
+                run.add(
+                    EntryKind.RUN_STARTED,
+                    at,
+                    "start",
+                    [TextPart(text="run imported")],
+                    metadata=started,
+                )
+            sid = f"l{n}"  # a line's position: rollouts are append-only
+            if doc.get("type") == "turn_context":
+                model = str(payload.get("model") or model)
+                continue
+            if doc.get("type") == "session_meta":
+                continue
+            ptype = payload.get("type")
+            if ptype == "token_count":
+                total = _token_count(run, payload, total, model, at, sid, summary)
+            elif ptype == "user_message" and str(payload.get("message") or "").strip():
+                run.add(EntryKind.USER_TASK, at, sid, [TextPart(text=payload["message"])])
+            elif ptype == "message" and payload.get("role") == "assistant":
+                text = "\n".join(
+                    str(c.get("text") or "")
+                    for c in payload.get("content") or []
+                    if isinstance(c, dict)
+                )
+                if text.strip():
+                    run.add(EntryKind.ASSISTANT_RESPONSE, at, sid, [TextPart(text=text)])
+            elif ptype in ("function_call", "custom_tool_call") and isinstance(
+                payload.get("call_id"), str
+            ):
+                name = str(payload.get("name") or "tool")
+                calls[payload["call_id"]] = name
+                arguments = payload.get("arguments", payload.get("input"))
+                _request(run, payload["call_id"], name, arguments, at)
+                if name == "apply_patch" and payload["call_id"] not in patched:
+                    diff = _diff_from_patch_input(str(payload.get("input") or ""))
+                    if diff is not None:
+                        run.add(
+                            EntryKind.DIFF_SNAPSHOT,
+                            at,
+                            f"{sid}-diff",
+                            [diff],
+                            tool_call_id=payload["call_id"],
+                        )
+            elif ptype in ("function_call_output", "custom_tool_call_output") and isinstance(
+                payload.get("call_id"), str
+            ):
+                _result(run, payload, exits.get(payload["call_id"]), at, sid)
+            elif ptype == "web_search_call":
+                call_id = f"web-{n}"
+                query = (payload.get("action") or {}).get("query")
+                _request(run, call_id, "web_search", query, at)
+                status = (
+                    ToolResultStatus.SUCCEEDED
+                    if payload.get("status") == "completed"
+                    else ToolResultStatus.FAILED
+                )
+                part = ToolResultPart(
+                    tool_call_id=call_id, status=status, timed_out=False, summary=str(query or "")
+                )
+                run.add(
+                    EntryKind.TOOL_CALL_RESULT, at, f"{sid}-result", [part], tool_call_id=call_id
+                )
+            elif ptype == "patch_apply_end":
+                diff = _diff_from_changes(payload.get("changes"))
                 if diff is not None:
                     run.add(
                         EntryKind.DIFF_SNAPSHOT,
                         at,
-                        f"{sid}-diff",
+                        sid,
                         [diff],
-                        tool_call_id=payload["call_id"],
+                        tool_call_id=str(payload.get("call_id")),
                     )
-        elif ptype in ("function_call_output", "custom_tool_call_output") and isinstance(
-            payload.get("call_id"), str
-        ):
-            _result(run, payload, exits.get(payload["call_id"]), at, sid)
-        elif ptype == "web_search_call":
-            call_id = f"web-{n}"
-            query = (payload.get("action") or {}).get("query")
-            _request(run, call_id, "web_search", query, at)
-            status = (
-                ToolResultStatus.SUCCEEDED
-                if payload.get("status") == "completed"
-                else ToolResultStatus.FAILED
-            )
-            part = ToolResultPart(
-                tool_call_id=call_id, status=status, timed_out=False, summary=str(query or "")
-            )
-            run.add(EntryKind.TOOL_CALL_RESULT, at, f"{sid}-result", [part], tool_call_id=call_id)
-        elif ptype == "patch_apply_end":
-            diff = _diff_from_changes(payload.get("changes"))
-            if diff is not None:
+            elif doc.get("type") == "compacted":
+                text = str(payload.get("message") or "conversation compacted")
                 run.add(
-                    EntryKind.DIFF_SNAPSHOT,
+                    EntryKind.COMPACTION,
                     at,
                     sid,
-                    [diff],
-                    tool_call_id=str(payload.get("call_id")),
+                    [TextPart(text=text or "conversation compacted")],
+                    metadata={"replaces_through_seq": str(len(run.entries))},
                 )
-        elif doc.get("type") == "compacted":
-            text = str(payload.get("message") or "conversation compacted")
-            run.add(
-                EntryKind.COMPACTION,
-                at,
-                sid,
-                [TextPart(text=text or "conversation compacted")],
-                metadata={"replaces_through_seq": str(len(run.entries))},
-            )
-        elif ptype == "agent_message":
-            summary.skipped["agent_message (repeats the assistant message)"] += 1
-        else:
-            summary.skipped[str(kind)] += 1
+            elif ptype == "agent_message":
+                summary.skipped["agent_message (repeats the assistant message)"] += 1
+            else:
+                summary.skipped[str(kind)] += 1
     outputs = {"message", "function_call", "custom_tool_call", "reasoning"}
     spoke = any(obj(d.get("payload")).get("type") in outputs for d in lines)
     if not any(obj(d.get("payload")).get("type") == "token_count" for d in lines) and spoke:

@@ -50,6 +50,7 @@ from streams.importers.base import (
     permission_of,
     sha256_digest,
     shorten,
+    skipping,
 )
 from streams.importers.claude_code import classify
 
@@ -145,7 +146,7 @@ def import_file(
     held: Any = doc
     if isinstance(held, dict):  # a trajectory object holding its events
         held = held.get("history") or held.get("events")
-    if not isinstance(held, list) or not all(isinstance(e, dict | list) for e in held):
+    if not isinstance(held, list) or not any(isinstance(e, dict | list) for e in held):
         raise ImportFormatError(f"{path}: not a list of OpenHands events")
     return _done([_run(held, f"oh-{path.stem}", path.stem, fleet_id, summary)], summary)
 
@@ -177,64 +178,73 @@ def _completions(folder: Path, fleet_id: str, summary: Summary) -> ImportedRun |
     summary.notes.append("completion logs: one model call a file; tool results are not in them")
     seen: set[str] = set()
     for n, doc in enumerate(logs):
-        stamp = doc.get("timestamp")
-        at = datetime.fromtimestamp(stamp, UTC) if isinstance(stamp, int | float) else None
-        if at is None:
-            summary.skipped["completion log without a timestamp"] += 1
-            continue
-        if not run.entries:
-            run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
-            for m, message in enumerate(doc["messages"]):
-                role = obj(message).get("role")
-                text = _content_text(obj(message).get("content"))
-                if role in ("system", "user") and text.strip():
-                    kind = EntryKind.SYSTEM_INSTRUCTION if role == "system" else EntryKind.USER_TASK
-                    run.add(kind, at, f"prompt-{m}", [TextPart(text=text)])
-        response = doc["response"]
-        rid = response.get("id") if isinstance(response.get("id"), str) else f"file-{n}"
-        if rid in seen:
-            summary.duplicate_reports += 1
-            continue
-        seen.add(rid)
-        latency = doc.get("latency_sec")
-        usage = openai_usage(obj(response.get("usage")), doc.get("cost"))
-        if isinstance(latency, int | float) and latency >= 0:
-            usage = replace(usage, latency_ms=round(latency * 1000))
-        model = str(response.get("model") or "unknown")
-        choice = obj((response.get("choices") or [{}])[0])
-        part = usage.part(
-            provider=_provider_of(model),
-            model=_model_name(model),
-            purpose="agent",
-            provider_response_id=rid,
-            finish_reason=str(choice["finish_reason"]) if choice.get("finish_reason") else None,
-            status=ModelCallStatus.OK,
-            raw_usage_json=json.dumps(obj(response.get("usage"))),
-        )
-        run.add(EntryKind.MODEL_CALL, at, f"call-{rid}", [part])
-        summary.calls += 1
-        summary.input_tokens += part.input_tokens
-        summary.output_tokens += part.output_tokens
-        message = obj(choice.get("message"))
-        text = _content_text(message.get("content"))
-        if text.strip():
-            run.add(EntryKind.ASSISTANT_RESPONSE, at, f"text-{rid}", [TextPart(text=text)])
-        for call in message.get("tool_calls") or []:
-            function = obj(obj(call).get("function"))
-            call_id = obj(call).get("id")
-            if not isinstance(call_id, str):
+        with skipping(summary, "completion log"):
+            stamp = doc.get("timestamp")
+            at = datetime.fromtimestamp(stamp, UTC) if isinstance(stamp, int | float) else None
+            if at is None:
+                summary.skipped["completion log without a timestamp"] += 1
                 continue
-            name = str(function.get("name") or "tool")
-            request = ToolCallPart(
-                tool_call_id=call_id,
-                tool_name=name,
-                permission_class=permission_of(name),
-                arguments_hash=sha256_digest(function.get("arguments")),
-                started_at=at,
+            if not run.entries:
+                run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
+                for m, message in enumerate(doc["messages"]):
+                    role = obj(message).get("role")
+                    text = _content_text(obj(message).get("content"))
+                    if role in ("system", "user") and text.strip():
+                        kind = (
+                            EntryKind.SYSTEM_INSTRUCTION
+                            if role == "system"
+                            else EntryKind.USER_TASK
+                        )
+                        run.add(kind, at, f"prompt-{m}", [TextPart(text=text)])
+            response = doc["response"]
+            rid = response.get("id") if isinstance(response.get("id"), str) else f"file-{n}"
+            if rid in seen:
+                summary.duplicate_reports += 1
+                continue
+            seen.add(rid)
+            latency = doc.get("latency_sec")
+            usage = openai_usage(obj(response.get("usage")), doc.get("cost"))
+            if isinstance(latency, int | float) and latency >= 0:
+                usage = replace(usage, latency_ms=round(latency * 1000))
+            model = str(response.get("model") or "unknown")
+            choice = obj((response.get("choices") or [{}])[0])
+            part = usage.part(
+                provider=_provider_of(model),
+                model=_model_name(model),
+                purpose="agent",
+                provider_response_id=rid,
+                finish_reason=str(choice["finish_reason"]) if choice.get("finish_reason") else None,
+                status=ModelCallStatus.OK,
+                raw_usage_json=json.dumps(obj(response.get("usage"))),
             )
-            run.add(
-                EntryKind.TOOL_CALL_REQUEST, at, f"call-{call_id}", [request], tool_call_id=call_id
-            )
+            run.add(EntryKind.MODEL_CALL, at, f"call-{rid}", [part])
+            summary.calls += 1
+            summary.input_tokens += part.input_tokens
+            summary.output_tokens += part.output_tokens
+            message = obj(choice.get("message"))
+            text = _content_text(message.get("content"))
+            if text.strip():
+                run.add(EntryKind.ASSISTANT_RESPONSE, at, f"text-{rid}", [TextPart(text=text)])
+            for call in message.get("tool_calls") or []:
+                function = obj(obj(call).get("function"))
+                call_id = obj(call).get("id")
+                if not isinstance(call_id, str):
+                    continue
+                name = str(function.get("name") or "tool")
+                request = ToolCallPart(
+                    tool_call_id=call_id,
+                    tool_name=name,
+                    permission_class=permission_of(name),
+                    arguments_hash=sha256_digest(function.get("arguments")),
+                    started_at=at,
+                )
+                run.add(
+                    EntryKind.TOOL_CALL_REQUEST,
+                    at,
+                    f"call-{call_id}",
+                    [request],
+                    tool_call_id=call_id,
+                )
     return run
 
 
@@ -336,62 +346,75 @@ def _run(
     at = None
     events = list(events)
     paired = any(isinstance(e, list) for e in events)  # 2024 outputs: no tool call ids
-    for event in _flat(events):
-        at = parse_time(event.get("timestamp")) or at
-        if at is None:
-            summary.skipped["event without a timestamp"] += 1
-            continue
-        if not run.entries:
-            run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
-        eid = str(event.get("id"))
-        if paired and event.get("source") == "agent" and isinstance(event.get("action"), str):
-            _unmetered_call(run, f"llm-e{eid}", None, model, at, summary)  # one per action
-        if isinstance(event.get("kind"), str):  # OpenHands V1 (software-agent-sdk) events
-            status = _v1_event(run, event, at, eid, seen, model, summary) or status
-            continue
-        meta = obj(event.get("tool_call_metadata"))
-        response = obj(meta.get("model_response"))
-        if response and isinstance(response.get("id"), str):
-            if response["id"] in seen:
-                summary.duplicate_reports += 1
-            else:
-                seen.add(response["id"])
-                _model_call(run, response, at, summary)
-        action, observation = event.get("action"), event.get("observation")
-        call_id = meta.get("tool_call_id") if isinstance(meta.get("tool_call_id"), str) else None
-        if call_id is None and paired and event.get("source") == "agent" and action != "message":
-            cause = event.get("cause") if observation is not None else event.get("id")
-            call_id = f"event-{cause}" if isinstance(cause, int | str) else None
-        if action == "message" and event.get("source") == "user":
-            text = str(obj(event.get("args")).get("content") or event.get("message") or "")
-            if text.strip():
-                run.add(EntryKind.USER_TASK, at, f"e{eid}", [TextPart(text=text)])
-        elif action == "finish":
-            text = str(event.get("message") or "")
-            if text.strip():
-                run.add(EntryKind.ASSISTANT_RESPONSE, at, f"e{eid}", [TextPart(text=text)])
-            status = RunStatus.SUCCEEDED
-        elif isinstance(action, str) and call_id is not None:
-            name = str(meta.get("function_name") or action)
-            part = ToolCallPart(
-                tool_call_id=call_id,
-                tool_name=name,
-                permission_class=permission_of(name),
-                arguments_hash=sha256_digest(event.get("args")),
-                started_at=at,
+    flat = _flat(events)
+    if len(flat) < sum(len(e) if isinstance(e, list) else 1 for e in events):
+        summary.skipped["event that is not a JSON object"] += sum(
+            len(e) if isinstance(e, list) else 1 for e in events
+        ) - len(flat)
+    for event in flat:
+        with skipping(summary, "event"):
+            at = parse_time(event.get("timestamp")) or at
+            if at is None:
+                summary.skipped["event without a timestamp"] += 1
+                continue
+            if not run.entries:
+                run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
+            eid = str(event.get("id"))
+            if paired and event.get("source") == "agent" and isinstance(event.get("action"), str):
+                _unmetered_call(run, f"llm-e{eid}", None, model, at, summary)  # one per action
+            if isinstance(event.get("kind"), str):  # OpenHands V1 (software-agent-sdk) events
+                status = _v1_event(run, event, at, eid, seen, model, summary) or status
+                continue
+            meta = obj(event.get("tool_call_metadata"))
+            response = obj(meta.get("model_response"))
+            if response and isinstance(response.get("id"), str):
+                if response["id"] in seen:
+                    summary.duplicate_reports += 1
+                else:
+                    seen.add(response["id"])
+                    _model_call(run, response, at, summary)
+            action, observation = event.get("action"), event.get("observation")
+            call_id = (
+                meta.get("tool_call_id") if isinstance(meta.get("tool_call_id"), str) else None
             )
-            run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [part], tool_call_id=call_id)
-        elif isinstance(observation, str) and call_id is not None and _asked(run, call_id):
-            _observation(run, event, call_id, at, eid)
-        elif observation == "agent_state_changed":
-            state = str(obj(event.get("extras")).get("agent_state") or "")
-            if state == "error":
-                reason = str(event.get("message") or event.get("content") or "").lower()
-                limited = "iteration" in reason or "max_iterations" in reason
-                status = RunStatus.STEP_LIMIT if limited else RunStatus.FAILED
-            summary.skipped["agent_state_changed"] += 1
-        else:
-            summary.skipped[_kind_of(action, observation)] += 1
+            if (
+                call_id is None
+                and paired
+                and event.get("source") == "agent"
+                and action != "message"
+            ):
+                cause = event.get("cause") if observation is not None else event.get("id")
+                call_id = f"event-{cause}" if isinstance(cause, int | str) else None
+            if action == "message" and event.get("source") == "user":
+                text = str(obj(event.get("args")).get("content") or event.get("message") or "")
+                if text.strip():
+                    run.add(EntryKind.USER_TASK, at, f"e{eid}", [TextPart(text=text)])
+            elif action == "finish":
+                text = str(event.get("message") or "")
+                if text.strip():
+                    run.add(EntryKind.ASSISTANT_RESPONSE, at, f"e{eid}", [TextPart(text=text)])
+                status = RunStatus.SUCCEEDED
+            elif isinstance(action, str) and call_id is not None:
+                name = str(meta.get("function_name") or action)
+                part = ToolCallPart(
+                    tool_call_id=call_id,
+                    tool_name=name,
+                    permission_class=permission_of(name),
+                    arguments_hash=sha256_digest(event.get("args")),
+                    started_at=at,
+                )
+                run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [part], tool_call_id=call_id)
+            elif isinstance(observation, str) and call_id is not None and _asked(run, call_id):
+                _observation(run, event, call_id, at, eid)
+            elif observation == "agent_state_changed":
+                state = str(obj(event.get("extras")).get("agent_state") or "")
+                if state == "error":
+                    reason = str(event.get("message") or event.get("content") or "").lower()
+                    limited = "iteration" in reason or "max_iterations" in reason
+                    status = RunStatus.STEP_LIMIT if limited else RunStatus.FAILED
+                summary.skipped["agent_state_changed"] += 1
+            else:
+                summary.skipped[_kind_of(action, observation)] += 1
     if at is not None and status is not None:
         run.add(
             EntryKind.RUN_FINISHED,
@@ -446,6 +469,10 @@ def _provider_of(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else "unknown"
 
 
+def _id_like(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
 def _asked(run: ImportedRun, call_id: str) -> bool:
     """Whether the run holds the request of this call (a result needs one)."""
     return any(e.causation.tool_call_id == call_id for e in reversed(run.entries[-50:]))
@@ -474,7 +501,7 @@ def _v1_event(
     ``llm_response_id``, a model call whose usage the output does not keep: unknown, never 0);
     an ObservationEvent its result; a user MessageEvent the task."""
     kind = event["kind"]
-    call_id = event.get("tool_call_id") if isinstance(event.get("tool_call_id"), str) else None
+    call_id = event.get("tool_call_id") if _id_like(event.get("tool_call_id")) else None
     name = str(event.get("tool_name") or "tool")
     if kind == "ActionEvent" and call_id is not None:
         rid = event.get("llm_response_id")

@@ -51,13 +51,16 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    count,
     model_id,
     obj,
     openai_usage,
     patch_numstat,
     permission_of,
+    safe_id,
     sha256_digest,
     shorten,
+    skipping,
 )
 from streams.importers.claude_code import classify
 
@@ -74,8 +77,10 @@ def _load(path: Path) -> dict[str, Any]:
         doc = json.loads(path.read_bytes())
     except ValueError as exc:
         raise ImportFormatError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("info"), dict):
-        raise ImportFormatError(f"{path}: no 'info' object; not a trajectory")
+    if not isinstance(doc, dict):
+        raise ImportFormatError(f"{path}: not a JSON object; not a trajectory")
+    if not isinstance(doc.get("info"), dict):  # (a trajectory is known by its messages/steps)
+        doc["info"] = {}
     return doc
 
 
@@ -150,7 +155,10 @@ class MiniSweAgent:
         if not isinstance(messages, list):
             raise ImportFormatError(f"{path}: no 'messages' list; not a mini-swe-agent trajectory")
         summary = Summary(str(path))
-        instance = str(doc.get("instance_id") or path.name.removesuffix(".traj.json"))
+        named = doc.get("instance_id")
+        instance = safe_id(
+            named if isinstance(named, str) and named else path.name.removesuffix(".traj.json")
+        )
         run = ImportedRun(f"mini-{instance}", fleet_id, instance, MiniSweAgent.FORMAT)
         times = [_message_time(m) for m in messages]
         first = min((t for t in times if t is not None), default=None)
@@ -163,8 +171,8 @@ class MiniSweAgent:
                 "import.time=unknown"
             )
         at = first
-        config = doc["info"].get("config") or {}
-        model_name = str((config.get("model") or {}).get("model_name") or "unknown/unknown")
+        config = obj(doc["info"].get("config"))
+        model_name = str(obj(config.get("model")).get("model_name") or "unknown/unknown")
         provider = model_name.split("/", 1)[0] if "/" in model_name else "unknown"
         version = str(doc["info"].get("mini_version") or "?")
         run.add(
@@ -176,60 +184,61 @@ class MiniSweAgent:
         )
         seen: set[str] = set()
         for n, message in enumerate(messages):
-            if not isinstance(message, dict):
-                summary.skipped["not a message"] += 1
-                continue
-            extra = obj(message.get("extra"))
-            at = times[n] or at
-            role = message.get("role")
-            content = message.get("content")
-            text: str = content if isinstance(content, str) else ""
-            if role == "system":
-                run.add(EntryKind.SYSTEM_INSTRUCTION, at, f"m{n}", [TextPart(text=text or "-")])
-            elif role == "user":
-                run.add(EntryKind.USER_TASK, at, f"m{n}", [TextPart(text=text or "-")])
-            elif role == "assistant":
-                _mini_call(run, extra, provider, at, n, seen, summary)
-                if text.strip():
-                    run.add(EntryKind.ASSISTANT_RESPONSE, at, f"m{n}", [TextPart(text=text)])
-                for call in message.get("tool_calls") or []:
-                    if isinstance(call, dict) and isinstance(call.get("id"), str):
-                        fn = call.get("function") or {}
-                        name = str(fn.get("name") or "tool")
-                        request = ToolCallPart(
-                            tool_call_id=call["id"],
-                            tool_name=name,
-                            permission_class=permission_of(name),
-                            arguments_hash=sha256_digest(fn.get("arguments")),
-                            started_at=at,
-                        )
-                        run.add(
-                            EntryKind.TOOL_CALL_REQUEST,
-                            at,
-                            f"call-{call['id']}",
-                            [request],
-                            tool_call_id=call["id"],
-                        )
-            elif role == "tool" and isinstance(message.get("tool_call_id"), str):
-                code = extra.get("returncode")
-                exit_code = code if type(code) is int else None
-                failed = exit_code not in (None, 0) or bool(extra.get("exception_info"))
-                part = ToolResultPart(
-                    tool_call_id=message["tool_call_id"],
-                    status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
-                    exit_code=exit_code,
-                    timed_out=False,
-                    summary=shorten(text),
-                )
-                run.add(
-                    EntryKind.TOOL_CALL_RESULT,
-                    at,
-                    f"m{n}",
-                    [part],
-                    tool_call_id=message["tool_call_id"],
-                )
-            else:
-                summary.skipped[f"{role} message"] += 1
+            with skipping(summary, "message"):
+                if not isinstance(message, dict):
+                    summary.skipped["not a message"] += 1
+                    continue
+                extra = obj(message.get("extra"))
+                at = times[n] or at
+                role = message.get("role")
+                content = message.get("content")
+                text: str = content if isinstance(content, str) else ""
+                if role == "system":
+                    run.add(EntryKind.SYSTEM_INSTRUCTION, at, f"m{n}", [TextPart(text=text or "-")])
+                elif role == "user":
+                    run.add(EntryKind.USER_TASK, at, f"m{n}", [TextPart(text=text or "-")])
+                elif role == "assistant":
+                    _mini_call(run, extra, provider, at, n, seen, summary)
+                    if text.strip():
+                        run.add(EntryKind.ASSISTANT_RESPONSE, at, f"m{n}", [TextPart(text=text)])
+                    for call in message.get("tool_calls") or []:
+                        if isinstance(call, dict) and isinstance(call.get("id"), str):
+                            fn = call.get("function") or {}
+                            name = str(fn.get("name") or "tool")
+                            request = ToolCallPart(
+                                tool_call_id=call["id"],
+                                tool_name=name,
+                                permission_class=permission_of(name),
+                                arguments_hash=sha256_digest(fn.get("arguments")),
+                                started_at=at,
+                            )
+                            run.add(
+                                EntryKind.TOOL_CALL_REQUEST,
+                                at,
+                                f"call-{call['id']}",
+                                [request],
+                                tool_call_id=call["id"],
+                            )
+                elif role == "tool" and isinstance(message.get("tool_call_id"), str):
+                    code = extra.get("returncode")
+                    exit_code = code if type(code) is int else None
+                    failed = exit_code not in (None, 0) or bool(extra.get("exception_info"))
+                    part = ToolResultPart(
+                        tool_call_id=message["tool_call_id"],
+                        status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
+                        exit_code=exit_code,
+                        timed_out=False,
+                        summary=shorten(text),
+                    )
+                    run.add(
+                        EntryKind.TOOL_CALL_RESULT,
+                        at,
+                        f"m{n}",
+                        [part],
+                        tool_call_id=message["tool_call_id"],
+                    )
+                else:
+                    summary.skipped[f"{role} message"] += 1
         _finish(run, doc["info"], at, summary)
         summary.runs, summary.entries = 1, len(run.entries)
         return [run], summary
@@ -328,7 +337,8 @@ class SweAgent:
         if model is not None:
             about["swe_agent.model"] = model
         run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")], metadata=about)
-        history = [m for m in doc.get("history") or [] if isinstance(m, dict)]
+        listed = doc.get("history")
+        history = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
         for n, message in enumerate(history):
             if message.get("role") == "assistant":
                 break  # the steps below carry the rest
@@ -346,38 +356,43 @@ class SweAgent:
         # 1.x: each step's assistant message names its tool (bash, str_replace_editor, submit)
         tool_names = [_tool_name(m) for m in history if m.get("role") == "assistant"]
         for n, step in enumerate(steps):
-            if not isinstance(step, dict):
-                summary.skipped["not a step"] += 1
-                continue
-            thought = str(step.get("thought") or step.get("response") or "")
-            if thought.strip():
-                run.add(EntryKind.ASSISTANT_RESPONSE, at, f"s{n}", [TextPart(text=thought)])
-            action = str(step.get("action") or "").strip()
-            if not action:
-                continue
-            call_id = f"step-{n}"
-            named = tool_names[n] if n < len(tool_names) else None
-            name = named or action.split()[0]
-            request = ToolCallPart(
-                tool_call_id=call_id,
-                tool_name=name,
-                permission_class=permission_of(name),
-                arguments_hash=sha256_digest(action),
-                started_at=at,
-            )
-            run.add(EntryKind.TOOL_CALL_REQUEST, at, f"s{n}-call", [request], tool_call_id=call_id)
-            result = ToolResultPart(
-                tool_call_id=call_id,
-                status=ToolResultStatus.UNKNOWN,  # a 0.x step records no outcome
-                exit_code=None,
-                timed_out=False,
-                summary=shorten(str(step.get("observation") or "")),
-            )
-            run.add(EntryKind.TOOL_CALL_RESULT, at, f"s{n}-result", [result], tool_call_id=call_id)
+            with skipping(summary, "step"):
+                if not isinstance(step, dict):
+                    summary.skipped["not a step"] += 1
+                    continue
+                thought = str(step.get("thought") or step.get("response") or "")
+                if thought.strip():
+                    run.add(EntryKind.ASSISTANT_RESPONSE, at, f"s{n}", [TextPart(text=thought)])
+                action = str(step.get("action") or "").strip()
+                if not action:
+                    continue
+                call_id = f"step-{n}"
+                named = tool_names[n] if n < len(tool_names) else None
+                name = named or action.split()[0]
+                request = ToolCallPart(
+                    tool_call_id=call_id,
+                    tool_name=name,
+                    permission_class=permission_of(name),
+                    arguments_hash=sha256_digest(action),
+                    started_at=at,
+                )
+                run.add(
+                    EntryKind.TOOL_CALL_REQUEST, at, f"s{n}-call", [request], tool_call_id=call_id
+                )
+                result = ToolResultPart(
+                    tool_call_id=call_id,
+                    status=ToolResultStatus.UNKNOWN,  # a 0.x step records no outcome
+                    exit_code=None,
+                    timed_out=False,
+                    summary=shorten(str(step.get("observation") or "")),
+                )
+                run.add(
+                    EntryKind.TOOL_CALL_RESULT, at, f"s{n}-result", [result], tool_call_id=call_id
+                )
         _finish(run, doc["info"], at, summary)
-        stats = doc["info"].get("model_stats") or {}
-        summary.input_tokens = int(stats.get("tokens_sent") or 0)
-        summary.output_tokens = int(stats.get("tokens_received") or 0)
+        stats = obj(doc["info"].get("model_stats"))
+        summary.input_tokens = count(stats.get("tokens_sent")) or 0
+        summary.output_tokens = count(stats.get("tokens_received")) or 0
         summary.runs, summary.entries = 1, len(run.entries)
         return [run], summary
 

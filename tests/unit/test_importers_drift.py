@@ -1,0 +1,120 @@
+"""Formats drift: fields renamed, moved, missing, null, of another type, extra, reordered. Every
+importer, fed the packs' real records mutated that way, either maps what it can and counts the
+rest as skipped with a reason, or says the file is not its format (ImportFormatError); it never
+crashes (issue 26)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.importers import FORMATS
+from streams.importers.base import ImportFormatError
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+CASES = [
+    ("mini-swe-agent", "samples2/mini-swe-agent/pr814-django__django-13660.traj.json"),
+    ("mini-swe-agent", "samples/mini-swe-agent/pr814-django__django-11039.traj.json"),
+    ("swe-agent", "samples2/swe-agent/swesmith-1.0.1-pandas-dev__pandas.95280573.pr_53856.traj"),
+    ("swe-agent", "samples/swe-agent/swe-agent-pr843-commit0-97af1e.traj"),
+    ("openhands", "samples2/openhands/pr1973-prontoqa-gpt-4o-v1.5-output.jsonl"),
+    ("openhands", "samples2/openhands/benchmarks-pr90-openagentsafety-v1sdk-output.jsonl"),
+    ("openhands", "samples/openhands/basic.json"),
+    ("claude-code", "samples2/claude-code/codemie-v2.0.76-session-196820da.jsonl"),
+    ("codex", "samples2/codex"),
+    ("codex", "samples/codex"),
+]
+JUNK: list[Any] = [None, 0, -1, "", "x", [], {}, True, 1.5, {"a": 1}, [None], "\x00"]
+MUTATIONS = 40
+
+
+def _mutate(value: Any, rng: random.Random) -> Any:
+    if isinstance(value, dict) and value:
+        value = dict(value)
+        key = rng.choice(list(value))
+        op = rng.random()
+        if op < 0.25:
+            del value[key]  # missing
+        elif op < 0.5:
+            value[key] = rng.choice(JUNK)  # null, another type
+        elif op < 0.6:
+            value[key + "_v2"] = value.pop(key)  # renamed
+        elif op < 0.7:
+            value["added_in_a_later_version"] = rng.choice(JUNK)  # extra
+        else:
+            value[key] = _mutate(value[key], rng)
+        return value
+    if isinstance(value, list) and value:
+        value = list(value)
+        i = rng.randrange(len(value))
+        op = rng.random()
+        if op < 0.2:
+            del value[i]
+        elif op < 0.3:
+            value[i] = rng.choice(JUNK)
+        elif op < 0.4:
+            rng.shuffle(value)  # reordered
+        else:
+            value[i] = _mutate(value[i], rng)
+        return value
+    return rng.choice(JUNK) if rng.random() < 0.5 else value
+
+
+def _source(relative: str) -> Path:
+    path = SHARED / relative
+    if path.is_dir():
+        return sorted(path.glob("*.jsonl"))[0]
+    return path
+
+
+@pytest.mark.parametrize(("fmt", "relative"), CASES)
+def test_drifted_records_are_skipped_with_a_reason_never_a_crash(
+    fmt: str, relative: str, tmp_path: Path
+) -> None:
+    source = _source(relative)
+    text = source.read_text()
+    jsonl = source.suffix == ".jsonl"
+    imported = refused = 0
+    for seed in range(MUTATIONS):
+        rng = random.Random(seed)
+        if jsonl:
+            lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+            for _ in range(rng.randint(1, 5)):
+                i = rng.randrange(len(lines))
+                lines[i] = _mutate(lines[i], rng)
+            drifted = "\n".join(json.dumps(line) for line in lines)
+        else:
+            doc = json.loads(text)
+            listed = isinstance(doc, list)  # a list of events: the records themselves
+            if listed:
+                doc = {"events": doc}
+            records = [k for k, v in doc.items() if isinstance(v, list) and v]
+            for _ in range(rng.randint(1, 5)):
+                if records and (listed or rng.random() < 0.7):  # a record: message, step, event
+                    held = doc[rng.choice(records)]
+                    i = rng.randrange(len(held))
+                    held[i] = _mutate(held[i], rng)
+                else:  # the document itself: a key missing, renamed, null, extra
+                    doc = _mutate(doc, rng)
+                    if not isinstance(doc, dict):
+                        break
+                    records = [k for k, v in doc.items() if isinstance(v, list) and v]
+            whole = isinstance(doc, dict) and listed and "events" in doc
+            drifted = json.dumps(doc["events"] if whole else doc)
+        path = tmp_path / f"{seed}-{source.name}"
+        path.write_text(drifted)
+        try:
+            runs, summary = FORMATS[fmt].import_file(path, "fleet-x")
+        except ImportFormatError as exc:
+            assert str(path) in str(exc)  # says which file and why
+            refused += 1
+            continue
+        imported += 1
+        for run in runs:  # what went in is valid, numbered without gaps
+            assert [e.sequence_no for e in run.entries] == list(range(1, len(run.entries) + 1))
+        assert all(isinstance(n, int) and n > 0 for n in summary.skipped.values())
+    assert imported > refused  # most drifts still import: the importer bends
