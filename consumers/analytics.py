@@ -100,9 +100,25 @@ class CostRow:
         for name in ("cost_usd", "provider_reported_cost_usd", "task_budget_usd"):
             doc[name] = usd(doc[name])
         doc["reported_cost_usd"] = usd(self.reported_cost_usd)
-        if not self.calls:  # no per-call figures: no cost of ours (never $0)
+        # Unknown is never shown as zero: no cost of ours without a call we could price, no
+        # token sums when no call reported tokens, no provider cost when none reported one.
+        if not self.calls or self.unpriced_calls + self.usage_unknown_calls >= self.calls:
             doc["cost_usd"] = None
+        if self.calls and self.usage_unknown_calls >= self.calls:
+            for name in _TOKEN_FIELDS:
+                doc[name] = None
+        if not self.reported_calls:
+            doc["provider_reported_cost_usd"] = None
         return doc
+
+
+_TOKEN_FIELDS = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cache_write_input_tokens",
+)
 
 
 @dataclass(frozen=True)
