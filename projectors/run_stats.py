@@ -46,6 +46,17 @@ class RunStatsProjection(ModelProjection[RunStats]):
             if kind is _FINISHED and entry.run_status is not None
             else state.status
         )
+        if type(state) is not RunStats:  # a subclass (a later version) keeps its own fields
+            return state.model_copy(
+                update={
+                    "entries": state.entries + 1,
+                    "last_sequence_no": entry.sequence_no,
+                    "first_at": state.first_at or entry.occurred_at,
+                    "last_at": entry.occurred_at,
+                    "by_kind": by_kind,
+                    "status": status,
+                }
+            )
         return RunStats.made(
             run_id=state.run_id,
             fleet_id=state.fleet_id,

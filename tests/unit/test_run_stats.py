@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from projectors.base import fold_all
 from projectors.run_stats import RunStatsProjection
 from schemas.models import EntryKind
@@ -25,3 +27,23 @@ def test_doc_round_trip() -> None:
     state = fold_all(projection, run)
     assert state is not None
     assert projection.from_doc(projection.to_doc(state)) == state
+
+
+def test_a_later_versions_state_subclass_keeps_its_type_and_fields_through_the_fold() -> None:
+    """A v2 projection subclasses the state (the rebuild drill's schema change): the fold must
+    not rebuild it as the v1 class, dropping the new field."""
+    from projectors.run_stats import RunStats, RunStatsProjection
+
+    class RunStatsV2(RunStats):
+        cost_center: str | None = None
+
+    projection = RunStatsProjection()
+    run = next(iter(simulate_runs(1, 1, seed=3)))
+    state: RunStats = RunStatsV2(
+        run_id=run[0].run_id, fleet_id=run[0].fleet_id, cost_center="unassigned"
+    )
+    for entry in run:
+        state = projection.fold(state, entry)
+    assert type(state) is RunStatsV2 and state.cost_center == "unassigned"
+    assert state.entries == len(run)
+    assert json.loads(projection.to_json(state))["cost_center"] == "unassigned"
