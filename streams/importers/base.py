@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +30,10 @@ from schemas.models import (
     Actor,
     ActorType,
     Causation,
+    DiffFile,
     EntryKind,
+    FileChangeStatus,
+    FileClassification,
     LedgerEntry,
     ModelUsagePart,
     Part,
@@ -201,39 +205,126 @@ def permission_of(tool_name: str) -> PermissionClass:
     return TOOL_PERMISSIONS.get(tool_name, PermissionClass.EXECUTE_PRIVILEGED)
 
 
-def patch_numstat(patch: str) -> dict[str, tuple[int, int]]:
-    """Lines added and deleted per file of a unified diff, as ``git apply --numstat`` counts them
-    (CRLF line ends are line ends; ``+++``/``---`` headers are not lines); files by their new path
-    (the old path for a deletion)."""
-    counts: dict[str, list[int]] = {}
-    current: str | None = None
-    old: str | None = None
-    in_hunk = False
+def classify(path: str) -> FileClassification:
+    """A file's class by its path (tests, config, docs, generated, else source)."""
+    lower = path.lower()
+    name = lower.rsplit("/", 1)[-1]
+    if "/test" in lower or name.startswith("test_") or "_test." in name or ".test." in name:
+        return FileClassification.TEST
+    if name.endswith((".md", ".rst", ".txt")):
+        return FileClassification.DOCUMENTATION
+    if name.endswith((".lock", ".min.js")) or "/generated/" in lower:
+        return FileClassification.GENERATED
+    if name.endswith((".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".exs", ".env")):
+        return FileClassification.CONFIG
+    return FileClassification.SOURCE
+
+
+@dataclass
+class _PatchFile:
+    path: str | None = None
+    old_path: str | None = None
+    status: FileChangeStatus = FileChangeStatus.MODIFIED
+    added: int = 0
+    deleted: int = 0
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def patch_files(patch: str) -> list[DiffFile]:
+    """The files a unified diff changes, as ``git apply --numstat`` sees them: each file's lines
+    added and deleted (a hunk is as long as its header says; CRLF line ends are line ends), its
+    status from the git headers (new, deleted, renamed, else modified), paths relative to the
+    repository root. A file with no hunks (a new empty file, a mode change) or a binary one is
+    kept with 0/0 lines: it changed."""
+    files: list[_PatchFile] = []
+    current: _PatchFile | None = None
+    old_left = new_left = 0  # lines the open hunk still has
     for raw in patch.splitlines():
         line = raw.rstrip("\r")
-        if line.startswith("diff --git "):
-            current, in_hunk = None, False
-            continue
-        if line.startswith("--- ") and not in_hunk:
-            old = _patch_path(line[4:])
-            continue
-        if line.startswith("+++ ") and not in_hunk:
-            new = _patch_path(line[4:])
-            current = new if new is not None else old
-            if current is not None:
-                counts.setdefault(current, [0, 0])
-            continue
-        if line.startswith("@@"):
-            in_hunk = current is not None
-            continue
-        if in_hunk and current is not None:
+        if (old_left > 0 or new_left > 0) and current is not None:
             if line.startswith("+"):
-                counts[current][0] += 1
-            elif line.startswith("-"):
-                counts[current][1] += 1
-            elif not line.startswith((" ", "\\")) and line:
-                in_hunk = False
-    return {path: (a, d) for path, (a, d) in counts.items()}
+                current.added += 1
+                new_left -= 1
+                continue
+            if line.startswith("-"):
+                current.deleted += 1
+                old_left -= 1
+                continue
+            if line.startswith("\\"):
+                continue
+            if line.startswith(" ") or not line:
+                old_left, new_left = old_left - 1, new_left - 1
+                continue
+            old_left = new_left = 0  # a short hunk: what follows is not part of it
+        if line.startswith("diff --git "):
+            current = _PatchFile()
+            current.old_path, current.path = _git_header_paths(line[len("diff --git ") :])
+            files.append(current)
+        elif line.startswith("--- "):
+            if current is None or current.added or current.deleted:  # a plain diff's next file
+                current = _PatchFile()
+                files.append(current)
+            old = _patch_path(line[4:])
+            if old is None:
+                current.status = FileChangeStatus.ADDED
+            else:
+                current.old_path = old
+        elif line.startswith("+++ ") and current is not None:
+            new = _patch_path(line[4:])
+            if new is None:
+                current.status = FileChangeStatus.DELETED
+            else:
+                current.path = new
+        elif (hunk := _HUNK.match(line)) is not None and current is not None:
+            old_left = int(hunk[1]) if hunk[1] is not None else 1
+            new_left = int(hunk[2]) if hunk[2] is not None else 1
+        elif current is not None and line.startswith("new file mode"):
+            current.status = FileChangeStatus.ADDED
+        elif current is not None and line.startswith("deleted file mode"):
+            current.status = FileChangeStatus.DELETED
+        elif current is not None and line.startswith("rename from "):
+            current.old_path = line[len("rename from ") :]
+            current.status = FileChangeStatus.RENAMED
+        elif current is not None and line.startswith("rename to "):
+            current.path = line[len("rename to ") :]
+            current.status = FileChangeStatus.RENAMED
+    out: dict[str, DiffFile] = {}
+    for f in files:
+        deleted = f.status is FileChangeStatus.DELETED
+        path = (f.old_path if deleted else f.path) or f.path or f.old_path
+        if not path:
+            continue
+        renamed = f.status is FileChangeStatus.RENAMED and f.old_path not in (None, path)
+        status = FileChangeStatus.MODIFIED if f.status is FileChangeStatus.RENAMED else f.status
+        out[path] = DiffFile(
+            path=path,
+            status=FileChangeStatus.RENAMED if renamed else status,
+            lines_added=f.added,
+            lines_deleted=f.deleted,
+            classification=classify(path),
+            old_path=f.old_path if renamed else None,
+        )
+    return list(out.values())
+
+
+def _git_header_paths(text: str) -> tuple[str | None, str | None]:
+    """``a/X b/Y`` of a ``diff --git`` line (the paths may be quoted)."""
+    if text.startswith('"'):
+        parts = [p for p in text.split('"') if p.strip()]
+        if len(parts) >= 2:
+            return _patch_path(parts[0]), _patch_path(parts[-1])
+    half = text.find(" b/")
+    if text.startswith("a/") and half > 0:
+        return text[2:half], text[half + 3 :]
+    return None, None
+
+
+def patch_numstat(patch: str) -> dict[str, tuple[int, int]]:
+    """Lines added and deleted per file of a unified diff (see :func:`patch_files`); files by
+    their new path (the old path for a deletion)."""
+    return {f.path: (f.lines_added, f.lines_deleted) for f in patch_files(patch)}
 
 
 def _patch_path(text: str) -> str | None:

@@ -33,7 +33,6 @@ from schemas.models import (
     DiffPart,
     EntryKind,
     FileChangeStatus,
-    FileClassification,
     ModelCallStatus,
     ModelUsagePart,
     TextPart,
@@ -46,6 +45,7 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    classify,
     obj,
     parse_time,
     permission_of,
@@ -364,21 +364,6 @@ def _patch_lines(hunks: list[Any]) -> Iterator[str]:
             for line in hunk.get("lines") or []:
                 if isinstance(line, str):
                     yield line
-
-
-def classify(path: str) -> FileClassification:
-    """A file's class by its path (tests, config, docs, generated, else source)."""
-    lower = path.lower()
-    name = lower.rsplit("/", 1)[-1]
-    if "/test" in lower or name.startswith("test_") or "_test." in name or ".test." in name:
-        return FileClassification.TEST
-    if name.endswith((".md", ".rst", ".txt")):
-        return FileClassification.DOCUMENTATION
-    if name.endswith((".lock", ".min.js")) or "/generated/" in lower:
-        return FileClassification.GENERATED
-    if name.endswith((".json", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".exs", ".env")):
-        return FileClassification.CONFIG
-    return FileClassification.SOURCE
 
 
 def _compaction(run: ImportedRun, doc: dict[str, Any], at: Any) -> None:

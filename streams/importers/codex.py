@@ -42,6 +42,7 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    classify,
     obj,
     parse_time,
     patch_numstat,
@@ -50,7 +51,7 @@ from streams.importers.base import (
     shorten,
     skipping,
 )
-from streams.importers.claude_code import classify, read_lines
+from streams.importers.claude_code import read_lines
 
 FORMAT = "codex"
 _FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_output_tokens")

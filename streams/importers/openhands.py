@@ -43,6 +43,7 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    classify,
     model_id,
     obj,
     openai_usage,
@@ -52,7 +53,6 @@ from streams.importers.base import (
     shorten,
     skipping,
 )
-from streams.importers.claude_code import classify
 
 FORMAT = "openhands"
 

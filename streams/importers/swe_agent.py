@@ -22,11 +22,18 @@ sums, never added to them).
   ``import.time: unknown`` on the run's first entry. 1.x: the model from ``replay_config``
   (a JSON text), each step's tool from its assistant message's ``tool_calls``, message content as
   a list of text blocks; demonstration messages (``is_demo``) are not the run's task.
+* **mini-swe-agent 1.x** (``trajectory_format`` ``mini-swe-agent-1``, text actions): the first
+  user message is the task; an assistant message's one ```` ```bash ```` block is a ``bash`` tool
+  call and the user message after it that call's result (its ``<returncode>``); a user message
+  that answers no action (format-error feedback) is skipped and counted.
+* The submitted patch is the truth for changed files (:func:`~streams.importers.base.patch_files`:
+  new, deleted, renamed, empty and binary files kept).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -35,10 +42,8 @@ from typing import Any
 
 from projectors.cost_metrics import RUN_TOTALS_REF
 from schemas.models import (
-    DiffFile,
     DiffPart,
     EntryKind,
-    FileChangeStatus,
     JsonPart,
     ModelCallStatus,
     RunStatus,
@@ -55,14 +60,13 @@ from streams.importers.base import (
     model_id,
     obj,
     openai_usage,
-    patch_numstat,
+    patch_files,
     permission_of,
     safe_id,
     sha256_digest,
     shorten,
     skipping,
 )
-from streams.importers.claude_code import classify
 
 
 def discover_traj(paths: Iterable[Path], suffix: str) -> list[Path]:
@@ -99,16 +103,7 @@ def end_status(exit_status: Any) -> RunStatus:
 def _finish(run: ImportedRun, info: dict[str, Any], at: datetime, summary: Summary) -> None:
     submission = info.get("submission")
     if isinstance(submission, str) and submission.strip():
-        files = [
-            DiffFile(
-                path=path,
-                status=FileChangeStatus.MODIFIED,
-                lines_added=added,
-                lines_deleted=deleted,
-                classification=classify(path),
-            )
-            for path, (added, deleted) in sorted(patch_numstat(submission).items())
-        ]
+        files = patch_files(submission)
         if files:
             run.add(EntryKind.DIFF_SNAPSHOT, at, "submission", [DiffPart(files=tuple(files))])
     stats = obj(info.get("model_stats"))
@@ -183,6 +178,8 @@ class MiniSweAgent:
             metadata={"mini_swe_agent.version": version, **time_note},
         )
         seen: set[str] = set()
+        tasked = False
+        pending: str | None = None  # 1.x: the tool call id of a text action awaiting its output
         for n, message in enumerate(messages):
             with skipping(summary, "message"):
                 if not isinstance(message, dict):
@@ -195,12 +192,20 @@ class MiniSweAgent:
                 text: str = content if isinstance(content, str) else ""
                 if role == "system":
                     run.add(EntryKind.SYSTEM_INSTRUCTION, at, f"m{n}", [TextPart(text=text or "-")])
-                elif role == "user":
+                elif role == "user" and pending is not None:  # 1.x: the action's output
+                    _text_result(run, pending, text, at, n)
+                    pending = None
+                elif role == "user" and not tasked:
                     run.add(EntryKind.USER_TASK, at, f"m{n}", [TextPart(text=text or "-")])
+                    tasked = True
+                elif role == "user":  # e.g. 1.x's "format error" feedback: no action ran
+                    summary.skipped["user message after the task that answers no action"] += 1
                 elif role == "assistant":
                     _mini_call(run, extra, provider, at, n, seen, summary)
                     if text.strip():
                         run.add(EntryKind.ASSISTANT_RESPONSE, at, f"m{n}", [TextPart(text=text)])
+                    if not message.get("tool_calls"):
+                        pending = _text_action(run, text, at, n)
                     for call in message.get("tool_calls") or []:
                         if isinstance(call, dict) and isinstance(call.get("id"), str):
                             fn = call.get("function") or {}
@@ -242,6 +247,48 @@ class MiniSweAgent:
         _finish(run, doc["info"], at, summary)
         summary.runs, summary.entries = 1, len(run.entries)
         return [run], summary
+
+
+# mini-swe-agent 1.x: the action is the assistant text's one ```bash block; the next user
+# message is its output, ``<returncode>N</returncode>`` then ``<output>...</output>``.
+_BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)
+_RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
+
+
+def _text_action(run: ImportedRun, text: str, at: datetime, n: int) -> str | None:
+    """A 1.x text action (its bash block) as a tool call; its id, or None when there is none."""
+    block = _BASH_BLOCK.search(text)
+    if block is None:
+        return None
+    call_id = f"m{n}-bash"
+    request = ToolCallPart(
+        tool_call_id=call_id,
+        tool_name="bash",
+        permission_class=permission_of("bash"),
+        arguments_hash=sha256_digest({"command": block[1]}),
+        started_at=at,
+    )
+    run.add(EntryKind.TOOL_CALL_REQUEST, at, f"call-{call_id}", [request], tool_call_id=call_id)
+    return call_id
+
+
+def _text_result(run: ImportedRun, call_id: str, text: str, at: datetime, n: int) -> None:
+    code = _RETURNCODE.search(text)
+    exit_code = int(code[1]) if code is not None else None
+    timed_out = exit_code is None and "timed out" in text.lower()
+    status = ToolResultStatus.SUCCEEDED
+    if timed_out:
+        status = ToolResultStatus.TIMED_OUT
+    elif exit_code not in (None, 0):
+        status = ToolResultStatus.FAILED
+    part = ToolResultPart(
+        tool_call_id=call_id,
+        status=status,
+        exit_code=exit_code,
+        timed_out=timed_out,
+        summary=shorten(text),
+    )
+    run.add(EntryKind.TOOL_CALL_RESULT, at, f"m{n}", [part], tool_call_id=call_id)
 
 
 def _message_time(message: Any) -> datetime | None:

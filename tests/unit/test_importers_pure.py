@@ -3,14 +3,24 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from schemas.models import LedgerEntry, ModelUsagePart, TextPart, ToolCallPart, ToolResultPart
+from schemas.models import (
+    DiffPart,
+    LedgerEntry,
+    ModelUsagePart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from streams.importers import FORMATS
-from streams.importers.base import ImportedRun, patch_numstat
+from streams.importers.base import ImportedRun, patch_files, patch_numstat
 
 SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
 
@@ -320,3 +330,139 @@ def test_a_codex_rollout_without_token_counts_has_unknown_calls_and_exit_codes_f
     assert [r.exit_code for r in results if r.status.value == "FAILED"] == [1]
     for path in (SAMPLES / "codex").glob("*.jsonl"):  # rollouts with token counts: known
         assert FORMATS["codex"].import_file(path, "fleet-x")[1].as_json()["calls"] > 0
+
+
+# -- patches are the truth for files -------------------------------------------------------------
+
+KINDS_PATCH = (
+    "diff --git a/src/x.py b/src/x.py\n"
+    "index 1111111..2222222 100644\n"
+    "--- a/src/x.py\n"
+    "+++ b/src/x.py\n"
+    "@@ -1,3 +1,3 @@\n"
+    " a\n"
+    "--- old comment\n"
+    "+-- new comment\n"
+    " c\n"
+    "diff --git a/empty.txt b/empty.txt\n"
+    "new file mode 100644\n"
+    "index 0000000..e69de29\n"
+    "diff --git a/img.png b/img.png\n"
+    "new file mode 100644\n"
+    "index 0000000..3333333\n"
+    "Binary files /dev/null and b/img.png differ\n"
+    "diff --git a/old.py b/new.py\n"
+    "similarity index 90%\n"
+    "rename from old.py\n"
+    "rename to new.py\n"
+    "index 4444444..5555555 100644\n"
+    "--- a/old.py\n"
+    "+++ b/new.py\n"
+    "@@ -1 +1 @@\n"
+    "-x\n"
+    "+y\n"
+    "diff --git a/gone.txt b/gone.txt\n"
+    "deleted file mode 100644\n"
+    "index 6666666..0000000\n"
+    "--- a/gone.txt\n"
+    "+++ /dev/null\n"
+    "@@ -1,2 +0,0 @@\n"
+    "-a\n"
+    "-b\n"
+)
+
+
+def test_every_file_of_a_patch_is_kept_as_git_sees_it_empty_binary_renamed_and_deleted(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "p.diff").write_text(KINDS_PATCH)
+    git = subprocess.run(
+        ["git", "apply", "--numstat", str(tmp_path / "p.diff")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
+    theirs = {
+        path: (0 if a == "-" else int(a), 0 if d == "-" else int(d))  # binary: "-"
+        for a, d, path in (line.split("\t") for line in git.splitlines())
+    }
+    files = {f.path: f for f in patch_files(KINDS_PATCH)}
+    assert {p: (f.lines_added, f.lines_deleted) for p, f in files.items()} == theirs
+    assert {p: f.status.value for p, f in files.items()} == {
+        "src/x.py": "MODIFIED",
+        "empty.txt": "ADDED",
+        "img.png": "ADDED",
+        "new.py": "RENAMED",
+        "gone.txt": "DELETED",
+    }
+    assert files["new.py"].old_path == "old.py"
+
+
+def test_a_plain_diff_of_two_files_ends_each_hunk_where_its_header_says() -> None:
+    patch = (
+        "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-x\n+y\n"
+        "--- a/b.txt\n+++ b/b.txt\n@@ -1 +1,2 @@\n z\n+w\n"
+    )
+    assert patch_numstat(patch) == {"a.txt": (1, 1), "b.txt": (1, 0)}
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "added", "deleted"),
+    [  # samples2 README: patch statistics from git apply --numstat
+        ("pr816-reasoner-sqlfluff__sqlfluff-2419.traj.json", "src/sqlfluff/rules/L060.py", 6, 4),
+        ("pr814-django__django-13660.traj.json", "django/core/management/commands/shell.py", 2, 2),
+    ],
+)
+def test_a_submitted_patch_gives_the_changed_files_and_lines(
+    name: str, path: str, added: int, deleted: int
+) -> None:
+    runs, _ = FORMATS["mini-swe-agent"].import_file(SAMPLES2 / "mini-swe-agent" / name, "f")
+    diffs = [p for e in runs[0].entries for p in e.parts if isinstance(p, DiffPart)]
+    assert [(f.path, f.lines_added, f.lines_deleted) for d in diffs for f in d.files] == [
+        (path, added, deleted)
+    ]
+
+
+def _as_mini_1x(doc: dict[str, Any]) -> dict[str, Any]:
+    """A mini 2.x (tool calling) trajectory drifted back to 1.x: text actions in bash blocks, the
+    outputs as user messages, no per-message timestamps (only the responses' ``created``)."""
+    out = []
+    for m in doc["messages"]:
+        m = dict(m)
+        extra = dict(m.get("extra") or {})
+        extra.pop("timestamp", None)
+        m["extra"] = extra
+        if m["role"] == "assistant":
+            commands = [json.loads(c["function"]["arguments"])["command"] for c in m["tool_calls"]]
+            m["content"] = (m.get("content") or "") + "".join(
+                f"\n\n```bash\n{c}\n```" for c in commands
+            )
+            del m["tool_calls"]
+        elif m["role"] == "tool":
+            m = {"role": "user", "content": m["content"], "extra": extra}
+        elif m["role"] == "exit":
+            continue
+        out.append(m)
+    info = dict(doc["info"], mini_version="1.17.0")
+    return {**doc, "messages": out, "info": info, "trajectory_format": "mini-swe-agent-1"}
+
+
+def test_a_mini_1x_trajectory_has_one_task_and_its_text_actions_as_tool_calls(
+    tmp_path: Path,
+) -> None:
+    doc = json.loads(
+        (SAMPLES2 / "mini-swe-agent" / "pr814-django__django-13660.traj.json").read_text()
+    )
+    path = tmp_path / "django__django-13660.traj.json"
+    path.write_text(json.dumps(_as_mini_1x(doc)))
+    runs, summary = FORMATS["mini-swe-agent"].import_file(path, "f")
+    kinds = Counter(e.kind.value for e in runs[0].entries)
+    assert kinds["USER_TASK"] == 1  # not every observation
+    assert kinds["TOOL_CALL_REQUEST"] == 46  # one per assistant message (README: 46)
+    assert kinds["TOOL_CALL_RESULT"] == 45  # README: 45 tool messages (the submit's is the exit)
+    assert summary.calls == 46
+    results = [p for e in runs[0].entries for p in e.parts if isinstance(p, ToolResultPart)]
+    assert results[0].exit_code == 0 and results[0].status.value == "SUCCEEDED"
+    first = runs[0].entries[0].occurred_at
+    assert int(first.timestamp()) == 1775810653  # README: the first response's created
