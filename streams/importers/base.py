@@ -34,12 +34,15 @@ from schemas.models import (
     EntryKind,
     FileChangeStatus,
     FileClassification,
+    JsonPart,
     LedgerEntry,
     ModelUsagePart,
     Part,
     PermissionClass,
     RunStatus,
     UsageField,
+    VerificationPart,
+    VerificationStatus,
     validation_error,
 )
 
@@ -468,3 +471,45 @@ def skipping(summary: Summary, what: str = "record") -> Iterator[None]:
         ] += 1
     except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
         summary.skipped[f"{what} the importer cannot map ({type(exc).__name__})"] += 1
+
+
+# -- evaluation verdicts ----------------------------------------------------------------------
+
+EVAL_PROFILE = "swe-bench-eval"  # names an evaluation: failure-classifications reclassifies on it
+VERDICT_REF = "agentledger.eval-verdict@1"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An evaluation's verdict on a run: resolved or not, by which harness, with its details
+    (e.g. the test counts of a SWE-bench report)."""
+
+    resolved: bool
+    harness: str  # e.g. "swe-bench", "openhands-eval"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def parts(self) -> list[Part]:
+        status = VerificationStatus.PASSED if self.resolved else VerificationStatus.FAILED
+        check = VerificationPart(
+            verifier=self.harness, profile=EVAL_PROFILE, status=status, check_id="resolved"
+        )
+        body = {"resolved": self.resolved, **self.details}
+        return [check, JsonPart(json_text=json.dumps(body, sort_keys=True), schema_ref=VERDICT_REF)]
+
+    def source_id(self) -> str:
+        """The verdict's own id: the same report gives the same entry id."""
+        digest = hashlib.sha256(json.dumps(self.parts()[1].model_dump(), sort_keys=True).encode())
+        return f"verdict-{self.harness}-{digest.hexdigest()[:16]}"
+
+
+def tests_status_counts(report: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """A SWE-bench report's ``tests_status``: per category, how many tests succeeded and failed."""
+    out: dict[str, dict[str, int]] = {}
+    for category, result in obj(report.get("tests_status")).items():
+        result = obj(result)
+        out[str(category)] = {
+            key: len(result[key])
+            for key in ("success", "failure")
+            if isinstance(result.get(key), list)
+        }
+    return out

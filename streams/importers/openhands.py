@@ -15,6 +15,13 @@ observations ``TOOL_CALL_RESULT`` s (``run``: the exit code); an edit observatio
 old and new content is a ``DIFF_SNAPSHOT`` of that file; ``finish`` ends the run as
 ``SUCCEEDED`` (the agent says it is done; no evaluation is in the file), an ``error`` agent state
 as ``FAILED``, or ``STEP_LIMIT`` when the error says the iteration limit was reached.
+
+An **evaluation output** instance has ended: ``finish`` is a submission (``SUBMITTED``), its
+``error`` ends it as ``FAILED`` (``STEP_LIMIT`` for the iteration limit), neither as ``UNKNOWN``;
+its final patch (``test_result.git_patch``) is the truth for its files (edits then make no diff
+snapshots; sandbox paths ``/workspace/<repo>/...`` are made relative), and its verdict
+(``test_result``: ``report.resolved``, ``resolved``, ``result``, a ``final_score`` with checks)
+is a ``VERIFIER_RESULT`` after ``RUN_FINISHED``, so the run's class says resolved or not.
 """
 
 from __future__ import annotations
@@ -43,15 +50,19 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    Verdict,
     classify,
     model_id,
     obj,
     openai_usage,
     parse_time,
+    patch_files,
     permission_of,
+    safe_id,
     sha256_digest,
     shorten,
     skipping,
+    tests_status_counts,
 )
 
 FORMAT = "openhands"
@@ -316,9 +327,10 @@ def _instance(
     if not isinstance(history, list):
         summary.skipped["instance without a history"] += 1
         return None
-    instance = _instance_id(doc) or f"line-{n + 1}"
+    instance = safe_id(_instance_id(doc) or f"line-{n + 1}")
     model = _model_of(doc) or file_model
-    return _run(history, f"oh-{path.stem}-{instance}", instance, fleet_id, summary, model=model)
+    run_id = f"oh-{path.stem}-{instance}"
+    return _run(history, run_id, instance, fleet_id, summary, model=model, evaluated=doc)
 
 
 def _flat(events: Iterable[Any]) -> list[dict[str, Any]]:
@@ -339,8 +351,12 @@ def _run(
     fleet_id: str,
     summary: Summary,
     model: str = "unknown",
+    evaluated: dict[str, Any] | None = None,
 ) -> ImportedRun:
+    """``evaluated``: the evaluation output's instance whose history this is (its run has ended;
+    ``finish`` is a submission; ``error``, ``test_result`` and the final patch are read)."""
     run = ImportedRun(run_id, fleet_id, session, FORMAT)
+    patch = _final_patch(evaluated) if evaluated is not None else None
     seen: set[str] = set()
     status: RunStatus | None = None
     at = None
@@ -393,7 +409,7 @@ def _run(
                 text = str(event.get("message") or "")
                 if text.strip():
                     run.add(EntryKind.ASSISTANT_RESPONSE, at, f"e{eid}", [TextPart(text=text)])
-                status = RunStatus.SUCCEEDED
+                status = RunStatus.SUCCEEDED if evaluated is None else RunStatus.SUBMITTED
             elif isinstance(action, str) and call_id is not None:
                 name = str(meta.get("function_name") or action)
                 part = ToolCallPart(
@@ -405,7 +421,7 @@ def _run(
                 )
                 run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [part], tool_call_id=call_id)
             elif isinstance(observation, str) and call_id is not None and _asked(run, call_id):
-                _observation(run, event, call_id, at, eid)
+                _observation(run, event, call_id, at, eid, edits=patch is None)
             elif observation == "agent_state_changed":
                 state = str(obj(event.get("extras")).get("agent_state") or "")
                 if state == "error":
@@ -415,6 +431,10 @@ def _run(
                 summary.skipped["agent_state_changed"] += 1
             else:
                 summary.skipped[_kind_of(action, observation)] += 1
+    if evaluated is not None and at is not None:
+        status = _evaluated_status(evaluated, status, summary)
+        if patch is not None and (files := patch_files(patch)):
+            run.add(EntryKind.DIFF_SNAPSHOT, at, "patch", [DiffPart(files=tuple(files))])
     if at is not None and status is not None:
         run.add(
             EntryKind.RUN_FINISHED,
@@ -423,7 +443,56 @@ def _run(
             [TextPart(text=f"finished: {status.value}")],
             run_status=status,
         )
+    if evaluated is not None and at is not None and run.entries:
+        verdict = _verdict(evaluated)
+        if verdict is None:
+            summary.notes.append(
+                f"{session}: its test_result holds no verdict (e.g. 0 of 0 checks): not evaluated"
+            )
+        else:
+            run.add(EntryKind.VERIFIER_RESULT, at, verdict.source_id(), verdict.parts())
     return run
+
+
+def _final_patch(doc: dict[str, Any]) -> str | None:
+    """The instance's final patch (``test_result.git_patch``, older outputs' ``git_patch``)."""
+    for holder in (obj(doc.get("test_result")), doc):
+        patch = holder.get("git_patch")
+        if isinstance(patch, str):
+            return patch
+    return None
+
+
+def _evaluated_status(doc: dict[str, Any], status: RunStatus | None, summary: Summary) -> RunStatus:
+    """How an evaluated instance ended: its ``error`` (the iteration limit: ``STEP_LIMIT``),
+    else what its events said, else ``UNKNOWN`` (it ended, but nothing says how; not running)."""
+    error = doc.get("error")
+    if isinstance(error, str) and error.strip():
+        text = error.lower()
+        limited = "iteration" in text or "max_iterations" in text or "step limit" in text
+        return RunStatus.STEP_LIMIT if limited else RunStatus.FAILED
+    if status is None:
+        summary.notes.append("an instance ended with no finish and no error: status UNKNOWN")
+        return RunStatus.UNKNOWN
+    return status
+
+
+def _verdict(doc: dict[str, Any]) -> Verdict | None:
+    """The evaluation's verdict in ``test_result`` (or ``report``): SWE-bench style
+    ``report.resolved`` / ``resolved``, a boolean ``result``, or a ``final_score`` with checks
+    (all of them passed: resolved; no checks at all: no verdict)."""
+    result = obj(doc.get("test_result"))
+    report = obj(result.get("report")) or obj(doc.get("report"))
+    for holder in (report, result):
+        if isinstance(holder.get("resolved"), bool):
+            return Verdict(holder["resolved"], "openhands-eval", tests_status_counts(holder))
+    if isinstance(result.get("result"), bool):
+        return Verdict(result["result"], "openhands-eval")
+    score = obj(result.get("final_score"))
+    total, got = score.get("total"), score.get("result")
+    if type(total) is int and type(got) is int and total > 0:
+        return Verdict(got >= total, "openhands-eval", {"score": got, "total": total})
+    return None
 
 
 def _unmetered_call(
@@ -591,7 +660,11 @@ def _model_call(run: ImportedRun, response: dict[str, Any], at: Any, summary: Su
     summary.output_tokens += part.output_tokens
 
 
-def _observation(run: ImportedRun, event: dict[str, Any], call_id: str, at: Any, eid: str) -> None:
+def _observation(
+    run: ImportedRun, event: dict[str, Any], call_id: str, at: Any, eid: str, edits: bool = True
+) -> None:
+    """A tool's observation; an edit's file change is a ``DIFF_SNAPSHOT`` unless ``edits`` is
+    off (the run has a final patch, which is the truth for its files)."""
     extras = obj(event.get("extras"))
     exit_code = obj(extras.get("metadata")).get("exit_code")
     code = exit_code if type(exit_code) is int else None
@@ -606,7 +679,12 @@ def _observation(run: ImportedRun, event: dict[str, Any], call_id: str, at: Any,
         summary=shorten(text),
     )
     run.add(EntryKind.TOOL_CALL_RESULT, at, f"e{eid}", [part], tool_call_id=call_id)
-    if event.get("observation") == "edit" and isinstance(extras.get("path"), str) and not failed:
+    if (
+        edits
+        and event.get("observation") == "edit"
+        and isinstance(extras.get("path"), str)
+        and not failed
+    ):
         old, new = extras.get("old_content"), extras.get("new_content")
         if isinstance(new, str):
             before = old.splitlines() if isinstance(old, str) else []
@@ -618,10 +696,18 @@ def _observation(run: ImportedRun, event: dict[str, Any], call_id: str, at: Any,
                     deleted += 1
             created = not extras.get("prev_exist")
             diff = DiffFile(
-                path=extras["path"],
+                path=_relative(extras["path"]),
                 status=FileChangeStatus.ADDED if created else FileChangeStatus.MODIFIED,
                 lines_added=added,
                 lines_deleted=deleted,
-                classification=classify(extras["path"]),
+                classification=classify(_relative(extras["path"])),
             )
             run.add(EntryKind.DIFF_SNAPSHOT, at, f"e{eid}-diff", [DiffPart(files=(diff,))])
+
+
+def _relative(path: str) -> str:
+    """A sandbox path relative to its repository: ``/workspace/<repo>/a/b.py`` is ``a/b.py``."""
+    parts = path.split("/")
+    if path.startswith("/workspace/") and len(parts) > 3:
+        return "/".join(parts[3:])
+    return path

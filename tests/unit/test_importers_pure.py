@@ -18,6 +18,7 @@ from schemas.models import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    VerificationPart,
 )
 from streams.importers import FORMATS
 from streams.importers.base import ImportedRun, patch_files, patch_numstat
@@ -466,3 +467,105 @@ def test_a_mini_1x_trajectory_has_one_task_and_its_text_actions_as_tool_calls(
     assert results[0].exit_code == 0 and results[0].status.value == "SUCCEEDED"
     first = runs[0].entries[0].occurred_at
     assert int(first.timestamp()) == 1775810653  # README: the first response's created
+
+
+# -- OpenHands evaluation outputs: how each instance ended and its verdict ------------------------
+
+
+def _verdicts(run: ImportedRun) -> list[str]:
+    return [p.status.value for e in run.entries for p in e.parts if isinstance(p, VerificationPart)]
+
+
+def _final_status(run: ImportedRun) -> str | None:
+    ends = [e.run_status.value for e in run.entries if e.run_status is not None]
+    return ends[-1] if ends else None
+
+
+def test_a_2024_evaluation_output_submits_each_instance_and_brings_its_verdict_in() -> None:
+    path = OPENHANDS2 / "pr1973-prontoqa-gpt-4o-v1.5-output.jsonl"
+    runs, _ = FORMATS["openhands"].import_file(path, "fleet-x")
+    # README: test_result.result is true for 5, false for ProntoQA_1; error null everywhere
+    assert [_verdicts(r) for r in runs] == [["FAILED"]] + [["PASSED"]] * 5
+    assert all(r.entries[-1].kind.value == "VERIFIER_RESULT" for r in runs)  # after the end
+    assert {_final_status(r) for r in runs} <= {"SUBMITTED", "UNKNOWN"}  # never SUCCEEDED
+    assert "SUCCEEDED" not in {_final_status(r) for r in runs}
+
+
+def test_a_v1_evaluation_output_without_checks_has_no_verdict_and_is_not_running() -> None:
+    path = OPENHANDS2 / "benchmarks-pr90-openagentsafety-v1sdk-output.jsonl"
+    runs, summary = FORMATS["openhands"].import_file(path, "fleet-x")
+    assert [_verdicts(r) for r in runs] == [[], []]  # final_score 0 of 0: not evaluated
+    assert all(_final_status(r) is not None for r in runs)  # it ended: not shown as RUNNING
+    assert sum("holds no verdict" in n for n in summary.notes) == 2
+
+
+def _swe_instance(error: str | None, patch: str | None, resolved: bool | None) -> dict[str, Any]:
+    """A SWE-bench-style OpenHands evaluation instance: an edit with a sandbox path, a finish."""
+    t = "2025-01-01T00:00:0{}"
+    meta = {"tool_call_id": "t1", "function_name": "str_replace_editor"}
+    history = [
+        {"id": 0, "timestamp": t.format(0), "source": "user", "action": "message",
+         "args": {"content": "fix the bug"}},
+        {"id": 1, "timestamp": t.format(1), "source": "agent", "action": "edit",
+         "args": {"path": "/workspace/astropy__astropy__4.3/astropy/a.py"},
+         "tool_call_metadata": meta},
+        {"id": 2, "timestamp": t.format(2), "source": "agent", "observation": "edit", "cause": 1,
+         "extras": {"path": "/workspace/astropy__astropy__4.3/astropy/a.py",
+                    "old_content": "a\nb\n", "new_content": "a\nc\nd\ne\n", "prev_exist": True},
+         "tool_call_metadata": meta},
+    ]  # fmt: skip
+    if error is None:
+        history.append(
+            {"id": 3, "timestamp": t.format(3), "source": "agent", "action": "finish", "args": {}}
+        )
+    test_result: dict[str, Any] = {}
+    if patch is not None:
+        test_result["git_patch"] = patch
+    if resolved is not None:
+        test_result["report"] = {"resolved": resolved, "tests_status": {
+            "FAIL_TO_PASS": {"success": ["t_a"], "failure": []}}}  # fmt: skip
+    return {
+        "instance_id": "astropy__astropy-12907",
+        "history": history,
+        "metadata": {"model_name": "gpt-4o"},
+        "test_result": test_result,
+        "error": error,
+    }
+
+
+FINAL_PATCH = "diff --git a/astropy/a.py b/astropy/a.py\n--- a/astropy/a.py\n+++ b/astropy/a.py\n@@ -1,2 +1,3 @@\n a\n+c\n b\n"  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    ("error", "patch", "resolved", "status", "verdicts", "files"),
+    [
+        (None, FINAL_PATCH, True, "SUBMITTED", ["PASSED"], [("astropy/a.py", 1, 0)]),
+        (None, FINAL_PATCH, False, "SUBMITTED", ["FAILED"], [("astropy/a.py", 1, 0)]),
+        (None, None, None, "SUBMITTED", [], [("astropy/a.py", 3, 1)]),  # no patch: the edits
+        (
+            "RuntimeError: Agent reached maximum iteration in headless mode",
+            "",
+            None,
+            "STEP_LIMIT",
+            [],
+            [],
+        ),
+        ("RuntimeError: sandbox died", None, None, "FAILED", [], [("astropy/a.py", 3, 1)]),
+    ],
+)
+def test_an_evaluated_instance_ends_as_its_error_says_with_its_patch_as_the_files(
+    tmp_path: Path,
+    error: str | None,
+    patch: str | None,
+    resolved: bool | None,
+    status: str,
+    verdicts: list[str],
+    files: list[tuple[str, int, int]],
+) -> None:
+    path = tmp_path / "output.jsonl"
+    path.write_text(json.dumps(_swe_instance(error, patch, resolved)) + "\n")
+    (run,), _ = FORMATS["openhands"].import_file(path, "fleet-x")
+    assert _final_status(run) == status
+    assert _verdicts(run) == verdicts
+    diffs = [f for e in run.entries for p in e.parts if isinstance(p, DiffPart) for f in p.files]
+    assert [(f.path, f.lines_added, f.lines_deleted) for f in diffs] == files
