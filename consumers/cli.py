@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+from collections import Counter
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -324,6 +325,79 @@ def publish_cmd(
         raise typer.Exit(code=2)
 
 
+def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> None:
+    """``import swebench-report``: each report's verdicts appended to the runs they judge."""
+    from streams.importers import verdicts
+    from streams.importers.base import ImportFormatError
+    from streams.importers.publish import send_verdicts
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise typer.BadParameter(f"no such file or folder: {', '.join(missing)}", param_hint="PATH")
+    settings = _settings()
+    if fleet is not None:
+        _fleet_option([fleet])
+    files = verdicts.discover(paths)
+    if not files:
+        raise typer.BadParameter(f"no report files under {', '.join(map(str, paths))}")
+    reports: list[dict[str, Any]] = []
+    for number, path in enumerate(files, 1):
+        try:
+            judged = verdicts.read_report(path)
+        except (ImportFormatError, OSError) as exc:
+            why = str(exc) if isinstance(exc, ImportFormatError) else f"{path}: unreadable"
+            reports.append({"path": str(path), "error": why, "published": 0})
+            if not as_json:
+                err.print(f"[{number}/{len(files)}] [red]skipped:[/] {escape(why)}", soft_wrap=True)
+            continue
+        try:
+            done = asyncio.run(send_verdicts(settings, judged, fleet))
+        except AgentLedgerError as exc:
+            err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            if as_json:
+                reports.append({"path": str(path), "error": str(exc), "published": 0})
+                print(json.dumps(reports, indent=2))
+            raise typer.Exit(code=1) from None
+        skipped = Counter(
+            "no run for the instance" if "no run" in j.why else "ambiguous instance"
+            for j in done
+            if j.run_id is None
+        )
+        report = {
+            "path": str(path),
+            "verdicts": len(done),
+            "published": sum(j.sent for j in done),
+            "already_on_ledger": sum(j.why == "already" for j in done),
+            "resolved": sum(j.resolved for j in done if j.run_id is not None),
+            "unresolved": sum(not j.resolved for j in done if j.run_id is not None),
+            "skipped": dict(sorted(skipped.items())),
+            "judged": [
+                {"instance": j.candidates[0], "run_id": j.run_id, "resolved": j.resolved}
+                | ({"skipped": j.why} if j.run_id is None else {})
+                for j in done
+            ],
+        }
+        reports.append(report)
+        if not as_json:
+            skips = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+            console.print(
+                f"[{number}/{len(files)}] {path.name}: {len(done)} verdicts, "
+                f"{report['published']} published ({report['resolved']} resolved, "
+                f"{report['unresolved']} not), {report['already_on_ledger']} already on the "
+                f"ledger" + (f"; skipped: {skips}" if skips else ""),
+                soft_wrap=True,
+            )
+            unmatched = [j for j in done if j.run_id is None]
+            for j in unmatched[:5]:
+                err.print(f"  skipped: {escape(j.why)}", soft_wrap=True)
+            if len(unmatched) > 5:
+                err.print(f"  ... and {len(unmatched) - 5} more (--json lists them all)")
+    if as_json:
+        print(json.dumps(reports, indent=2))
+    if any("error" in r or r.get("skipped") for r in reports):
+        raise typer.Exit(code=1)
+
+
 @app.command("import")
 def import_cmd(
     source_format: Annotated[
@@ -331,7 +405,7 @@ def import_cmd(
         typer.Argument(
             metavar="FORMAT",
             help="the agent's log format: claude-code, codex, openhands, aider, mini-swe-agent, "
-            "swe-agent, otel",
+            "swe-agent, otel; or swebench-report (evaluation verdicts of runs already imported)",
         ),
     ],
     paths: Annotated[list[Path], typer.Argument(help="log files or folders (searched)")],
@@ -364,10 +438,14 @@ def import_cmd(
     from streams.importers.base import ImportFormatError
     from streams.importers.publish import publish_runs
 
+    if source_format == "swebench-report":
+        _import_verdicts(paths, fleet, as_json)
+        return
     module = FORMATS.get(source_format)
     if module is None:
         raise typer.BadParameter(
-            f"{source_format!r} is not a format this version imports ({', '.join(FORMATS)})",
+            f"{source_format!r} is not a format this version imports "
+            f"({', '.join([*FORMATS, 'swebench-report'])})",
             param_hint="FORMAT",
         )
     missing = [str(p) for p in paths if not p.exists()]

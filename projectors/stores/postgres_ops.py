@@ -633,3 +633,26 @@ async def dismiss(
         (*source, reason),
     )
     return cur.rowcount == 1
+
+
+def live_run_ends(
+    conn: psycopg.Connection[Any], fleet: str | None = None
+) -> dict[str, tuple[str, datetime]]:
+    """Every run of the live run-stats build (of ``fleet`` if given): its fleet and the time of
+    its last entry."""
+    rows = conn.execute(
+        f"SELECT s.run_id, s.fleet_id, coalesce(s.head, s.state) ->> 'last_at' FROM {LIVE_STATE} "
+        "WHERE s.projection = 'run-stats' AND (%(fleet)s::text IS NULL OR s.fleet_id = %(fleet)s)",
+        {"fleet": fleet},
+    ).fetchall()
+    return {str(run): (str(f), datetime.fromisoformat(at)) for run, f, at in rows if at is not None}
+
+
+def run_holds_entry(conn: psycopg.Connection[Any], run_id: str, entry_id: str) -> bool:
+    """Whether the live run-stats build applied ``entry_id`` to the run."""
+    row = conn.execute(
+        "SELECT 1 FROM al_entry_id_spans i JOIN al_live l USING (projection, build) "
+        "WHERE i.projection = 'run-stats' AND i.run_id = %s AND %s = ANY (i.ids) LIMIT 1",
+        (run_id, entry_id),
+    ).fetchone()
+    return row is not None

@@ -497,9 +497,9 @@ class Verdict:
         return [check, JsonPart(json_text=json.dumps(body, sort_keys=True), schema_ref=VERDICT_REF)]
 
     def source_id(self) -> str:
-        """The verdict's own id: the same report gives the same entry id."""
-        digest = hashlib.sha256(json.dumps(self.parts()[1].model_dump(), sort_keys=True).encode())
-        return f"verdict-{self.harness}-{digest.hexdigest()[:16]}"
+        """The verdict's own id: the same verdict on a run (from any report that gives it: an
+        instance's report and a run-level one agree) is one entry; a changed verdict another."""
+        return f"verdict-{self.harness}-{'resolved' if self.resolved else 'unresolved'}"
 
 
 def tests_status_counts(report: dict[str, Any]) -> dict[str, dict[str, int]]:

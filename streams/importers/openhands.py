@@ -421,7 +421,9 @@ def _run(
                 )
                 run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [part], tool_call_id=call_id)
             elif isinstance(observation, str) and call_id is not None and _asked(run, call_id):
-                _observation(run, event, call_id, at, eid, edits=patch is None)
+                _observation(
+                    run, event, call_id, at, eid, edits=patch is None, sandbox=evaluated is not None
+                )
             elif observation == "agent_state_changed":
                 state = str(obj(event.get("extras")).get("agent_state") or "")
                 if state == "error":
@@ -661,10 +663,17 @@ def _model_call(run: ImportedRun, response: dict[str, Any], at: Any, summary: Su
 
 
 def _observation(
-    run: ImportedRun, event: dict[str, Any], call_id: str, at: Any, eid: str, edits: bool = True
+    run: ImportedRun,
+    event: dict[str, Any],
+    call_id: str,
+    at: Any,
+    eid: str,
+    edits: bool = True,
+    sandbox: bool = False,
 ) -> None:
     """A tool's observation; an edit's file change is a ``DIFF_SNAPSHOT`` unless ``edits`` is
-    off (the run has a final patch, which is the truth for its files)."""
+    off (the run has a final patch, which is the truth for its files). ``sandbox``: an
+    evaluation's, whose repository is ``/workspace/<repo>/``: paths are made relative to it."""
     extras = obj(event.get("extras"))
     exit_code = obj(extras.get("metadata")).get("exit_code")
     code = exit_code if type(exit_code) is int else None
@@ -696,11 +705,11 @@ def _observation(
                     deleted += 1
             created = not extras.get("prev_exist")
             diff = DiffFile(
-                path=_relative(extras["path"]),
+                path=_relative(extras["path"]) if sandbox else extras["path"],
                 status=FileChangeStatus.ADDED if created else FileChangeStatus.MODIFIED,
                 lines_added=added,
                 lines_deleted=deleted,
-                classification=classify(_relative(extras["path"])),
+                classification=classify(extras["path"]),
             )
             run.add(EntryKind.DIFF_SNAPSHOT, at, f"e{eid}-diff", [DiffPart(files=(diff,))])
 

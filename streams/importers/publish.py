@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.settings import Settings
+from schemas.models import EntryKind, LedgerEntry
 from streams.importers.base import ImportedRun, ImportFormatError, Summary
+from streams.importers.verdicts import FORMAT as VERDICTS_FORMAT
+from streams.importers.verdicts import Judged, index_runs, match
 from streams.publisher import AsyncPublisher
 
 if TYPE_CHECKING:
@@ -111,3 +114,57 @@ async def follow(
                     await asyncio.wait_for(stop.wait(), poll_s)
             else:
                 await asyncio.sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What became of one verdict: the run it was sent to (None: skipped, with ``why``)."""
+
+    candidates: tuple[str, ...]
+    resolved: bool
+    run_id: str | None
+    sent: bool
+    why: str = ""
+
+
+async def send_verdicts(
+    settings: Settings, judged: Sequence[Judged], fleet: str | None = None
+) -> list[Judgement]:
+    """Append each verdict to the run it names (found in the live run-stats build, of ``fleet``
+    if given) as the run's next entry; a verdict the run already holds is not sent again."""
+    from projectors.stores import postgres_ops as ops
+
+    with ops.connect(settings.pg_address) as conn:
+        runs = ops.live_run_ends(conn, fleet)
+        index = index_runs(runs)
+        out: list[Judgement] = []
+        todo: list[tuple[Judgement, LedgerEntry]] = []
+        for j in judged:
+            run_id, why = match(j.candidates, index)
+            if run_id is None:
+                out.append(Judgement(j.candidates, j.verdict.resolved, None, False, why))
+                continue
+            fleet_id, last_at = runs[run_id]
+            run = ImportedRun(run_id, fleet_id, j.candidates[0], VERDICTS_FORMAT)
+            entry = run.add(
+                EntryKind.VERIFIER_RESULT,
+                last_at,
+                j.verdict.source_id(),
+                j.verdict.parts(),
+                metadata={"import.time": "unknown: the report keeps no time; the run's last"},
+            )
+            if ops.run_holds_entry(conn, run_id, entry.entry_id):
+                out.append(Judgement(j.candidates, j.verdict.resolved, run_id, False, "already"))
+                continue
+            todo.append((Judgement(j.candidates, j.verdict.resolved, run_id, True), entry))
+    if todo:
+        async with AsyncPublisher(settings) as publisher:
+            await publisher.resume({(e.fleet_id, e.run_id) for _, e in todo})
+            sent: set[str] = set()
+            for _, entry in todo:
+                if entry.entry_id in sent:  # (one report naming an instance twice)
+                    continue
+                seq = publisher.book.last.get(entry.run_id, 0) + 1
+                await publisher.publish(entry.model_copy(update={"sequence_no": seq}))
+                sent.add(entry.entry_id)
+    return out + [j for j, _ in todo]

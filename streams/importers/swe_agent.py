@@ -95,6 +95,8 @@ def end_status(exit_status: Any) -> RunStatus:
         return RunStatus.SUBMITTED
     if "cost" in text or "budget" in text:
         return RunStatus.BUDGET_EXCEEDED
+    if "timeout" in text or "timed out" in text:  # e.g. mini's "Timeout" (the model's call)
+        return RunStatus.TIMED_OUT
     if "limit" in text or "step" in text or "max" in text:
         return RunStatus.STEP_LIMIT
     return RunStatus.FAILED
