@@ -341,23 +341,25 @@ def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> Non
     if not files:
         raise typer.BadParameter(f"no report files under {', '.join(map(str, paths))}")
     reports: list[dict[str, Any]] = []
+    read: list[tuple[Path, list[verdicts.Judged]]] = []
     for number, path in enumerate(files, 1):
         try:
-            judged = verdicts.read_report(path)
+            read.append((path, verdicts.read_report(path)))
         except (ImportFormatError, OSError) as exc:
             why = str(exc) if isinstance(exc, ImportFormatError) else f"{path}: unreadable"
             reports.append({"path": str(path), "error": why, "published": 0})
             if not as_json:
                 err.print(f"[{number}/{len(files)}] [red]skipped:[/] {escape(why)}", soft_wrap=True)
-            continue
-        try:
-            done = asyncio.run(send_verdicts(settings, judged, fleet))
-        except AgentLedgerError as exc:
-            err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-            if as_json:
-                reports.append({"path": str(path), "error": str(exc), "published": 0})
-                print(json.dumps(reports, indent=2))
-            raise typer.Exit(code=1) from None
+    try:  # all files at once: two reports giving one verdict on a run send it once
+        done_all = asyncio.run(send_verdicts(settings, [j for _, js in read for j in js], fleet))
+    except AgentLedgerError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        if as_json:
+            print(json.dumps(reports, indent=2))
+        raise typer.Exit(code=1) from None
+    at = 0
+    for path, judged in read:
+        done, at = done_all[at : at + len(judged)], at + len(judged)
         skipped = Counter(
             "no run for the instance" if "no run" in j.why else "ambiguous instance"
             for j in done
@@ -367,7 +369,7 @@ def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> Non
             "path": str(path),
             "verdicts": len(done),
             "published": sum(j.sent for j in done),
-            "already_on_ledger": sum(j.why == "already" for j in done),
+            "already_on_ledger": sum(j.run_id is not None and not j.sent for j in done),
             "resolved": sum(j.resolved for j in done if j.run_id is not None),
             "unresolved": sum(not j.resolved for j in done if j.run_id is not None),
             "skipped": dict(sorted(skipped.items())),
@@ -381,10 +383,10 @@ def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> Non
         if not as_json:
             skips = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
             console.print(
-                f"[{number}/{len(files)}] {path.name}: {len(done)} verdicts, "
-                f"{report['published']} published ({report['resolved']} resolved, "
-                f"{report['unresolved']} not), {report['already_on_ledger']} already on the "
-                f"ledger" + (f"; skipped: {skips}" if skips else ""),
+                f"{path.name}: {len(done)} verdicts, {report['published']} published; "
+                f"of runs found: {report['resolved']} resolved, {report['unresolved']} "
+                f"unresolved, {report['already_on_ledger']} already on the ledger"
+                + (f"; skipped: {skips}" if skips else ""),
                 soft_wrap=True,
             )
             unmatched = [j for j in done if j.run_id is None]

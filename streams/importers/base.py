@@ -491,8 +491,8 @@ class Verdict:
     def parts(self) -> list[Part]:
         status = VerificationStatus.PASSED if self.resolved else VerificationStatus.FAILED
         check = VerificationPart(
-            verifier=self.harness, profile=EVAL_PROFILE, status=status, check_id="resolved"
-        )
+            verifier=self.harness, profile=EVAL_PROFILE, status=status, check_id="eval-resolved"
+        )  # (the check's key is verifier:check_id; "eval" in it names an evaluation)
         body = {"resolved": self.resolved, **self.details}
         return [check, JsonPart(json_text=json.dumps(body, sort_keys=True), schema_ref=VERDICT_REF)]
 

@@ -476,7 +476,7 @@ def _evaluated_status(doc: dict[str, Any], status: RunStatus | None, summary: Su
     if status is None:
         summary.notes.append("an instance ended with no finish and no error: status UNKNOWN")
         return RunStatus.UNKNOWN
-    return status
+    return RunStatus.SUBMITTED if status is RunStatus.SUCCEEDED else status  # (V1's finish)
 
 
 def _verdict(doc: dict[str, Any]) -> Verdict | None:

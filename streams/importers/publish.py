@@ -131,14 +131,15 @@ async def send_verdicts(
     settings: Settings, judged: Sequence[Judged], fleet: str | None = None
 ) -> list[Judgement]:
     """Append each verdict to the run it names (found in the live run-stats build, of ``fleet``
-    if given) as the run's next entry; a verdict the run already holds is not sent again."""
+    if given) as the run's next entry; a verdict the run already holds (or that an earlier one
+    of ``judged`` gives it) is not sent again. One judgement per verdict, in order."""
     from projectors.stores import postgres_ops as ops
 
     with ops.connect(settings.pg_address) as conn:
         runs = ops.live_run_ends(conn, fleet)
         index = index_runs(runs)
         out: list[Judgement] = []
-        todo: list[tuple[Judgement, LedgerEntry]] = []
+        todo: dict[str, LedgerEntry] = {}  # entry id -> the verdict entry to send
         for j in judged:
             run_id, why = match(j.candidates, index)
             if run_id is None:
@@ -153,18 +154,16 @@ async def send_verdicts(
                 j.verdict.parts(),
                 metadata={"import.time": "unknown: the report keeps no time; the run's last"},
             )
-            if ops.run_holds_entry(conn, run_id, entry.entry_id):
-                out.append(Judgement(j.candidates, j.verdict.resolved, run_id, False, "already"))
-                continue
-            todo.append((Judgement(j.candidates, j.verdict.resolved, run_id, True), entry))
+            fresh = entry.entry_id not in todo and not ops.run_holds_entry(
+                conn, run_id, entry.entry_id
+            )
+            if fresh:
+                todo[entry.entry_id] = entry
+            out.append(Judgement(j.candidates, j.verdict.resolved, run_id, fresh))
     if todo:
         async with AsyncPublisher(settings) as publisher:
-            await publisher.resume({(e.fleet_id, e.run_id) for _, e in todo})
-            sent: set[str] = set()
-            for _, entry in todo:
-                if entry.entry_id in sent:  # (one report naming an instance twice)
-                    continue
+            await publisher.resume({(e.fleet_id, e.run_id) for e in todo.values()})
+            for entry in todo.values():
                 seq = publisher.book.last.get(entry.run_id, 0) + 1
                 await publisher.publish(entry.model_copy(update={"sequence_no": seq}))
-                sent.add(entry.entry_id)
-    return out + [j for j, _ in todo]
+    return out
