@@ -431,8 +431,8 @@ def openai_usage(usage: dict[str, Any], cost: Any = None) -> Usage:
         completion += reasoning
         notes.append("reasoning tokens reported apart from completion tokens: added to output")
     given = cost if cost is not None else usage.get("cost")
-    cost_usd = (
-        float(given)
+    cost_usd = (  # to the 1e-12 dollar: a log's float noise (0.016626000000000002) dropped
+        round(float(given), 12)
         if isinstance(given, int | float) and not isinstance(given, bool) and given >= 0
         else None
     )
