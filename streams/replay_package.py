@@ -35,7 +35,7 @@ from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.json_form import from_json_text, to_json_text
 from schemas.models import ArtifactRef, ArtifactRefPart, LedgerEntry, Part
-from streams.artifacts import ArtifactError, ArtifactStore
+from streams.artifacts import SHA256, ArtifactError, ArtifactStore
 from streams.source import topic_partitions
 from streams.topics import ledger_topic, partition_for
 
@@ -175,6 +175,8 @@ def _copy_artifacts(
 
 def package_artifact(folder: Path, sha256: str) -> bytes:
     """An artifact a package includes, its sha256 checked."""
+    if not SHA256.match(sha256):  # a name from package.json, never a path out of the folder
+        raise ReplayPackageError(f"{folder}: an artifact's sha256 is not 64 hex digits")
     try:
         data = (folder / "artifacts" / sha256).read_bytes()
     except OSError as exc:

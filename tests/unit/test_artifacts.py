@@ -244,3 +244,36 @@ def test_an_entry_under_the_limit_is_untouched(
     p = prepare(entry, SequenceBook(), CODEC, settings, artifacts=store)
     assert p.entry.parts == entry.parts
     assert not store.root.exists(), "nothing written"
+
+
+# --- replay packages ----------------------------------------------------------------------------
+
+
+def _package(folder: Path, sha: str) -> Path:
+    from streams.replay_package import FORMAT
+
+    folder.mkdir()
+    (folder / "entries.jsonl").write_text("")
+    manifest = {
+        "format": FORMAT,
+        "run_id": "run-1",
+        "artifacts": [{"sha256": sha, "included": True}],
+    }
+    (folder / "package.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_package_artifact_is_checked_on_load(tmp_path: Path) -> None:
+    from streams.replay_package import ReplayPackageError, load_package
+
+    data = b"an artifact's content"
+    sha = hashlib.sha256(data).hexdigest()
+    package = _package(tmp_path / "pkg", sha)
+    (package / "artifacts").mkdir()
+    (package / "artifacts" / sha).write_bytes(data)
+    assert load_package(package, [])[0]["run_id"] == "run-1"
+    (package / "artifacts" / sha).write_bytes(b"changed")
+    with pytest.raises(ReplayPackageError, match="does not match its sha256"):
+        load_package(package, [])
+    with pytest.raises(ReplayPackageError, match="not 64 hex digits"):
+        load_package(_package(tmp_path / "bad", "../../etc/passwd"), [])
