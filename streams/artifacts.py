@@ -161,16 +161,23 @@ class FileArtifactStore:
         return found[0]
 
     def _write(self, target: Path, data: bytes) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        except OSError as exc:
+            raise ArtifactError(f"cannot write to the artifact store {self.root}: {exc}") from exc
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temp, target)
-        except BaseException:
+        except BaseException as exc:
             Path(temp).unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise ArtifactError(
+                    f"cannot write to the artifact store {self.root}: {exc.strerror or exc}"
+                ) from exc
             raise
 
 

@@ -277,3 +277,11 @@ def test_a_package_artifact_is_checked_on_load(tmp_path: Path) -> None:
         load_package(package, [])
     with pytest.raises(ReplayPackageError, match="not 64 hex digits"):
         load_package(_package(tmp_path / "bad", "../../etc/passwd"), [])
+
+
+def test_a_store_that_cannot_be_written_is_one_error(tmp_path: Path) -> None:
+    from streams.artifacts import ArtifactError
+
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ArtifactError, match="cannot write to the artifact store"):
+        FileArtifactStore(tmp_path / "file" / "artifacts").put(b"content", "text/plain")
