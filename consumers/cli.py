@@ -622,6 +622,54 @@ def _follow_imports(
         raise typer.Exit(code=1) from None
 
 
+artifact_app = typer.Typer(
+    no_args_is_help=True, help="The artifact store: content too large for an entry."
+)
+app.add_typer(artifact_app, name="artifact")
+
+
+def _sha_argument(value: str) -> str:
+    from streams.artifacts import sha256_of
+
+    try:
+        return sha256_of(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="SHA") from None
+
+
+@artifact_app.command("get")
+def artifact_get(
+    sha: Annotated[
+        str,
+        typer.Argument(
+            help="the artifact's sha256, a unique prefix of it (4+ digits), or its id sha256:<hex>",
+            callback=_sha_argument,
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write it to FILE (default: standard output)")
+    ] = None,
+) -> None:
+    """Read an artifact back from the store (AGENTLEDGER_ARTIFACT_DIR, default
+    <state>/artifacts), its sha256 checked; as stored, i.e. with secrets already redacted."""
+    import sys
+
+    from streams.artifacts import ArtifactError, FileArtifactStore
+
+    store = FileArtifactStore.from_settings(_settings())
+    try:
+        data = store.get(store.find(sha))
+    except ArtifactError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    if out is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    out.write_bytes(data)
+    err.print(f"wrote {out}: {len(data):,} bytes")
+
+
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: poison records and their reasons.")
 app.add_typer(dlq_app, name="dlq")
 

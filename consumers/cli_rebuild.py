@@ -228,10 +228,12 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--out", help="where to write (default ./replay-RUN_ID)")
         ] = None,
     ) -> None:
-        """Write a run's replay package (entries, offsets, schemas, versions, artifact refs), or
-        `replay-package load DIR`: fold one back into every projection offline (prints JSON)."""
+        """Write a run's replay package (entries, offsets, schemas, versions, artifact refs and
+        the artifacts the store holds), or `replay-package load DIR`: fold one back into every
+        projection offline (prints JSON)."""
         from consumers.views import NotFoundError, resolve_run
         from streams import replay_package as rp
+        from streams.artifacts import FileArtifactStore
         from streams.topics import ledger_topic
 
         settings = load_settings()
@@ -251,15 +253,30 @@ def register(app: typer.Typer) -> None:
             if not located:
                 raise rp.ReplayPackageError(f"no entries of run {what} on its fleet's topic")
             topic = ledger_topic(settings.topic_prefix, located[0].entry.fleet_id)
-            target = rp.write_package(out or Path(f"replay-{what}"), located, projections, topic)
+            target = rp.write_package(
+                out or Path(f"replay-{what}"),
+                located,
+                projections,
+                topic,
+                store=FileArtifactStore.from_settings(settings),
+            )
             console.print(
                 f"wrote {target}: {len(located)} entries of run {what} "
                 f"(offsets {located[0].offset}..{located[-1].offset} of "
-                f"{topic}[{located[0].partition}])"
+                f"{topic}[{located[0].partition}]){_artifact_note(target)}"
             )
         except rp.ReplayPackageError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
+
+
+def _artifact_note(package: Path) -> str:
+    """ ", N of M artifacts included" for a package that refers to any."""
+    refs = json.loads((package / "package.json").read_text()).get("artifacts", [])
+    if not refs:
+        return ""
+    included = sum(1 for r in refs if r.get("included"))
+    return f", {included} of {len(refs)} artifacts included"
 
 
 def _as_dict(b: BuildInfo) -> dict[str, object]:

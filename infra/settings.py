@@ -107,6 +107,8 @@ class Settings(BaseSettings):
     change_relay_batch: int = Field(default=2000, ge=1)
 
     max_entry_bytes: int = 512 * 1024
+    # Where content too large for an entry goes (streams/artifacts.py); default <state>/artifacts
+    artifact_dir: Path | None = Field(default=None, description="artifact store folder")
     publish_timeout_s: float = 15.0
     publish_linger_ms: int = 1  # how long the producer waits to fill a batch
     schema_registry_url: str | None = None
@@ -161,6 +163,10 @@ class Settings(BaseSettings):
     @property
     def redis_address(self) -> str:
         return self.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        return self.artifact_dir or self.state_dir / "artifacts"
 
     @property
     def resolved_kafka_libs(self) -> Path:

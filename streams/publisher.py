@@ -1,6 +1,7 @@
 """The fleet publisher: the SDK agent runtimes import, and what ``agentledger publish`` uses.
 
-``prepare`` is pure (validate, sequence, redact, encode, size-check); ``AsyncPublisher`` adds the
+``prepare`` is pure (validate, sequence, redact, encode, size-check; an entry over the size limit
+has its largest texts moved to the artifact store first); ``AsyncPublisher`` adds the
 idempotent producer (acks=all, key = run id, W3C ``traceparent`` header). ``Publisher`` is the
 same API for synchronous callers. Bad input raises :class:`LedgerValidationError` naming the field
 and nothing is sent; an unreachable broker raises :class:`BrokerUnavailableError` (retriable) after
@@ -29,6 +30,7 @@ from schemas.context_delta import Previous, delta_part, resolve
 from schemas.errors import AgentLedgerError, LedgerValidationError
 from schemas.models import ContextItem, ContextItemsPart, EntryKind, LedgerEntry
 from streams.admin import create_fleet_topics
+from streams.artifacts import ArtifactStore, FileArtifactStore, offload
 from streams.contract import MAX_CLOCK_AHEAD
 from streams.redaction import redact_entry
 from streams.topics import ledger_topic
@@ -191,9 +193,11 @@ def prepare(
     settings: Settings,
     now: datetime | None = None,
     transform: Callable[[LedgerEntry], LedgerEntry] | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> Prepared:
     """Validate, redact, number and encode one entry. Pure apart from the sequence book peek
-    (and the clock, read once when ``now`` is not given)."""
+    (and the clock, read once when ``now`` is not given), and of the ``artifacts`` store that an
+    entry over the size limit has its largest texts moved to (:func:`streams.artifacts.offload`)."""
     if entry.occurred_at > (now or datetime.now(UTC)) + MAX_CLOCK_AHEAD:
         raise LedgerValidationError(
             "occurred_at", f"more than {MAX_CLOCK_AHEAD.days} day ahead of this machine's clock"
@@ -211,11 +215,26 @@ def prepare(
         entry = transform(entry)
     book.peek(entry)
     value = codec.encode(entry)
-    if len(value) > settings.max_entry_bytes:
+    limit = settings.max_entry_bytes
+    moved = 0
+    if len(value) > limit and artifacts is not None:
+        # Content over the limit goes to the artifact store (secret-scanned there too), the
+        # entry keeps a ref; written before the send, harmless if the send fails (same address).
+        entry, moved = offload(entry, artifacts, lambda e: len(codec.encode(e)) <= limit)
+        value = codec.encode(entry) if moved else value
+    if len(value) > limit:
+        what = (
+            f"even with its {moved} largest texts moved to the artifact store"
+            if moved
+            else "with no text large enough to move to the artifact store"
+            if artifacts is not None
+            else "and this publisher has no artifact store"
+        )
         raise LedgerValidationError(
             "parts",
-            f"encoded entry is {len(value)} bytes, over the {settings.max_entry_bytes}-byte "
-            "limit; store large content as an artifact and send an artifact ref",
+            f"entry {entry.entry_id} of run {entry.run_id}: encoded entry is {len(value)} bytes, "
+            f"over the {limit}-byte limit {what}; store large content as an artifact and send "
+            "an artifact ref",
         )
     assert entry.trace_id is not None and entry.span_id is not None
     headers = [
@@ -235,8 +254,16 @@ class AsyncPublisher:
         codec: LedgerCodec | None = None,
         create_topics: bool = False,
         context_deltas: bool = True,
+        artifacts: ArtifactStore | None = None,
+        offload_large: bool = True,
     ) -> None:
         self.settings = settings
+        # An entry over AGENTLEDGER_MAX_ENTRY_BYTES has its largest texts moved to the artifact
+        # store (the local one under the state folder unless given) and carries refs instead;
+        # with offload_large=False it is refused, as before artifacts existed.
+        self.artifacts: ArtifactStore | None = None
+        if offload_large:
+            self.artifacts = artifacts or FileArtifactStore.from_settings(settings)
         self.codec = codec or LedgerCodec()
         self.book = SequenceBook()
         self._create_topics = create_topics
@@ -361,7 +388,14 @@ class AsyncPublisher:
                 made.append((e.entry_id, whole))
             return sent
 
-        p = prepare(entry, self.book, self.codec, self.settings, transform=as_delta)
+        p = prepare(
+            entry,
+            self.book,
+            self.codec,
+            self.settings,
+            transform=as_delta,
+            artifacts=self.artifacts,
+        )
         self.book.commit(p.entry.run_id, p.entry.sequence_no)
         self.contexts.sent(p.entry, made[0] if made else None)
         return p
@@ -511,9 +545,17 @@ async def _stop_within(producer: AIOKafkaProducer, timeout_s: float) -> bool:
 class Publisher:
     """Synchronous face of :class:`AsyncPublisher` (runs a private event loop)."""
 
-    def __init__(self, settings: Settings, codec: LedgerCodec | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        codec: LedgerCodec | None = None,
+        artifacts: ArtifactStore | None = None,
+        offload_large: bool = True,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
-        self._inner = AsyncPublisher(settings, codec)
+        self._inner = AsyncPublisher(
+            settings, codec, artifacts=artifacts, offload_large=offload_large
+        )
 
     def __enter__(self) -> Self:
         self._loop.run_until_complete(self._inner.start())

@@ -7,14 +7,19 @@ A package is a folder:
 - ``package.json``: the run, fleet and topic; every entry's partition, offset, sequence number,
   entry id and writer schema (version and fingerprint); the projection versions and the data
   versions they used (price table, taxonomy, context budget); every artifact ref;
-- ``schemas/ledger_entry.v<N>.avsc``: the writer schemas the entries were written with.
+- ``schemas/ledger_entry.v<N>.avsc``: the writer schemas the entries were written with;
+- ``artifacts/<sha256>``: the content of every artifact the entries refer to that the artifact
+  store holds (each listed in ``package.json`` with ``included``: an artifact ref whose content
+  was never stored here, e.g. a simulated run's, is listed and not included).
 
-``load`` folds the entries back into every projection in memory: the same pure folds the
-engine runs, so the views equal the live ones for the same code and data versions.
+``load`` checks the included artifacts against their sha256, then folds the entries back into
+every projection in memory: the same pure folds the engine runs, so the views equal the live ones
+for the same code and data versions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +35,7 @@ from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.json_form import from_json_text, to_json_text
 from schemas.models import ArtifactRef, ArtifactRefPart, LedgerEntry, Part
+from streams.artifacts import SHA256, ArtifactError, ArtifactStore
 from streams.source import topic_partitions
 from streams.topics import ledger_topic, partition_for
 
@@ -99,6 +105,7 @@ def write_package(
     projections: list[Projection[Any]],
     topic: str,
     codec: LedgerCodec | None = None,
+    store: ArtifactStore | None = None,
 ) -> Path:
     codec = codec or LedgerCodec()
     if not located:
@@ -132,7 +139,7 @@ def write_package(
         ],
         "schemas": {str(i.schema_version): i.fingerprint for i in located},
         "projections": {p.name: projection_inputs(p) for p in projections},
-        "artifacts": _artifacts([i.entry for i in located]),
+        "artifacts": _copy_artifacts(_artifacts([i.entry for i in located]), store, out),
     }
     (out / "package.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     return out
@@ -144,6 +151,39 @@ def _artifacts(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
         for ref in _refs(e.parts):
             seen.setdefault(ref.artifact_id, ref.model_dump(mode="json") | {"entry_id": e.entry_id})
     return list(seen.values())
+
+
+def _copy_artifacts(
+    refs: list[dict[str, Any]], store: ArtifactStore | None, out: Path
+) -> list[dict[str, Any]]:
+    """Each ref with ``included``: whether its content (read from ``store``, sha256 checked)
+    was written to ``out/artifacts/<sha256>``."""
+    listed = []
+    for ref in refs:
+        data = None
+        if store is not None and store.exists(ref["sha256"]):
+            try:
+                data = store.get(ref["sha256"])
+            except ArtifactError:
+                data = None  # a damaged copy is left out, and said to be
+        if data is not None:
+            (out / "artifacts").mkdir(exist_ok=True)
+            (out / "artifacts" / ref["sha256"]).write_bytes(data)
+        listed.append(ref | {"included": data is not None})
+    return listed
+
+
+def package_artifact(folder: Path, sha256: str) -> bytes:
+    """An artifact a package includes, its sha256 checked."""
+    if not SHA256.match(sha256):  # a name from package.json, never a path out of the folder
+        raise ReplayPackageError(f"{folder}: an artifact's sha256 is not 64 hex digits")
+    try:
+        data = (folder / "artifacts" / sha256).read_bytes()
+    except OSError as exc:
+        raise ReplayPackageError(f"{folder}: artifact {sha256} unreadable: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ReplayPackageError(f"{folder}: artifact {sha256} does not match its sha256")
+    return data
 
 
 def _refs(parts: tuple[Part, ...]) -> list[ArtifactRef]:
@@ -176,6 +216,9 @@ def load_package(
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any] | None]]:
     """Fold a package's entries into every projection offline; returns the manifest and docs."""
     manifest, entries = read_package(folder)
+    for ref in manifest.get("artifacts", []):
+        if ref.get("included"):
+            package_artifact(folder, str(ref.get("sha256")))
     docs: dict[str, dict[str, Any] | None] = {}
     for p in projections:
         state = fold_all(p, entries)

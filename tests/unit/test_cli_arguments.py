@@ -44,6 +44,7 @@ BAD: dict[str, list[str]] = {
     "verify": ["verify", "bogus"],
     "replay-package": ["replay-package"],
     "subscribe": ["subscribe", "bogus"],
+    "artifact get": ["artifact", "get", "not-a-sha"],
     "subscribe --from-time": ["subscribe", "cost-metrics", "--from-time", "last tuesday"],
     "(unknown command)": ["bogus"],
 }
