@@ -70,7 +70,8 @@ def timeline_headline(t: dict[str, Any]) -> str:
         parts.append(f"class {failure['failure_class']}{final}")
     if cost is not None:
         budget = budget_text(cost, t["status"])
-        parts.append(f"{figure(cost, 'cost_usd', money)}{budget} in {cost['calls']} calls")
+        calls = f"in {cost['calls']} calls" if cost["calls"] else "(no model calls recorded)"
+        parts.append(f"{figure(cost, 'cost_usd', money)}{budget} {calls}")
     s = diff["summary"]
     flags = sorted({f["kind"] for f in diff["flags"]})
     parts.append(
@@ -157,14 +158,16 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
         else ""
     )
     unknown = cost.get("usage_unknown_calls") or 0
-    console.print(
-        f"cost {figure(cost, 'cost_usd', money)}{budget}: {cost['calls']} calls "
-        f"({cost['unpriced_calls']} unpriced, "
-        + (f"{unknown} of unknown usage, " if unknown else "")
-        + f"{cost['duplicate_reports']} duplicate reports "
-        f"ignored){reported}; prices {escape(str(cost['price_version']))}"
-    )
-    if cost["calls"]:
+    if not cost["calls"]:  # the log may keep none (e.g. a rollout without usage): not "0"
+        console.print(f"cost unknown{budget}: no model calls recorded")
+    else:
+        console.print(
+            f"cost {figure(cost, 'cost_usd', money)}{budget}: {cost['calls']} calls "
+            f"({cost['unpriced_calls']} unpriced, "
+            + (f"{unknown} of unknown usage, " if unknown else "")
+            + f"{cost['duplicate_reports']} duplicate reports "
+            f"ignored){reported}; prices {escape(str(cost['price_version']))}"
+        )
         console.print(
             f"tokens: {figure(cost, 'input_tokens', _count)} in "
             f"({figure(cost, 'cached_input_tokens', _count)} cached), "
@@ -174,9 +177,8 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
     if totals:
         said = [money(totals["cost_usd"])] if totals.get("cost_usd") is not None else []
         if totals.get("input_tokens") is not None or totals.get("output_tokens") is not None:
-            said.append(
-                f"{totals.get('input_tokens') or 0:,} in / {totals.get('output_tokens') or 0:,} out"
-            )
+            sent, received = totals.get("input_tokens"), totals.get("output_tokens")
+            said.append(f"{_maybe(sent, _count)} in / {_maybe(received, _count)} out")
         if totals.get("calls") is not None:
             said.append(f"{totals['calls']} calls")
         flag = " [red]differs from the calls above[/]" if cost.get("reported_disagrees") else ""
@@ -191,6 +193,11 @@ def figure(doc: dict[str, Any], name: str, fmt: Callable[[Any], str]) -> str:
     if value is None:
         return "unknown"
     return (">= " if name in doc.get("partly_unknown", ()) else "") + fmt(value)
+
+
+def _maybe(n: int | None, fmt: Callable[[int], str]) -> str:
+    """A figure the agent may not have reported: "unknown", never 0."""
+    return "unknown" if n is None else fmt(n)
 
 
 def _count(n: int) -> str:
@@ -324,8 +331,8 @@ def _reported_run(row: CostRow) -> str:
     if row.reported_cost_usd is not None:
         parts.append(money(row.reported_cost_usd))
     if row.reported_input_tokens is not None or row.reported_output_tokens is not None:
-        sent, received = row.reported_input_tokens or 0, row.reported_output_tokens or 0
-        parts.append(f"{tokens(sent)} in / {tokens(received)} out")
+        sent, received = row.reported_input_tokens, row.reported_output_tokens
+        parts.append(f"{_maybe(sent, tokens)} in / {_maybe(received, tokens)} out")
     flag = " [red]differs from the calls[/]" if row.reported_disagrees else ""
     return ", ".join(parts) + flag
 
