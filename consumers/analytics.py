@@ -20,7 +20,13 @@ import psycopg
 
 from consumers.views import NotFoundError, live_states
 from infra.settings import Settings
-from projectors.cost_metrics import CostMetrics
+from projectors.cost_metrics import (
+    FIGURE_FIELDS,
+    CallCounts,
+    CostMetrics,
+    known_sum,
+    partly_unknown,
+)
 from projectors.diff_timelines import DiffTimeline, TimelineRow, with_all_rows
 from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
@@ -100,25 +106,22 @@ class CostRow:
         for name in ("cost_usd", "provider_reported_cost_usd", "task_budget_usd"):
             doc[name] = usd(doc[name])
         doc["reported_cost_usd"] = usd(self.reported_cost_usd)
-        # Unknown is never shown as zero: no cost of ours without a call we could price, no
-        # token sums when no call reported tokens, no provider cost when none reported one.
-        if not self.calls or self.unpriced_calls + self.usage_unknown_calls >= self.calls:
-            doc["cost_usd"] = None
-        if self.calls and self.usage_unknown_calls >= self.calls:
-            for name in _TOKEN_FIELDS:
-                doc[name] = None
-        if not self.reported_calls:
-            doc["provider_reported_cost_usd"] = None
-        return doc
+        return doc | known_figures(self, doc)
 
 
-_TOKEN_FIELDS = (
-    "input_tokens",
-    "cached_input_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "cache_write_input_tokens",
-)
+def known_figures(counts: CallCounts, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The sums of ``doc`` (a cost row or header) as shown: unknown never zero (None when no
+    call has the figure, see :func:`projectors.cost_metrics.known_sum`), and ``partly_unknown``
+    naming the figures whose sums are lower bounds (some calls lack them)."""
+    shown: dict[str, Any] = {
+        name: known_sum(counts, figure, doc[name])
+        for figure, names in FIGURE_FIELDS.items()
+        for name in names
+    }
+    shown["partly_unknown"] = [
+        name for figure in partly_unknown(counts) for name in FIGURE_FIELDS[figure]
+    ]
+    return shown
 
 
 @dataclass(frozen=True)
@@ -346,14 +349,13 @@ def assemble_timeline(
     by_key = {c.call_key: c for c in calls}
     evidence = {r.entry_id for r in diagnosis.classification.evidence} if diagnosis else set()
     seen_in_entry: dict[str, int] = {}
-    so_far = Decimal(0)
+    so_far = _SoFar()
     rows: list[dict[str, Any]] = []
     for row in timeline.rows:
         call = None
         if row.kind == "model-call":
             call = _call_of(row, by_response, by_key, seen_in_entry)
-            if call is not None and call.cost_usd is not None:
-                so_far += call.cost_usd
+            so_far.add(call)
         rows.append(_row_doc(row, call, so_far, evidence))
     if diagnosis is not None and diagnosis.finished_ref is not None:
         rows.append(_failure_row(timeline, diagnosis, so_far))
@@ -389,6 +391,33 @@ def assemble_timeline(
     }
 
 
+@dataclass
+class _SoFar:
+    """The run's cost up to a row: the sum of the priced calls, and how many calls there were
+    and how many of them have no cost of ours (unpriced, unknown usage, or not found)."""
+
+    cost_usd: Decimal = Decimal(0)
+    calls: int = 0
+    unpriced_calls: int = 0  # every call without a cost of ours
+    usage_unknown_calls: int = 0
+    reported_calls: int = 0  # (not summed here)
+
+    def add(self, call: CallCostRef | None) -> None:
+        self.calls += 1
+        if call is None or call.cost_usd is None:
+            self.unpriced_calls += 1
+        else:
+            self.cost_usd += call.cost_usd
+
+    def doc(self) -> dict[str, Any]:
+        """``cost_so_far_usd`` (None before the first call, or while no call has a known cost:
+        never $0) and whether it is a lower bound."""
+        return {
+            "cost_so_far_usd": usd(known_sum(self, "cost", self.cost_usd)),
+            "cost_so_far_lower_bound": "cost" in partly_unknown(self),
+        }
+
+
 def _call_of(
     row: TimelineRow,
     by_response: Mapping[str, CallCostRef],
@@ -404,7 +433,7 @@ def _call_of(
 
 
 def _row_doc(
-    row: TimelineRow, call: CallCostRef | None, so_far: Decimal, evidence: set[str]
+    row: TimelineRow, call: CallCostRef | None, so_far: _SoFar, evidence: set[str]
 ) -> dict[str, Any]:
     refs = {"entry": row.entry_id}
     if row.artifact_id is not None:
@@ -427,7 +456,7 @@ def _row_doc(
         "text": row.text if row.text is not None else row.summary,  # never shortened
         "refs": refs,
         "evidence": bool(evidence & {row.entry_id, row.detail.get("result_entry_id")}),
-        "cost_so_far_usd": usd(so_far),
+        **so_far.doc(),
         "detail": row.detail,
     }
     if row.kind == "model-call":
@@ -437,9 +466,7 @@ def _row_doc(
     return doc
 
 
-def _failure_row(
-    timeline: DiffTimeline, diagnosis: RunDiagnosis, so_far: Decimal
-) -> dict[str, Any]:
+def _failure_row(timeline: DiffTimeline, diagnosis: RunDiagnosis, so_far: _SoFar) -> dict[str, Any]:
     c, ref = diagnosis.classification, diagnosis.finished_ref
     assert ref is not None
     finished = next((r for r in timeline.rows if r.entry_id == ref.entry_id), None)
@@ -452,7 +479,7 @@ def _failure_row(
         "summary": f"class {c.failure_class}: {c.explanation}",
         "refs": {"entry": ref.entry_id},
         "evidence": True,
-        "cost_so_far_usd": usd(so_far),
+        **so_far.doc(),
         "detail": {"rule": c.rule, "taxonomy_version": c.taxonomy_version},
     }
 
@@ -461,7 +488,7 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
     if cost is None:
         return None
     t = cost.totals
-    return {
+    doc = {
         "cost_usd": usd(t.cost_usd),
         "task_budget_usd": usd(cost.task_budget_usd),
         "over_budget": cost.over_budget,
@@ -472,9 +499,7 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
         "cached_input_tokens": t.cached_input_tokens,
         "output_tokens": t.output_tokens,
         "reasoning_tokens": t.reasoning_tokens,
-        "provider_reported_cost_usd": usd(t.provider_reported_cost_usd)
-        if t.reported_calls
-        else None,
+        "provider_reported_cost_usd": usd(t.provider_reported_cost_usd),
         "cost_disagreements": t.cost_disagreements,
         "price_version": cost.price_version,
         "cache_write_input_tokens": t.cache_write_input_tokens,
@@ -489,6 +514,7 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
         ),
         "reported_disagrees": cost.reported_disagrees,
     }
+    return doc | known_figures(t, doc)
 
 
 def _failure_header(diagnosis: RunDiagnosis | None) -> dict[str, Any] | None:

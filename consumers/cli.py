@@ -463,6 +463,7 @@ def import_cmd(
     if not files:
         raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
     from projectors.base import fold_all
+    from projectors.cost_metrics import FIGURE_FIELDS, CostTotals, known_sum, partly_unknown
     from projectors.pricing import usd_text
     from projectors.registry import all_projections
 
@@ -503,23 +504,36 @@ def import_cmd(
         unpriced = sum(t.unpriced_calls for t in totals)
         unmetered = sum(t.usage_unknown_calls for t in totals)
         calls = sum(t.calls for t in totals)
+        counts = CostTotals(
+            calls=calls,
+            unpriced_calls=unpriced,
+            usage_unknown_calls=unmetered,
+            reported_calls=sum(t.reported_calls for t in totals),
+        )
+        # tokens: unknown when the log keeps no usage, or none of its calls has token counts
+        tokens_unknown = not summary.calls_known or (calls and unmetered >= calls)
         report = summary.as_json() | {
             # priced as the projection will (None: no call, or none could be priced; never $0)
             # (a lower bound when some calls are unpriced or of unknown usage)
-            "cost_usd": usd_text(cost) if calls > unpriced + unmetered else None,
+            "cost_usd": known_sum(counts, "cost", usd_text(cost)),
             "unpriced_calls": unpriced,
             "usage_unknown_calls": unmetered,
-            "provider_reported_cost_usd": usd_text(
-                sum((t.provider_reported_cost_usd for t in totals), Decimal(0))
-            )
-            if any(t.reported_calls for t in totals)
-            else None,
+            "provider_reported_cost_usd": known_sum(
+                counts,
+                "provider_reported_cost",
+                usd_text(sum((t.provider_reported_cost_usd for t in totals), Decimal(0))),
+            ),
+            "partly_unknown": [
+                name for figure in partly_unknown(counts) for name in FIGURE_FIELDS[figure]
+            ],
             "fleet_id": fleet_id,
             "published": sum(s.sent for s in sent),
             "already_on_ledger": sum(s.already for s in sent),
             "run_ids": [r.run_id for r in runs],
             "run_entries": {r.run_id: len(r.entries) for r in runs},
         }
+        if tokens_unknown:
+            report.update(input_tokens=None, output_tokens=None)  # never 0
         reports.append(report)
         if not as_json:
             skipped = ", ".join(f"{n} {why}" for why, n in sorted(report["skipped"].items()))
@@ -536,7 +550,7 @@ def import_cmd(
                 )
                 + (
                     "tokens unknown"
-                    if (calls and unmetered >= calls) or not summary.calls_known
+                    if tokens_unknown
                     else f"{summary.input_tokens:,} in / {summary.output_tokens:,} out tokens"
                 )
                 + ", cost "
@@ -1112,14 +1126,15 @@ def runs_cmd(
         "run", "fleet", "outcome", "entries", "last entry", "class", "cost", "conflicts", "task"
     )
     for run in found:
-        if run["cost_usd"] is None:
-            cost_text = "unknown"
-        elif run["unpriced_calls"] and not run["cost_usd"]:
-            cost_text = "unpriced"  # never $0
+        if run["cost_usd"] is None:  # never $0
+            cost_text = "unpriced" if run["unpriced_calls"] else "unknown"
         else:
-            cost_text = f"${run['cost_usd']:.4f}"
+            bound = ">= " if run["cost_partly_unknown"] else ""
+            cost_text = f"{bound}${run['cost_usd']:.4f}"
             if run["unpriced_calls"]:
                 cost_text += f" + {run['unpriced_calls']} unpriced"
+            if run["usage_unknown_calls"]:
+                cost_text += f" + {run['usage_unknown_calls']} of unknown usage"
         table.add_row(
             run["run_id"],
             run["fleet_id"],

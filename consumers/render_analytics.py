@@ -70,7 +70,8 @@ def timeline_headline(t: dict[str, Any]) -> str:
         parts.append(f"class {failure['failure_class']}{final}")
     if cost is not None:
         budget = budget_text(cost, t["status"])
-        parts.append(f"{money(cost['cost_usd'])}{budget} in {cost['calls']} calls")
+        calls = f"in {cost['calls']} calls" if cost["calls"] else "(no model calls recorded)"
+        parts.append(f"{figure(cost, 'cost_usd', money)}{budget} {calls}")
     s = diff["summary"]
     flags = sorted({f["kind"] for f in diff["flags"]})
     parts.append(
@@ -113,8 +114,10 @@ def _timeline_line(row: dict[str, Any]) -> str:
     marker = "[bold magenta]*[/]" if row["evidence"] else " "
     cost = ""
     if row["kind"] == "model-call":
-        spent = "unpriced" if row.get("unpriced") else money(row.get("cost_usd"))
-        cost = f"  [cyan]{spent}, {money(row['cost_so_far_usd'])} so far[/]"
+        spent = "unpriced" if row.get("unpriced") else figure(row, "cost_usd", money)
+        so_far = money(row["cost_so_far_usd"]) if row["cost_so_far_usd"] is not None else "unknown"
+        bound = ">= " if row.get("cost_so_far_lower_bound") else ""
+        cost = f"  [cyan]{spent}, {bound}{so_far} so far[/]"
     return (
         f"{_clock(row['occurred_at'])} {row['seq']:>5} {marker} {row['kind']:<13} "
         f"{_styled(status)}{' ' * max(1, 16 - len(status))}{escape(row['summary'])}{cost}"
@@ -147,27 +150,58 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
         return
     budget = escape(budget_text(cost, status)).replace("OVER BUDGET", "[red]OVER BUDGET[/]")
     reported = (
-        f"; provider reported {money(cost['provider_reported_cost_usd'])}, "
+        f"; provider reported {figure(cost, 'provider_reported_cost_usd', money)}, "
         f"{cost['cost_disagreements']} disagreements"
         if cost["provider_reported_cost_usd"] is not None
+        else "; provider reported no cost"
+        if cost["calls"]
         else ""
     )
-    console.print(
-        f"cost {money(cost['cost_usd'])}{budget}: {cost['calls']} calls "
-        f"({cost['unpriced_calls']} unpriced, {cost['duplicate_reports']} duplicate reports "
-        f"ignored){reported}; prices {escape(str(cost['price_version']))}"
-    )
+    unknown = cost.get("usage_unknown_calls") or 0
+    if not cost["calls"]:  # the log may keep none (e.g. a rollout without usage): not "0"
+        console.print(f"cost unknown{budget}: no model calls recorded")
+    else:
+        console.print(
+            f"cost {figure(cost, 'cost_usd', money)}{budget}: {cost['calls']} calls "
+            f"({cost['unpriced_calls']} unpriced, "
+            + (f"{unknown} of unknown usage, " if unknown else "")
+            + f"{cost['duplicate_reports']} duplicate reports "
+            f"ignored){reported}; prices {escape(str(cost['price_version']))}"
+        )
+        console.print(
+            f"tokens: {figure(cost, 'input_tokens', _count)} in "
+            f"({figure(cost, 'cached_input_tokens', _count)} cached), "
+            f"{figure(cost, 'output_tokens', _count)} out"
+        )
     totals = cost.get("reported_totals")
     if totals:
         said = [money(totals["cost_usd"])] if totals.get("cost_usd") is not None else []
         if totals.get("input_tokens") is not None or totals.get("output_tokens") is not None:
-            said.append(
-                f"{totals.get('input_tokens') or 0:,} in / {totals.get('output_tokens') or 0:,} out"
-            )
+            sent, received = totals.get("input_tokens"), totals.get("output_tokens")
+            said.append(f"{_maybe(sent, _count)} in / {_maybe(received, _count)} out")
         if totals.get("calls") is not None:
             said.append(f"{totals['calls']} calls")
         flag = " [red]differs from the calls above[/]" if cost.get("reported_disagrees") else ""
         console.print(f"the agent reported for the run: {', '.join(said)}{flag}")
+
+
+def figure(doc: dict[str, Any], name: str, fmt: Callable[[Any], str]) -> str:
+    """One figure of a document that follows the unknown-is-never-zero rule
+    (:func:`consumers.analytics.known_figures`): "unknown" when None, ``>= `` before a lower
+    bound (named in ``partly_unknown``)."""
+    value = doc.get(name)
+    if value is None:
+        return "unknown"
+    return (">= " if name in doc.get("partly_unknown", ()) else "") + fmt(value)
+
+
+def _maybe(n: int | None, fmt: Callable[[int], str]) -> str:
+    """A figure the agent may not have reported: "unknown", never 0."""
+    return "unknown" if n is None else fmt(n)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
 
 
 def _print_failure_header(console: Console, failure: dict[str, Any] | None) -> None:
@@ -209,15 +243,15 @@ def print_costs(console: Console, report: CostReport) -> None:
     columns: list[tuple[str, Callable[[CostRow], str]]] = [
         ("calls", lambda r: f"{r.calls:,}"),
         ("failed", lambda r: f"{r.failed_calls:,}"),
-        ("in", lambda r: tokens(r.input_tokens)),
-        ("cached", lambda r: tokens(r.cached_input_tokens)),
-        ("cache write", lambda r: tokens(r.cache_write_input_tokens)),
-        ("out", lambda r: tokens(r.output_tokens)),
-        ("reasoning", lambda r: tokens(r.reasoning_tokens)),
+        ("in", _tokens_cell("input_tokens")),
+        ("cached", _tokens_cell("cached_input_tokens")),
+        ("cache write", _tokens_cell("cache_write_input_tokens")),
+        ("out", _tokens_cell("output_tokens")),
+        ("reasoning", _tokens_cell("reasoning_tokens")),
         ("usage unknown", lambda r: f"{r.usage_unknown_calls:,}"),
         ("latency", _latency),
         ("cost", cost_cell),
-        ("reported", lambda r: money(r.provider_reported_cost_usd) if r.reported_calls else "-"),
+        ("reported", _reported_cell),
         ("disagree", lambda r: f"{r.cost_disagreements:,}"),
     ]
     empty = {
@@ -264,10 +298,29 @@ def cost_cell(row: CostRow) -> str:
     bound (>=) when some calls are unpriced or of unknown usage."""
     if not row.calls:
         return "-"  # no per-call figures (a run may still have totals its agent reported)
-    unknown = row.unpriced_calls + row.usage_unknown_calls
-    if unknown >= row.calls:
-        return "unpriced" if row.unpriced_calls else "unknown"
-    return (">= " if unknown else "") + money(row.cost_usd)
+    doc = row.as_json()
+    if doc["cost_usd"] is None and row.unpriced_calls:
+        return "unpriced"
+    return figure(doc, "cost_usd", money)
+
+
+def _tokens_cell(name: str) -> Callable[[CostRow], str]:
+    """A token sum: "unknown" when no call reported tokens, never 0; >= when some did not."""
+
+    def cell(row: CostRow) -> str:
+        return figure(row.as_json(), name, tokens) if row.calls else "-"
+
+    return cell
+
+
+def _reported_cell(row: CostRow) -> str:
+    """The provider's cost: "-" when no call reported one, >= when only some did."""
+    doc = row.as_json()
+    return (
+        "-"
+        if doc["provider_reported_cost_usd"] is None
+        else figure(doc, "provider_reported_cost_usd", money)
+    )
 
 
 def _reported_run(row: CostRow) -> str:
@@ -278,8 +331,8 @@ def _reported_run(row: CostRow) -> str:
     if row.reported_cost_usd is not None:
         parts.append(money(row.reported_cost_usd))
     if row.reported_input_tokens is not None or row.reported_output_tokens is not None:
-        sent, received = row.reported_input_tokens or 0, row.reported_output_tokens or 0
-        parts.append(f"{tokens(sent)} in / {tokens(received)} out")
+        sent, received = row.reported_input_tokens, row.reported_output_tokens
+        parts.append(f"{_maybe(sent, tokens)} in / {_maybe(received, tokens)} out")
     flag = " [red]differs from the calls[/]" if row.reported_disagrees else ""
     return ", ".join(parts) + flag
 

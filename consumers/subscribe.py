@@ -33,6 +33,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.settings import Settings
+from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
 from schemas.changes import ChangeCodec, ProjectionChange
 from schemas.errors import LedgerDecodeError
 from streams.topics import change_schema_topic, change_topic
@@ -352,9 +353,17 @@ def summarize_state(projection: str, state: dict[str, Any]) -> str:
     if projection == "cost-metrics":
         totals = state.get("totals") or {}
         budget = state.get("task_budget_usd")
-        words = [f"${totals.get('cost_usd', '0')}", f"{totals.get('calls', 0)} calls"]
+        counts = CostTotals.model_validate(totals)
+        cost = known_sum(counts, "cost", totals.get("cost_usd"))  # unknown is never $0
+        bound = ">= " if "cost" in partly_unknown(counts) else ""
+        words = [
+            f"{bound}${cost}" if cost is not None else "cost unknown",
+            f"{counts.calls} calls" if counts.calls else "no model calls recorded",
+        ]
         if totals.get("unpriced_calls"):
             words.append(f"{totals['unpriced_calls']} unpriced")
+        if counts.usage_unknown_calls:
+            words.append(f"{counts.usage_unknown_calls} of unknown usage")
         if budget is not None:
             words.append(f"budget ${budget}{' EXCEEDED' if state.get('over_budget') else ''}")
         return ", ".join(words)

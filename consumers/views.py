@@ -7,6 +7,7 @@ from typing import Any
 
 from infra.settings import Settings
 from projectors import registry
+from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
 from projectors.stores import postgres_ops as ops
 from projectors.stores.postgres import current_documents
 from schemas.errors import BadArgumentError
@@ -21,9 +22,27 @@ def find_runs(settings: Settings, **filters: Any) -> list[dict[str, Any]]:
     its ``outcome``."""
     with ops.connect(settings.pg_address) as conn:
         found = ops.find_runs(conn, **filters)
-    for run in found:
-        run["outcome"] = run_outcome(run["status"], run["failure_class"])
-    return found
+    return [_shown(run) for run in found]
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A run row as shown: its cost unknown (None, never 0) when no call has a cost of ours (no
+    call, or every one unpriced or of unknown usage), a lower bound when only some do."""
+    priced = row.pop("priced_cost_usd")
+    if row["calls"] is None:  # no cost-metrics state: no call seen
+        counts = CostTotals()
+    else:
+        counts = CostTotals(
+            calls=row["calls"],
+            unpriced_calls=row["unpriced_calls"],
+            usage_unknown_calls=row["usage_unknown_calls"],
+            reported_calls=row["reported_calls"],
+        )
+    run = {k: v for k, v in row.items() if k != "reported_calls"}
+    run["cost_usd"] = known_sum(counts, "cost", priced)
+    run["cost_partly_unknown"] = "cost" in partly_unknown(counts)
+    run["outcome"] = run_outcome(run["status"], run["failure_class"])
+    return run
 
 
 def run_outcome(status: str | None, failure_class: str | None) -> str:

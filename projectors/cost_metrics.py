@@ -37,7 +37,7 @@ import json
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
@@ -484,4 +484,59 @@ def _budget(text: str | None) -> Decimal | None:
 
 
 _EMPTY = CostTotals()
+
+
+# -- unknown is never zero: the one rule every output follows --------------------------------
+
+Figure = Literal["cost", "tokens", "provider_reported_cost"]
+FIGURE_FIELDS: dict[Figure, tuple[str, ...]] = {
+    "cost": ("cost_usd",),
+    "tokens": (
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cache_write_input_tokens",
+    ),
+    "provider_reported_cost": ("provider_reported_cost_usd",),
+}
+_T = TypeVar("_T")
+
+
+class CallCounts(Protocol):
+    """What says how many of a sum's calls it covers (:class:`CostTotals`, a cost row)."""
+
+    @property
+    def calls(self) -> int: ...
+    @property
+    def unpriced_calls(self) -> int: ...
+    @property
+    def usage_unknown_calls(self) -> int: ...
+    @property
+    def reported_calls(self) -> int: ...
+
+
+def unknown_calls(counts: CallCounts, figure: Figure) -> int:
+    """How many of the calls add nothing to ``figure``'s sum because it is unknown for them: our
+    cost of an unpriced call or of one of unknown usage, the tokens of one of unknown usage, the
+    provider's cost of one it reported none for."""
+    if figure == "cost":
+        return counts.unpriced_calls + counts.usage_unknown_calls
+    if figure == "tokens":
+        return counts.usage_unknown_calls
+    return counts.calls - counts.reported_calls
+
+
+def known_sum(counts: CallCounts, figure: Figure, total: _T) -> _T | None:
+    """``total`` (a sum over the calls of ``figure``) as an output shows it: None (unknown, never
+    0) when no call has the figure known, or there is no call; else the sum of the known ones,
+    which is a lower bound when :func:`partly_unknown` says so."""
+    return total if counts.calls > unknown_calls(counts, figure) else None
+
+
+def partly_unknown(counts: CallCounts) -> list[Figure]:
+    """The figures whose shown sums cover some of the calls but not all (lower bounds)."""
+    return [f for f in FIGURE_FIELDS if 0 < unknown_calls(counts, f) < counts.calls]
+
+
 _STATUS_TEXT = {s: s.value for s in ModelCallStatus}  # .value costs ~5x a look-up

@@ -529,8 +529,11 @@ WITH heads AS (
            (r.doc ->> 'first_at')::timestamptz AS first_at,
            (r.doc ->> 'last_at')::timestamptz AS last_at,
            f.doc -> 'classification' ->> 'failure_class' AS failure_class,
-           (c.doc -> 'totals' ->> 'cost_usd')::numeric AS cost_usd,
+           (c.doc -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
+           (c.doc -> 'totals' ->> 'calls')::integer AS calls,
            (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
+           (c.doc -> 'totals' ->> 'usage_unknown_calls')::integer AS usage_unknown_calls,
+           (c.doc -> 'totals' ->> 'reported_calls')::integer AS reported_calls,
            w.doc ->> 'task_goal' AS task,
            f.doc -> 'classification' ->> 'explanation' AS explanation,
            coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems,
@@ -540,10 +543,17 @@ WITH heads AS (
     LEFT JOIN heads c ON c.run_id = r.run_id AND c.projection = 'cost-metrics'
     LEFT JOIN heads w ON w.run_id = r.run_id AND w.projection = 'working-memory'
     WHERE r.projection = 'run-stats'
+), known AS (
+    -- the cost filtered and sorted on: unknown (NULL, never 0) unless some call has a cost of
+    -- ours (projectors.cost_metrics.known_sum, which gives the cost the rows show)
+    SELECT *, CASE WHEN calls > unpriced_calls + usage_unknown_calls
+                   THEN priced_cost_usd END AS cost_usd
+    FROM runs
 )
-SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, cost_usd,
-       unpriced_calls, task, explanation, conflicting_duplicates
-FROM runs
+SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
+       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
+       conflicting_duplicates
+FROM known
 {where}
 ORDER BY {order}
 LIMIT %(limit)s

@@ -77,8 +77,8 @@ class Summary:
             "entries": self.entries,
             "calls": self.calls if self.calls_known else None,  # unknown, never 0
             "duplicate_reports": self.duplicate_reports,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
+            "input_tokens": self.input_tokens if self.calls_known else None,
+            "output_tokens": self.output_tokens if self.calls_known else None,
             "reported_cost_usd": self.reported_cost_usd,
             "skipped": dict(sorted(self.skipped.items())),
             "notes": self.notes,

@@ -54,11 +54,15 @@ def test_model_call_rows_carry_their_cost_and_the_running_total() -> None:
 
     model_rows = [r for r in doc["rows"] if r["kind"] == "model-call"]
     assert [r["cost_usd"] for r in model_rows] == [str(c.cost_usd) for c in calls]
-    running = Decimal(0)
+    running, seen = Decimal(0), False
     for row in doc["rows"]:
         if row["kind"] == "model-call":
             running += Decimal(row["cost_usd"])
-        assert Decimal(row["cost_so_far_usd"]) == running
+            seen = True
+        # before the first call: no cost known (a log may keep no calls), never $0
+        assert row["cost_so_far_usd"] == (str(running) if seen else None)
+        assert Decimal(row["cost_so_far_usd"] or 0) == running
+        assert row["cost_so_far_lower_bound"] is False
     assert running == cost.totals.cost_usd
     assert Decimal(doc["cost"]["cost_usd"]) == cost.totals.cost_usd
     last = doc["rows"][-1]
@@ -80,7 +84,8 @@ def test_without_cost_or_diagnosis_the_timeline_still_renders() -> None:
     assert doc["status"] == "RUNNING" and doc["cost"] is None and doc["failure"] is None
     calls = [r for r in doc["rows"] if r["kind"] == "model-call"]
     assert calls and all(r["cost_usd"] is None for r in calls)
-    assert doc["rows"][-1]["cost_so_far_usd"] == "0"
+    # the calls' costs are unknown here: the cost so far is unknown, never $0
+    assert all(r["cost_so_far_usd"] is None for r in doc["rows"])
     assert "RUNNING" in timeline_headline(doc)
 
 

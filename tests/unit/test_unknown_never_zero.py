@@ -6,7 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from decimal import Decimal
 
-from consumers.analytics import CostRow
+from rich.console import Console
+
+from consumers.analytics import CostReport, CostRow
+from consumers.render_analytics import print_costs
+from consumers.subscribe import summarize_state
+from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
 
 ROW = CostRow(
     key="run-1",
@@ -51,3 +56,48 @@ def test_unpriced_calls_and_unreported_costs_are_unknown() -> None:
     doc = replace(ROW, reported_calls=0, provider_reported_cost_usd=Decimal(0)).as_json()
     assert doc["provider_reported_cost_usd"] is None
     assert replace(ROW, calls=0).as_json()["cost_usd"] is None
+
+
+def test_partly_unknown_figures_are_named_as_lower_bounds() -> None:
+    doc = replace(ROW, unpriced_calls=1, reported_calls=3, usage_unknown_calls=1).as_json()
+    assert doc["cost_usd"] == "0.01" and doc["input_tokens"] == 1000
+    assert set(doc["partly_unknown"]) >= {"cost_usd", "input_tokens", "provider_reported_cost_usd"}
+    assert ROW.as_json()["partly_unknown"] == []
+
+
+def test_the_costs_table_shows_unknown_tokens_and_lower_bounds_never_zero() -> None:
+    unmetered = replace(
+        ROW,
+        input_tokens=0,
+        output_tokens=0,
+        cost_usd=Decimal(0),
+        usage_unknown_calls=4,
+        reported_calls=0,
+        provider_reported_cost_usd=Decimal(0),
+    )
+    partly = replace(ROW, key="run-2", usage_unknown_calls=1, reported_calls=2)
+    total = replace(ROW, key="total", calls=8, usage_unknown_calls=5, reported_calls=6)
+    console = Console(width=250, record=True)
+    print_costs(console, CostReport("run", [unmetered, partly], total))
+    text = console.export_text()
+    lines = {ln.split("│")[1].strip(): ln for ln in text.splitlines() if ln.startswith("│")}
+    cells = [c.strip() for c in lines["run-1"].split("│")[2:-1]]
+    assert cells[:1] == ["4"] and "unknown" in cells and "0" not in cells[1:4], cells
+    assert "$0.0000" not in lines["run-1"]
+    assert ">= $0.0100" in lines["run-2"] and ">= 1.0k" in lines["run-2"]
+    assert ">= $0.0120" in lines["run-2"]  # the provider reported for 2 of 4 calls
+
+
+def test_subscribe_lines_and_run_costs_never_say_zero() -> None:
+    unknown = {"totals": {"cost_usd": "0", "calls": 3, "usage_unknown_calls": 3}}
+    assert "cost unknown, 3 calls" in summarize_state("cost-metrics", unknown)
+    some = {"totals": {"cost_usd": "0.5", "calls": 3, "usage_unknown_calls": 1}}
+    assert ">= $0.5, 3 calls" in summarize_state("cost-metrics", some)
+    none = {"totals": {"cost_usd": "0", "calls": 0}}
+    assert summarize_state("cost-metrics", none) == "cost unknown, no model calls recorded"
+    assert known_sum(CostTotals(calls=2, unpriced_calls=2), "cost", Decimal(0)) is None
+    assert known_sum(CostTotals(calls=2, unpriced_calls=1), "cost", Decimal(1)) == 1
+    assert partly_unknown(CostTotals(calls=2, usage_unknown_calls=1, reported_calls=2)) == [
+        "cost",
+        "tokens",
+    ]
