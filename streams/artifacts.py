@@ -203,7 +203,7 @@ def offload(
     for index, _size in sorted(_candidates(entry.parts), key=lambda c: (-c[1], c[0])):
         if fits(entry):
             break
-        entry = _move(entry, index, store)
+        entry = move_part(entry, index, store)
         moved += 1
     return entry, moved
 
@@ -233,7 +233,8 @@ def _movable(part: Part) -> str | None:
             return None
 
 
-def _move(entry: LedgerEntry, index: int, store: ArtifactStore) -> LedgerEntry:
+def move_part(entry: LedgerEntry, index: int, store: ArtifactStore) -> LedgerEntry:
+    """``entry`` with part ``index``'s text moved into ``store`` (see :func:`offload`)."""
     part = entry.parts[index]
     text = _movable(part)
     assert text is not None

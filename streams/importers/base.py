@@ -46,7 +46,8 @@ from schemas.models import (
     validation_error,
 )
 
-# Tool output kept inline in a TOOL_CALL_RESULT's summary; the rest is counted, not imported.
+# Tool output kept inline in a TOOL_CALL_RESULT's summary; a longer one goes to the artifact
+# store when published (its start stays inline with the artifact's handle).
 MAX_SUMMARY_CHARS = 4000
 
 
@@ -178,14 +179,6 @@ def parse_time(text: Any, zone_note: str | None = None) -> datetime | None:
     except ValueError:
         return None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-
-
-def shorten(text: str) -> str:
-    """Tool output as kept inline: whole up to MAX_SUMMARY_CHARS, else its start and a count."""
-    if len(text) <= MAX_SUMMARY_CHARS:
-        return text
-    rest = len(text) - MAX_SUMMARY_CHARS
-    return f"{text[:MAX_SUMMARY_CHARS]}\n[... {rest:,} more characters not imported]"
 
 
 # Tools by what they may do; a tool not named here is taken as the most privileged (fail safe).

@@ -50,7 +50,6 @@ from streams.importers.base import (
     parse_time,
     permission_of,
     sha256_digest,
-    shorten,
     skipping,
 )
 
@@ -300,7 +299,7 @@ def _user(
                 status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
                 exit_code=None,  # not in the log
                 timed_out=False,
-                summary=shorten(_text_of(block.get("content"))),
+                summary=_text_of(block.get("content")),
             )
             run.add(EntryKind.TOOL_CALL_RESULT, at, f"{uid}#{i}", [result], tool_call_id=call_id)
             diff = _diff_of(doc.get("toolUseResult"), tool_names.get(call_id, ""))

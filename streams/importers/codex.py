@@ -48,7 +48,6 @@ from streams.importers.base import (
     patch_numstat,
     permission_of,
     sha256_digest,
-    shorten,
     skipping,
 )
 from streams.importers.claude_code import read_lines
@@ -297,7 +296,7 @@ def _result(
         status=status,
         exit_code=exit_code,
         timed_out=False,
-        summary=shorten(text),
+        summary=text,
     )
     run.add(EntryKind.TOOL_CALL_RESULT, at, sid, [part], tool_call_id=payload["call_id"])
 

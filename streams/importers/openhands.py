@@ -60,7 +60,6 @@ from streams.importers.base import (
     permission_of,
     safe_id,
     sha256_digest,
-    shorten,
     skipping,
     tests_status_counts,
 )
@@ -609,7 +608,7 @@ def _v1_event(
             status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
             exit_code=exit_code,
             timed_out=False,
-            summary=shorten(output if isinstance(output, str) else json.dumps(output)[:4000]),
+            summary=output if isinstance(output, str) else json.dumps(output),
         )
         run.add(EntryKind.TOOL_CALL_RESULT, at, f"e{eid}", [result], tool_call_id=call_id)
         return None
@@ -685,7 +684,7 @@ def _observation(
         status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
         exit_code=code,
         timed_out=False,
-        summary=shorten(text),
+        summary=text,
     )
     run.add(EntryKind.TOOL_CALL_RESULT, at, f"e{eid}", [part], tool_call_id=call_id)
     if (

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.settings import Settings
-from schemas.models import EntryKind, LedgerEntry
-from streams.importers.base import ImportedRun, ImportFormatError, Summary
+from schemas.models import EntryKind, LedgerEntry, ToolResultPart
+from streams.artifacts import ArtifactStore, FileArtifactStore, move_part
+from streams.importers.base import MAX_SUMMARY_CHARS, ImportedRun, ImportFormatError, Summary
 from streams.importers.verdicts import FORMAT as VERDICTS_FORMAT
 from streams.importers.verdicts import Judged, index_runs, match
 from streams.publisher import AsyncPublisher
@@ -56,10 +57,11 @@ async def send_new(
     """With a started publisher: each run's entries after the last one the ledger (or this
     publisher, which remembers what it sent) holds."""
     await publisher.resume({(r.fleet_id, r.run_id) for r in runs})
+    store = FileArtifactStore.from_settings(publisher.settings)
     out = []
     for run in runs:
         last = publisher.book.last.get(run.run_id, 0)
-        todo = [e for e in run.entries if e.sequence_no > last]
+        todo = [keep_outputs(e, store) for e in run.entries if e.sequence_no > last]
         for start in range(0, len(todo), BATCH):
             await publisher.publish_batch(todo[start : start + BATCH])
         done = Sent(run.run_id, min(last, len(run.entries)), len(todo))
@@ -67,6 +69,16 @@ async def send_new(
         if progress is not None:
             progress(done)
     return out
+
+
+def keep_outputs(entry: LedgerEntry, store: ArtifactStore) -> LedgerEntry:
+    """``entry`` with each tool output over ``MAX_SUMMARY_CHARS`` moved into ``store`` (scanned
+    for secrets before it is written), its start and the artifact's handle left inline: a long
+    output is kept whole, never cut, and the entry stays small."""
+    for index, part in enumerate(entry.parts):
+        if isinstance(part, ToolResultPart) and len(part.summary) > MAX_SUMMARY_CHARS:
+            entry = move_part(entry, index, store)
+    return entry
 
 
 Report = Callable[[Path, Summary | None, list[Sent], str | None], None]

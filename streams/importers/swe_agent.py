@@ -64,7 +64,6 @@ from streams.importers.base import (
     permission_of,
     safe_id,
     sha256_digest,
-    shorten,
     skipping,
 )
 
@@ -235,7 +234,7 @@ class MiniSweAgent:
                         status=ToolResultStatus.FAILED if failed else ToolResultStatus.SUCCEEDED,
                         exit_code=exit_code,
                         timed_out=False,
-                        summary=shorten(text),
+                        summary=text,
                     )
                     run.add(
                         EntryKind.TOOL_CALL_RESULT,
@@ -288,7 +287,7 @@ def _text_result(run: ImportedRun, call_id: str, text: str, at: datetime, n: int
         status=status,
         exit_code=exit_code,
         timed_out=timed_out,
-        summary=shorten(text),
+        summary=text,
     )
     run.add(EntryKind.TOOL_CALL_RESULT, at, f"m{n}", [part], tool_call_id=call_id)
 
@@ -433,7 +432,7 @@ class SweAgent:
                     status=ToolResultStatus.UNKNOWN,  # a 0.x step records no outcome
                     exit_code=None,
                     timed_out=False,
-                    summary=shorten(str(step.get("observation") or "")),
+                    summary=str(step.get("observation") or ""),
                 )
                 run.add(
                     EntryKind.TOOL_CALL_RESULT, at, f"s{n}-result", [result], tool_call_id=call_id

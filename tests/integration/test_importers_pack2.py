@@ -330,3 +330,26 @@ def test_reports_name_what_they_could_not_match_and_a_second_import_sends_nothin
     reports = json.loads(again.stdout)
     assert sum(r["published"] for r in reports) == 0
     assert sum(r["already_on_ledger"] for r in reports) == 6  # 4 instance reports + 2 run-level
+
+
+def test_a_long_tool_output_is_kept_whole_as_an_artifact(pack2: Any, tmp_path: Path) -> None:
+    """The pandas run's second observation is 17,080 characters: not cut, but moved into the
+    artifact store; its replay package carries it and `artifact get` reads it back whole."""
+    d, by_file, _ = pack2
+    run_id = _run_of(by_file, "swesmith-1.0.1-pandas-dev__pandas.95280573.pr_53856.traj")
+    packed = _cli(d, "replay-package", run_id, "--out", str(tmp_path / "pkg"))
+    assert packed.returncode == 0, packed.stderr
+    manifest = json.loads((tmp_path / "pkg" / "package.json").read_text())
+    included = [a for a in manifest["artifacts"] if a["included"]]
+    assert len(included) == 2  # the observations of 17,080 and 5,977 characters
+    sizes = set()
+    for ref in included:
+        got = subprocess.run(  # bytes: the output's CRLF line ends are kept as they were
+            [sys.executable, "-m", "consumers.cli", "artifact", "get", ref["sha256"]],
+            env=d.env(),
+            capture_output=True,
+            timeout=120,
+        )
+        assert got.returncode == 0, got.stderr
+        sizes.add(len(got.stdout.decode()))
+    assert sizes == {17_080, 5_977}

@@ -7,6 +7,7 @@ import hashlib
 import json
 import random
 import string
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,37 @@ def test_a_store_that_cannot_be_written_is_one_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(ArtifactError, match="cannot write to the artifact store"):
         FileArtifactStore(tmp_path / "file" / "artifacts").put(b"content", "text/plain")
+
+
+NOW = datetime(2026, 12, 2, tzinfo=UTC)
+
+
+def test_an_imported_tool_output_over_the_inline_limit_is_kept_whole_as_an_artifact(
+    tmp_path: Path,
+) -> None:
+    """Issue 26: importers never cut a long tool output; the publishing step moves it into the
+    store (secrets scrubbed) and leaves its start and the handle inline."""
+    from streams.importers.base import MAX_SUMMARY_CHARS, ImportedRun
+    from streams.importers.publish import keep_outputs
+
+    secret = "AKIA" + "Q7XZ4RT2MB6KLP3W"  # (base32, as AWS key ids are)
+    output = "line\n" * 3000 + f"aws_access_key_id={secret}\n" + "tail\n" * 10
+    run = ImportedRun("r-1", "fleet-a", "s-1", "test")
+    run.add(EntryKind.RUN_STARTED, NOW, "start", [TextPart(text="start")])
+    short = ToolResultPart(
+        tool_call_id="c1", status=ToolResultStatus.SUCCEEDED, timed_out=False, summary="ok"
+    )
+    long = short.model_copy(update={"tool_call_id": "c2", "summary": output})
+    run.add(EntryKind.TOOL_CALL_RESULT, NOW, "r1", [short], tool_call_id="c1")
+    run.add(EntryKind.TOOL_CALL_RESULT, NOW, "r2", [long], tool_call_id="c2")
+    store = FileArtifactStore(tmp_path / "store")
+    kept = [keep_outputs(e, store) for e in run.entries]
+    assert kept[:2] == run.entries[:2]  # nothing long: unchanged
+    [part] = kept[2].parts
+    assert isinstance(part, ToolResultPart)
+    assert len(part.summary) < MAX_SUMMARY_CHARS and secret not in part.summary
+    [ref] = part.artifact_refs
+    whole = store.get(ref.sha256).decode()
+    assert whole.startswith("line\n" * 3000) and whole.endswith("tail\n" * 10)  # nothing cut
+    assert secret not in whole and "[REDACTED" in whole
+    assert [keep_outputs(e, store) for e in run.entries] == kept  # the same entries again
