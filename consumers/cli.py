@@ -568,11 +568,20 @@ def import_cmd(
                 + (f"; skipped: {skipped}" if skipped else ""),
                 soft_wrap=True,
             )
+    unmapped = sum(r.get("unmapped", 0) for r in reports)
     if as_json:
         print(json.dumps(reports, indent=2))
-    elif failed:
-        err.print(f"{failed} of {len(files)} files skipped (see above); the others were imported")
-    if failed:
+    else:
+        if failed:
+            err.print(
+                f"{failed} of {len(files)} files skipped (see above); the others were imported"
+            )
+        if unmapped:
+            err.print(
+                f"{unmapped} records could not be mapped and were skipped (their reasons are "
+                "under 'skipped' above); the rest of their files was imported"
+            )
+    if failed or unmapped:
         raise typer.Exit(code=1)
 
 

@@ -68,7 +68,10 @@ class Summary:
     input_tokens: int = 0
     output_tokens: int = 0
     reported_cost_usd: str | None = None
+    # records not imported, by why: kinds the ledger has no use for, and records that could not
+    # be mapped (``unmapped`` of them: a field missing or of another type; the import exits 1)
     skipped: Counter[str] = field(default_factory=Counter)
+    unmapped: int = 0
     notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -82,6 +85,7 @@ class Summary:
             "output_tokens": self.output_tokens if self.calls_known else None,
             "reported_cost_usd": self.reported_cost_usd,
             "skipped": dict(sorted(self.skipped.items())),
+            "unmapped": self.unmapped,
             "notes": self.notes,
         }
 
@@ -462,8 +466,10 @@ def skipping(summary: Summary, what: str = "record") -> Iterator[None]:
         summary.skipped[
             f"{what} breaking the ledger contract at {validation_error(exc).field}"
         ] += 1
+        summary.unmapped += 1
     except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
         summary.skipped[f"{what} the importer cannot map ({type(exc).__name__})"] += 1
+        summary.unmapped += 1
 
 
 # -- evaluation verdicts ----------------------------------------------------------------------

@@ -355,6 +355,10 @@ def test_a_bad_file_skips_only_itself_and_json_always_prints(
     for name in good:
         (folder / name).write_bytes((samples2 / name).read_bytes())
     (folder / "a-corrupt.traj.json").write_text('{"info": {}, "messages": [')  # cut short
+    drifted = json.loads((samples2 / good[0]).read_text())
+    drifted["messages"][2]["tool_calls"][0]["function"] = "bash"  # a field of another shape
+    drifted["instance_id"] = "drifted__copy-1"  # a run of its own
+    (folder / "c-drifted.traj.json").write_text(json.dumps(drifted))
     (folder / "b-not-mini.traj.json").write_text('{"info": {}, "trajectory": []}')
     d = PrivateDeployment(services, "imptol", ["tolerant"], tmp_path / "state")
     asyncio.run(d.create())
@@ -362,7 +366,16 @@ def test_a_bad_file_skips_only_itself_and_json_always_prints(
         done = _cli(d, "import", "mini-swe-agent", str(folder), "--fleet", "tolerant", "--json")
         assert done.returncode == 1, done.stdout[-2000:] + done.stderr
         reports = {Path(r["path"]).name: r for r in json.loads(done.stdout)}
-        assert set(reports) == {*good, "a-corrupt.traj.json", "b-not-mini.traj.json"}
+        assert set(reports) == {
+            *good,
+            "a-corrupt.traj.json",
+            "b-not-mini.traj.json",
+            "c-drifted.traj.json",
+        }
+        # the record that cannot be mapped is skipped and counted; the rest of its file is sent
+        assert reports["c-drifted.traj.json"]["unmapped"] == 1
+        assert "error" not in reports["c-drifted.traj.json"]
+        assert reports["c-drifted.traj.json"]["published"] > 0
         assert "not JSON" in reports["a-corrupt.traj.json"]["error"]
         assert "no 'messages' list" in reports["b-not-mini.traj.json"]["error"]
         django = reports["pr814-django__django-13660.traj.json"]
@@ -370,7 +383,8 @@ def test_a_bad_file_skips_only_itself_and_json_always_prints(
         assert reports["pr816-reasoner-pylint-dev__astroid-1978.traj.json"]["published"] > 0
         text = _cli(d, "import", "mini-swe-agent", str(folder), "--fleet", "tolerant")
         assert text.returncode == 1
-        assert "2 of 4 files skipped" in text.stderr and "a-corrupt.traj.json" in text.stderr
+        assert "2 of 5 files skipped" in text.stderr and "a-corrupt.traj.json" in text.stderr
+        assert "1 records could not be mapped" in text.stderr
         assert "Traceback" not in text.stderr
     finally:
         d.drop()
