@@ -10,6 +10,11 @@ Every string of an entry is scanned with the gitleaks rule set (:mod:`schemas.se
 - enum symbols, timestamps and hex hashes are left alone: the contract (``schemas.models``)
   confines them to formats that cannot hold a secret.
 
+**The value, not only the match**: once a secret is found anywhere in the entry, a second pass
+redacts every other occurrence of that value, in every field (names, paths, metadata values,
+JSON texts, each copy in a text), where a rule would not fire without the first one's context;
+an identifier or metadata key holding it is refused.
+
 Each replacement is recorded in the entry's ``redactions`` (coarse type, field, rule), never the
 value, and no message here quotes one.
 """
@@ -72,6 +77,9 @@ _SAFE = frozenset(
 _JSON_TEXT = frozenset({"json_text", "raw_usage_json"})
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CREDENTIAL_RULES = GENERIC | {"url-credentials", "env-secret-assignment"}
+# A secret value this long or longer is redacted wherever else it occurs in the entry (a shorter
+# match, e.g. a 4-character password, would take ordinary words with it).
+MIN_COPY_CHARS = 6
 
 
 class SecretInIdentifierError(LedgerValidationError):
@@ -85,6 +93,7 @@ class _Walk:
     def __init__(self, detector: SecretDetector) -> None:
         self.detector = detector
         self.found: list[tuple[str, str]] = []  # (field path, rule)
+        self.values: dict[str, str] = {}  # each secret value found -> its rule (never logged)
 
     def value(self, value: Any, path: str, key: str, file_path: str | None = None) -> Any:
         if isinstance(value, dict):
@@ -129,9 +138,20 @@ class _Walk:
             )
 
     def text(self, value: str, path: str, file_path: str | None = None) -> str:
-        new, rules = self.detector.redact(value, file_path)
-        self.found.extend((path, rule) for rule in rules)
-        return new
+        return self._replace(value, self.detector.find(value, file_path), path)
+
+    def _replace(self, value: str, findings: list[Finding], path: str) -> str:
+        if not findings:
+            return value
+        pieces, at = [], 0
+        for f in findings:
+            pieces += [value[at : f.start], marker(f.rule)]
+            at = f.end
+            self.found.append((path, f.rule))
+            secret = value[f.start : f.end]
+            if len(secret) >= MIN_COPY_CHARS:
+                self.values.setdefault(secret, f.rule)
+        return "".join([*pieces, value[at:]])
 
     def metadata(self, doc: dict[str, str], path: str) -> dict[str, str]:
         out = {}
@@ -150,15 +170,7 @@ class _Walk:
             for f in self.detector.find(line)
             if f.end > len(head)
         ]
-        findings = merge([*self.detector.find(value), *spans])
-        if not findings:
-            return value
-        pieces, at = [], 0
-        for f in findings:
-            pieces += [value[at : f.start], marker(f.rule)]
-            at = f.end
-            self.found.append((path, f.rule))
-        return "".join([*pieces, value[at:]])
+        return self._replace(value, merge([*self.detector.find(value), *spans]), path)
 
     def json_text(self, text: str, path: str) -> str:
         """JSON text scanned as the strings it holds (escapes such as ``\\n`` or ``\\u0067``
@@ -188,6 +200,90 @@ class _Walk:
         return value
 
 
+class _Copies:
+    """The second pass: every other occurrence of a secret value the first pass found, in any
+    field (names, paths, JSON texts, every copy), replaced by its rule's marker; an identifier
+    or metadata key holding one is refused, as in the first pass."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+        self.found: list[tuple[str, str]] = []
+        # longest first, so a value inside a longer one does not split it
+        self._pattern = re.compile("|".join(re.escape(v) for v in sorted(values, key=len)[::-1]))
+
+    def value(self, value: Any, path: str, key: str) -> Any:
+        if isinstance(value, dict):
+            return self.mapping(value, path)
+        if isinstance(value, list):
+            return [self.value(item, f"{path}[{i}]", key) for i, item in enumerate(value)]
+        if not isinstance(value, str) or key in _SAFE or not self._pattern.search(value):
+            return value
+        if key in IDENTIFIERS:
+            raise SecretInIdentifierError(
+                path,
+                f"holds a secret found elsewhere in the entry (rule {self._rule_in(value)}); "
+                "identifiers are never rewritten, so the entry is refused: use an opaque id",
+            )
+        if key in _JSON_TEXT:
+            return self.json_text(value, path)
+        return self.text(value, path)
+
+    def mapping(self, doc: dict[str, Any], path: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, item in doc.items():
+            sub = f"{path}.{key}" if path else key
+            if key == "metadata" and isinstance(item, dict):
+                for name in item:
+                    if self._pattern.search(name):
+                        raise SecretInIdentifierError(
+                            f"{sub}.<key>",
+                            f"holds a secret found elsewhere in the entry (rule "
+                            f"{self._rule_in(name)}); metadata keys are never rewritten, so the "
+                            "entry is refused",
+                        )
+                out[key] = {k: self.value(v, f"{sub}.{k}", k) for k, v in item.items()}
+            else:
+                out[key] = self.value(item, sub, key)
+        return out
+
+    def _rule_in(self, text: str) -> str:
+        m = self._pattern.search(text)
+        return self.values[m.group(0)] if m else "?"
+
+    def text(self, value: str, path: str) -> str:
+        def swap(m: re.Match[str]) -> str:
+            rule = self.values[m.group(0)]
+            self.found.append((path, rule))
+            return marker(rule)
+
+        return self._pattern.sub(swap, value)
+
+    def json_text(self, text: str, path: str) -> str:
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            return self.text(text, path)
+        before = len(self.found)
+        new = self._json_value(parsed, path)
+        if len(self.found) == before:  # only escaped forms matched: redact the raw text too
+            return self.text(text, path)
+        return json.dumps(new, ensure_ascii=False, separators=(",", ":"))
+
+    def _json_value(self, value: Any, path: str) -> Any:
+        if isinstance(value, str):
+            return self.text(value, path)
+        if isinstance(value, list):
+            return [self._json_value(v, path) for v in value]
+        if isinstance(value, dict):
+            return {
+                (self.text(k, path) if isinstance(k, str) else k): self._json_value(
+                    v, f"{path}.{_json_key(k)}"
+                )
+                for k, v in value.items()
+            }
+        return value
+
+
 def _json_key(key: str) -> str:
     """A JSON key as a field path step: kept when it is a plain name, else ``<key>``."""
     return key if _PLAIN_KEY.match(key) else "<key>"
@@ -199,7 +295,11 @@ def redact_document(
     """Redact the JSON form of an entry; return it and the (field, rule) of each redaction.
     Raises :class:`SecretInIdentifierError` when an identifier or metadata key holds a secret."""
     walk = _Walk(detector or default_detector())
-    return walk.mapping(doc, ""), walk.found
+    redacted = walk.mapping(doc, "")
+    if not walk.values:
+        return redacted, walk.found
+    copies = _Copies(walk.values)  # the value, not only the match: every copy of it
+    return copies.mapping(redacted, ""), walk.found + copies.found
 
 
 def redaction_records(found: list[tuple[str, str]]) -> list[dict[str, str]]:

@@ -1,0 +1,110 @@
+"""Issue 27: the value, not the match. Once a secret is found anywhere in an entry, every copy
+of that value is redacted: in every field (names, paths, metadata values, JSON texts), each copy
+in a text, where a rule would not fire without the first copy's context."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from schemas.factory import json_part, sample_entry
+from schemas.json_form import to_json
+from schemas.models import (
+    Actor,
+    ActorType,
+    DiffFile,
+    DiffPart,
+    EntryKind,
+    ErrorPart,
+    FileChangeStatus,
+    FileClassification,
+    PermissionClass,
+    TextPart,
+    ToolCallPart,
+)
+from streams.redaction import SecretInIdentifierError, redact_entry
+from tests.unit.secret_corpus import corpus
+
+# A value no rule finds bare (a password), found once in its natural line.
+PASSWORD = "Tr0ub4dor-3horse"
+CONTEXT = f'DB_PASSWORD="{PASSWORD}"'
+
+
+def _every_string(doc: object) -> str:
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def test_a_value_repeated_across_fields_and_inside_json_is_redacted_everywhere() -> None:
+    entry = sample_entry(
+        EntryKind.TOOL_CALL_REQUEST,
+        parts=(
+            TextPart(text=f"{CONTEXT}\nthen again: {PASSWORD} and {PASSWORD}"),
+            ToolCallPart(
+                tool_call_id="c1",
+                tool_name=f"login-{PASSWORD}",
+                permission_class=PermissionClass.EXECUTE_PRIVILEGED,
+                arguments_hash="sha256:" + "0" * 64,
+                started_at=datetime(2026, 12, 2, tzinfo=UTC),
+            ),
+            ErrorPart(category=f"auth {PASSWORD}", message=f"bad password {PASSWORD}"),
+            json_part({"args": [PASSWORD, {"nested": f"x{PASSWORD}y"}], PASSWORD: 1}),
+            DiffPart(
+                files=(
+                    DiffFile(
+                        path=f"secrets/{PASSWORD}.txt",
+                        status=FileChangeStatus.ADDED,
+                        lines_added=1,
+                        lines_deleted=0,
+                        classification=FileClassification.CONFIG,
+                    ),
+                )
+            ),
+        ),
+        metadata={"note": f"pw {PASSWORD}"},
+    ).model_copy(update={"actor": Actor(type=ActorType.AGENT, id=f"agent-{PASSWORD}")})
+    redacted = redact_entry(entry)
+    assert PASSWORD not in _every_string(to_json(redacted))
+    fields = {r.field for r in redacted.redactions}
+    assert {"parts[1].tool_name", "parts[2].category", "actor.id", "metadata.note"} <= fields
+    assert PASSWORD not in _every_string([r.model_dump(mode="json") for r in redacted.redactions])
+
+
+def test_an_identifier_holding_a_value_found_elsewhere_is_refused() -> None:
+    entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text=CONTEXT),)).model_copy(
+        update={"step_id": f"step-{PASSWORD}"}
+    )
+    with pytest.raises(SecretInIdentifierError) as refused:
+        redact_entry(entry)
+    assert refused.value.field == "step_id" and PASSWORD not in str(refused.value)
+    keyed = sample_entry(
+        EntryKind.USER_TASK, parts=(TextPart(text=CONTEXT),), metadata={f"k{PASSWORD}": "v"}
+    )
+    with pytest.raises(SecretInIdentifierError):
+        redact_entry(keyed)
+
+
+def test_a_short_match_is_not_hunted_through_the_entry() -> None:
+    """A value under 6 characters would take ordinary words with it: only its match goes."""
+    entry = sample_entry(
+        EntryKind.USER_TASK, parts=(TextPart(text='password="abc12"\nabc12 is a branch name'),)
+    )
+    [part] = redact_entry(entry).parts
+    assert isinstance(part, TextPart)
+    assert part.text.endswith("abc12 is a branch name") or "abc12" not in part.text
+
+
+@pytest.mark.parametrize(("name", "secret", "text"), corpus()[::7], ids=lambda v: str(v)[:24])
+def test_every_copy_of_a_corpus_secret_goes(name: str, secret: str, text: str) -> None:
+    entry = sample_entry(
+        EntryKind.USER_TASK,
+        parts=(TextPart(text=f"{text}\n{secret}\n{secret}"), json_part({"again": secret})),
+        metadata={"copy": secret},
+    )
+    assert secret not in _every_string(to_json(redact_entry(entry))), name
+
+
+def test_a_clean_entry_is_untouched() -> None:
+    entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text="nothing secret here"),))
+    assert redact_entry(entry) is entry
