@@ -100,7 +100,7 @@ class LedgerPositions:
         if end > known.high:  # what was appended since the last look
             await self._read(consumer, tp, known.high, end, known.last)
             known.high = end
-        step = self.chunk
+        step = max(self.chunk, known.high - known.low)  # (doubling what is known, each step)
         while known.low > begin and not keys <= known.last.keys():
             low = max(begin, known.low - step)
             await self._read(consumer, tp, low, known.low, known.last)

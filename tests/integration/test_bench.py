@@ -9,7 +9,7 @@ import pytest
 
 from infra.settings import Settings
 from projectors.registry import all_projections
-from streams.bench import QUICK, run_bench
+from streams.bench import IMPORT_FIGURE, QUICK, run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +23,7 @@ BESIDE_A_BASELINE = (
     "one worker: a backlog applied (all six projections)",
     "engine CPU per realistic entry (6 projections, PostgreSQL + Redis, batches of 200)",
     "pure folds per entry, all six projections (no stores)",
+    IMPORT_FIGURE,  # beside publish of the same entries as JSONL
 )
 
 
@@ -42,6 +43,9 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
     assert engine.baseline is not None
     assert abs(ratio.value - engine.value / engine.baseline) < 0.05
     assert figures["ingest: entries"].value >= QUICK.ingest_entries
+    imported = figures["import: entries"]
+    assert imported.value > 0 and imported.baseline_name == f"{QUICK.import_files} files"
+    assert figures["import again (nothing new): seconds"].baseline == 0  # published nothing
     assert figures["rebuild: entries replayed"].value >= QUICK.rebuild_entries
     assert figures["worker RSS peak (largest worker)"].value > 0
     assert figures["PostgreSQL bytes per million entries"].value > 0
