@@ -14,6 +14,7 @@ from streams.bench import IMPORT_FIGURE, QUICK, run_bench
 pytestmark = pytest.mark.integration
 
 BESIDE_A_BASELINE = (
+    IMPORT_FIGURE,  # beside publish of the same entries as JSONL
     "hot path p50 (publish -> Redis views)",
     "hot path p99 (publish -> Redis views)",
     "ingest: publish -> all projections committed",
@@ -23,7 +24,6 @@ BESIDE_A_BASELINE = (
     "one worker: a backlog applied (all six projections)",
     "engine CPU per realistic entry (6 projections, PostgreSQL + Redis, batches of 200)",
     "pure folds per entry, all six projections (no stores)",
-    IMPORT_FIGURE,  # beside publish of the same entries as JSONL
 )
 
 
