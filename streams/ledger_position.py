@@ -18,6 +18,7 @@ downstream), holds no place.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -59,6 +60,7 @@ class LedgerPositions:
         self._consumer: AIOKafkaConsumer | None = None
         self._ranges: dict[TopicPartition, _Range] = {}
         self._partitions: dict[str, int] = {}  # topic -> its partition count
+        self._lock = asyncio.Lock()
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -70,6 +72,10 @@ class LedgerPositions:
         wanted = {run_id: fleet for fleet, run_id in runs}
         if not wanted:
             return {}
+        async with self._lock:  # one consumer: questions asked at once take turns
+            return await self._ask(wanted)
+
+    async def _ask(self, wanted: dict[str, str]) -> dict[str, int]:
         consumer = await self._started()
         by_tp: dict[TopicPartition, set[bytes]] = {}
         for run_id, fleet in wanted.items():
