@@ -433,12 +433,8 @@ def import_cmd(
     """Import real agents' logs as ledger runs: each format's double counts avoided, entry ids
     from the source's own ids. Importing a file again publishes nothing new; an import stopped
     half way resumes where it stopped."""
-    from pydantic import ValidationError
-
-    from schemas.models import validation_error
     from streams.importers import FORMATS
-    from streams.importers.base import ImportFormatError
-    from streams.importers.publish import publish_runs
+    from streams.importers.publish import FileImport, FilePublishError, import_paths
 
     if source_format == "swebench-report":
         _import_verdicts(paths, fleet, as_json)
@@ -470,34 +466,18 @@ def import_cmd(
     [pricing] = [p for p in all_projections(settings) if p.name == "cost-metrics"]
     reports: list[dict[str, Any]] = []
     failed = 0
-    for number, path in enumerate(files, 1):
-        # A file that cannot be imported is skipped with its reason; the others still are.
-        why: str | None = None
-        try:
-            runs, summary = module.import_file(path, fleet_id)
-        except ImportFormatError as exc:
-            why = str(exc)
-        except ValidationError as exc:  # named by field, never by value (it may be a secret)
-            why = (
-                f"{path}: a record breaks the ledger contract at {validation_error(exc)}; "
-                "nothing of this file was sent"
-            )
-        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
-            why = f"{path}: not importable as {source_format} ({type(exc).__name__})"
-        if why is not None:
+
+    def report_file(done: FileImport) -> None:
+        nonlocal failed
+        number, path = len(reports) + 1, done.path
+        if done.error is not None or done.summary is None:
+            why = done.error or f"{path}: not imported"
             failed += 1
             reports.append({"path": str(path), "error": why, "published": 0})
             if not as_json:
                 err.print(f"[{number}/{len(files)}] [red]skipped:[/] {escape(why)}", soft_wrap=True)
-            continue
-        try:
-            sent = asyncio.run(publish_runs(settings, runs))
-        except AgentLedgerError as exc:
-            err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-            if as_json:
-                reports.append({"path": str(path), "error": str(exc), "published": 0})
-                print(json.dumps(reports, indent=2))
-            raise typer.Exit(code=1) from None
+            return
+        runs, summary, sent = done.runs, done.summary, done.sent
         priced = [fold_all(pricing, r.entries) for r in runs]
         totals = [s.totals for s in priced if s is not None]
         cost = sum((t.cost_usd for t in totals), Decimal(0))
@@ -568,6 +548,15 @@ def import_cmd(
                 + (f"; skipped: {skipped}" if skipped else ""),
                 soft_wrap=True,
             )
+
+    try:
+        asyncio.run(import_paths(settings, module, files, fleet_id, report_file))
+    except FilePublishError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        if as_json:
+            reports.append({"path": str(exc.path), "error": str(exc), "published": 0})
+            print(json.dumps(reports, indent=2))
+        raise typer.Exit(code=1) from None
     unmapped = sum(r.get("unmapped", 0) for r in reports)
     if as_json:
         print(json.dumps(reports, indent=2))

@@ -18,10 +18,12 @@ import itertools
 import json
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,7 +35,7 @@ from projectors.stores import postgres_ops as ops
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
-from streams import bench_engine, bench_long
+from streams import bench_engine, bench_import, bench_long
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.parallel import Share, drain_parallel
@@ -568,6 +570,33 @@ async def ingest(d: PrivateDeployment, entries: int, publishers: int, workers: i
     ]
 
 
+async def import_figures(d: PrivateDeployment, files: int) -> list[Figure]:
+    """``agentledger import`` of a directory of ``files`` trajectories (into an empty fleet)
+    beside ``agentledger publish`` of the same entries as JSONL (into another), one process."""
+    with tempfile.TemporaryDirectory(prefix="agentledger-bench-import-") as folder:
+        m = await bench_import.measure(d.settings, Path(folder), FLEETS[0], FLEETS[1], files)
+    return [
+        Figure(
+            IMPORT_FIGURE,
+            m.import_rate,
+            "entries/s",
+            "publish of the same entries as JSONL",
+            m.publish_rate,
+        ),
+        Figure("import: entries", float(m.entries), "entries", f"{m.files} files"),
+        Figure(
+            "import again (nothing new): seconds",
+            m.again_s,
+            "s",
+            "entries it published (must be 0)",
+            float(m.again_published),
+        ),
+    ]
+
+
+IMPORT_FIGURE = "import: a directory of mini-swe-agent trajectories"
+
+
 async def one_worker(d: PrivateDeployment, entries: int) -> list[Figure]:
     """One worker process (``agentledger worker``, all six projections) applying a backlog of
     realistic entries: entries/s from its first partition assignment until every projection
@@ -734,6 +763,7 @@ class Sizes:
     in_flight_rate: float = 100.0  # its entries/s
     engine_runs: int = 40  # runs of 300 entries for the engine-vs-decode figure
     one_worker_entries: int = 100_000  # the backlog one worker applies
+    import_files: int = 500  # mini-swe-agent trajectories imported (beside publish as JSONL)
 
 
 CORES = os.cpu_count() or 1
@@ -749,6 +779,7 @@ QUICK = Sizes(
     in_flight_entries=500,
     engine_runs=8,
     one_worker_entries=3_000,
+    import_files=20,
 )
 # Ingest at 300k entries (the publishers stage every entry before the clock starts, ~1 ms of
 # their CPU each); rebuild at 1M (topped up with raw entries after the ingest).
@@ -792,6 +823,11 @@ async def run_bench(
     try:  # first: nothing else of the bench runs beside it
         cost = await bench_engine.measure(d.settings, runs=sizes.engine_runs)
         report.figures += [Figure(*f) for f in bench_engine.figures(cost)]
+    finally:
+        d.drop()
+    d = await deployment("benchimport")
+    try:
+        report.figures += await import_figures(d, sizes.import_files)
     finally:
         d.drop()
     d = await deployment("benchone")

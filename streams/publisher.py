@@ -32,6 +32,7 @@ from schemas.models import ContextItem, ContextItemsPart, EntryKind, LedgerEntry
 from streams.admin import create_fleet_topics
 from streams.artifacts import ArtifactStore, FileArtifactStore, offload
 from streams.contract import MAX_CLOCK_AHEAD
+from streams.ledger_position import LedgerPositions
 from streams.redaction import redact_entry
 from streams.topics import ledger_topic
 
@@ -274,6 +275,9 @@ class AsyncPublisher:
         # has not seen (another process, a restart) starts with a whole manifest.
         self.context_deltas = context_deltas
         self.contexts = ContextBook()
+        # Where runs stand on the ledger, read once per partition and then only what was
+        # appended since (made on the first resume, closed with the publisher).
+        self.positions: LedgerPositions | None = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -313,6 +317,10 @@ class AsyncPublisher:
         """Flush what is pending and disconnect, within the publish timeout. Past it (the broker
         is gone), the producer is torn down and :class:`BrokerUnavailableError` says so: entries
         whose acks never came were not confirmed and should be sent again."""
+        if self.positions is not None:
+            positions, self.positions = self.positions, None
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                await asyncio.wait_for(positions.close(), self.settings.publish_timeout_s)
         if self._producer is not None:
             producer, self._producer = self._producer, None
             started = time.monotonic()
@@ -359,15 +367,19 @@ class AsyncPublisher:
 
     async def resume(self, runs: Iterable[tuple[str, str]]) -> dict[str, int]:
         """Learn where these (fleet_id, run_id) runs stand on the ledger (their highest
-        sequence number, 0 for none), so this publisher numbers their next entries after it."""
-        from streams.ledger_position import last_sequence_nos
+        sequence number, 0 for none), so this publisher numbers their next entries after it.
 
+        The ledger is read once per partition over the publisher's lifetime, and then only what
+        was appended since: a run not on the ledger costs a look at the newest records, not a
+        pass over its partition (see :mod:`streams.ledger_position`)."""
         wanted = [r for r in runs if r[1] not in self.book.last]
         if not wanted:
             return {}
         await self._ensure_fleets({fleet for fleet, _ in wanted})
+        if self.positions is None:
+            self.positions = LedgerPositions(self.settings, self.codec)
         found: dict[str, int] = await self._bounded(
-            last_sequence_nos(self.settings, wanted, self.codec), "reading where runs stand"
+            self.positions.last_sequence_nos(wanted), "reading where runs stand"
         )
         for run_id, seq in found.items():
             if seq:

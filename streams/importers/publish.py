@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from infra.settings import Settings
-from schemas.models import EntryKind, LedgerEntry, ToolResultPart
+from schemas.errors import AgentLedgerError
+from schemas.models import EntryKind, LedgerEntry, ToolResultPart, validation_error
 from streams.artifacts import ArtifactStore, FileArtifactStore, move_part
 from streams.importers.base import MAX_SUMMARY_CHARS, ImportedRun, ImportFormatError, Summary
 from streams.importers.verdicts import FORMAT as VERDICTS_FORMAT
@@ -79,6 +82,73 @@ def keep_outputs(entry: LedgerEntry, store: ArtifactStore) -> LedgerEntry:
         if isinstance(part, ToolResultPart) and len(part.summary) > MAX_SUMMARY_CHARS:
             entry = move_part(entry, index, store)
     return entry
+
+
+@dataclass(frozen=True)
+class FileImport:
+    """One file of an import: its runs, summary and what each run got; or why it was skipped
+    (``error``: nothing of it was sent)."""
+
+    path: Path
+    runs: list[ImportedRun]
+    summary: Summary | None
+    sent: list[Sent]
+    error: str | None = None
+
+
+class FilePublishError(AgentLedgerError):
+    """Publishing a file's runs failed (the broker, a missing topic): ``cause`` says why; the
+    files before it were published, this one may be in part (an import again completes it)."""
+
+    def __init__(self, path: Path, cause: AgentLedgerError) -> None:
+        super().__init__(str(cause))
+        self.path = path
+        self.cause = cause
+
+
+def read_runs(importer: Importer, path: Path, fleet_id: str) -> FileImport:
+    """One file mapped to runs, or the reason it cannot be (a file that cannot be imported is
+    skipped with its reason; the others still are)."""
+    why: str | None = None
+    try:
+        runs, summary = importer.import_file(path, fleet_id)
+    except ImportFormatError as exc:
+        why = str(exc)
+    except ValidationError as exc:  # named by field, never by value (it may be a secret)
+        why = (
+            f"{path}: a record breaks the ledger contract at {validation_error(exc)}; "
+            "nothing of this file was sent"
+        )
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        why = f"{path}: not importable as {importer.FORMAT} ({type(exc).__name__})"
+    if why is not None:
+        return FileImport(path, [], None, [], why)
+    return FileImport(path, runs, summary, [])
+
+
+async def import_paths(
+    settings: Settings,
+    importer: Importer,
+    paths: Iterable[Path],
+    fleet_id: str,
+    on_file: Callable[[FileImport], None],
+) -> None:
+    """``agentledger import``: each file read and its new entries published, in order, by one
+    publisher (one connection, and the ledger read once per partition, then only what was
+    appended since); ``on_file`` gets each file's outcome as it is done. A publishing failure
+    raises :class:`FilePublishError` naming the file."""
+    publisher: AsyncPublisher | None = None
+    async with contextlib.AsyncExitStack() as stack:
+        for path in paths:
+            done = read_runs(importer, path, fleet_id)
+            if done.error is None and done.runs:
+                try:
+                    if publisher is None:
+                        publisher = await stack.enter_async_context(AsyncPublisher(settings))
+                    done = replace(done, sent=await send_new(publisher, done.runs))
+                except AgentLedgerError as exc:
+                    raise FilePublishError(path, exc) from exc
+            on_file(done)
 
 
 Report = Callable[[Path, Summary | None, list[Sent], str | None], None]

@@ -9,11 +9,12 @@ import pytest
 
 from infra.settings import Settings
 from projectors.registry import all_projections
-from streams.bench import QUICK, run_bench
+from streams.bench import IMPORT_FIGURE, QUICK, run_bench
 
 pytestmark = pytest.mark.integration
 
 BESIDE_A_BASELINE = (
+    IMPORT_FIGURE,  # beside publish of the same entries as JSONL
     "hot path p50 (publish -> Redis views)",
     "hot path p99 (publish -> Redis views)",
     "ingest: publish -> all projections committed",
@@ -42,6 +43,9 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
     assert engine.baseline is not None
     assert abs(ratio.value - engine.value / engine.baseline) < 0.05
     assert figures["ingest: entries"].value >= QUICK.ingest_entries
+    imported = figures["import: entries"]
+    assert imported.value > 0 and imported.baseline_name == f"{QUICK.import_files} files"
+    assert figures["import again (nothing new): seconds"].baseline == 0  # published nothing
     assert figures["rebuild: entries replayed"].value >= QUICK.rebuild_entries
     assert figures["worker RSS peak (largest worker)"].value > 0
     assert figures["PostgreSQL bytes per million entries"].value > 0

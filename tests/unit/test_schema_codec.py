@@ -247,3 +247,18 @@ def test_validation_can_be_skipped_for_trusted_publishers() -> None:
 def test_run_finished_round_trips_its_status() -> None:
     finished = next(e for e in ENTRIES if e.kind is EntryKind.RUN_FINISHED)
     assert decode(encode(finished)).run_status is finished.run_status is not None
+
+
+def test_decode_position_reads_run_and_sequence_alone_and_refuses_what_decode_refuses() -> None:
+    codec = LedgerCodec()
+    for entry in ENTRIES:
+        data = codec.encode(entry)
+        assert codec.decode_position(data) == (entry.run_id, entry.sequence_no)
+        for bad in (data[:-3], data + b"\x00", b"not avro", data[:2] + b"\x00" * 8 + data[10:]):
+            with pytest.raises(LedgerDecodeError):
+                codec.decode(bad)
+            with pytest.raises(LedgerDecodeError):
+                codec.decode_position(bad)
+    old = LedgerCodec(writer_version=1)  # any catalogued writer
+    entry = ENTRIES[0]
+    assert codec.decode_position(old.encode(entry)) == (entry.run_id, entry.sequence_no)
