@@ -407,7 +407,8 @@ def import_cmd(
         typer.Argument(
             metavar="FORMAT",
             help="the agent's log format: claude-code, codex, openhands, aider, mini-swe-agent, "
-            "swe-agent, otel; or swebench-report (evaluation verdicts of runs already imported)",
+            "swe-agent, otel; auto (each file's format recognised by its content, for a folder "
+            "of mixed logs); or swebench-report (evaluation verdicts of runs already imported)",
         ),
     ],
     paths: Annotated[list[Path], typer.Argument(help="log files or folders (searched)")],
@@ -433,17 +434,19 @@ def import_cmd(
     """Import real agents' logs as ledger runs: each format's double counts avoided, entry ids
     from the source's own ids. Importing a file again publishes nothing new; an import stopped
     half way resumes where it stopped."""
-    from streams.importers import FORMATS
+    from streams.importers import FORMATS, Importer
+    from streams.importers.detect import AutoImporter
     from streams.importers.publish import FileImport, FilePublishError, import_paths
 
     if source_format == "swebench-report":
         _import_verdicts(paths, fleet, as_json)
         return
-    module = FORMATS.get(source_format)
+    module: Importer | None = AutoImporter() if source_format == "auto" else None
+    module = module or FORMATS.get(source_format)
     if module is None:
         raise typer.BadParameter(
             f"{source_format!r} is not a format this version imports "
-            f"({', '.join([*FORMATS, 'swebench-report'])})",
+            f"({', '.join([*FORMATS, 'auto', 'swebench-report'])})",
             param_hint="FORMAT",
         )
     missing = [str(p) for p in paths if not p.exists()]
@@ -458,6 +461,12 @@ def import_cmd(
     files = module.discover(paths)
     if not files:
         raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
+    if isinstance(module, AutoImporter) and module.ignored and not as_json:
+        err.print(
+            f"{len(module.ignored)} files under the folders are no log of a known format "
+            "(left out)",
+            soft_wrap=True,
+        )
     from projectors.base import fold_all
     from projectors.cost_metrics import FIGURE_FIELDS, CostTotals, known_sum, partly_unknown
     from projectors.pricing import usd_text

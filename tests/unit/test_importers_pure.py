@@ -569,3 +569,48 @@ def test_an_evaluated_instance_ends_as_its_error_says_with_its_patch_as_the_file
     assert _verdicts(run) == verdicts
     diffs = [f for e in run.entries for p in e.parts if isinstance(p, DiffPart) for f in p.files]
     assert [(f.path, f.lines_added, f.lines_deleted) for f in diffs] == files
+
+
+# -- import auto: formats recognised by content ----------------------------------------------------
+
+FOLDER_FORMAT = {
+    "claude-code": "claude-code",
+    "codex": "codex",
+    "openhands": "openhands",
+    "openhands-llm-logs": "openhands",
+    "mini-swe-agent": "mini-swe-agent",
+    "swe-agent": "swe-agent",
+    "otel-genai": "otel",
+    "aider": "aider",
+}
+
+
+@pytest.mark.parametrize("pack", [SAMPLES, SAMPLES2])
+def test_every_log_of_both_packs_is_recognised_by_its_content(pack: Path) -> None:
+    from streams.importers.detect import AutoImporter, detect
+
+    auto = AutoImporter()
+    found = auto.discover([pack])
+    assert len(found) >= 18
+    for path in found:
+        assert detect(path) == FOLDER_FORMAT[path.relative_to(pack).parts[0]], path
+    # the packs' READMEs, evaluation reports and truth files are no logs: left out
+    assert all(
+        p.suffix in (".md", ".py") or "swebench-eval" in p.parts or "truth" in p.parts
+        or p.name.endswith("all_preds.jsonl")
+        for p in auto.ignored
+    ), auto.ignored  # fmt: skip
+
+
+def test_a_renamed_log_is_still_recognised_and_a_stranger_is_refused(tmp_path: Path) -> None:
+    from streams.importers.base import ImportFormatError
+    from streams.importers.detect import AutoImporter
+
+    renamed = tmp_path / "session.log.json"  # a Codex rollout under another name
+    renamed.write_bytes(next((SAMPLES2 / "codex").glob("*.jsonl")).read_bytes())
+    runs, summary = AutoImporter().import_file(renamed, "f")
+    assert summary.notes[0] == "recognised as codex" and len(runs) == 1
+    stranger = tmp_path / "config.json"
+    stranger.write_text('{"name": "app", "version": 3}')
+    with pytest.raises(ImportFormatError, match="not a log of any format"):
+        AutoImporter().import_file(stranger, "f")
