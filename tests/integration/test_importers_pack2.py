@@ -353,3 +353,19 @@ def test_a_long_tool_output_is_kept_whole_as_an_artifact(pack2: Any, tmp_path: P
         assert got.returncode == 0, got.stderr
         sizes.add(len(got.stdout.decode()))
     assert sizes == {17_080, 5_977}
+
+
+@pytest.mark.parametrize(
+    ("name", "failure_class"),
+    [
+        ("pr816-reasoner-pvlib__pvlib-python-1072.traj.json", "provider"),  # the provider's SSL EOF
+        ("pr816-reasoner-pylint-dev__astroid-1978.traj.json", "timeout"),
+    ],
+)
+def test_a_failed_run_is_classed_by_what_ended_it(
+    pack2: Any, name: str, failure_class: str
+) -> None:
+    d, by_file, _ = pack2
+    done = _cli(d, "runs", "--fleet", FLEET, "--json", "--limit", "500")
+    classes = {r["run_id"]: r["failure_class"] for r in json.loads(done.stdout)}
+    assert classes[_run_of(by_file, name)] == failure_class

@@ -614,3 +614,19 @@ def test_a_renamed_log_is_still_recognised_and_a_stranger_is_refused(tmp_path: P
     stranger.write_text('{"name": "app", "version": 3}')
     with pytest.raises(ImportFormatError, match="not a log of any format"):
         AutoImporter().import_file(stranger, "f")
+
+
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [  # samples2 README: an SSL EOF from DeepSeek; a connection timed out after 600 s
+        ("pr816-reasoner-pvlib__pvlib-python-1072.traj.json", "provider"),
+        ("pr816-reasoner-pylint-dev__astroid-1978.traj.json", "timeout.provider"),
+    ],
+)
+def test_the_exception_that_ended_a_mini_run_is_its_last_error(name: str, category: str) -> None:
+    from schemas.models import ErrorPart
+
+    (run,), _ = FORMATS["mini-swe-agent"].import_file(SAMPLES2 / "mini-swe-agent" / name, "f")
+    errors = [p for e in run.entries for p in e.parts if isinstance(p, ErrorPart)]
+    assert [e.category for e in errors] == [category]
+    assert errors[0].message.startswith("litellm.")
