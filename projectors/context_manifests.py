@@ -537,6 +537,8 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         added, not the whole window again. :func:`resolve_manifest` gives a row's whole
         manifest back.
         """
+        if before is not None and after.manifests is before.manifests:
+            return []  # (most entries record no manifest: nothing new to look for)
         known = {m.manifest_id for m in before.manifests} if before is not None else set()
         base = before.manifests[-1] if before is not None and before.manifests else None
         whole = (after.manifests_recorded - 1) % MANIFEST_FULL_EVERY == 0

@@ -223,8 +223,7 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
         """Every snapshot version, for time travel (without the evidence index)."""
         if before is not None and before.snapshot_version == after.snapshot_version:
             return []
-        doc = self.to_doc(after)
-        doc.pop("index", None)
+        doc = after.model_dump(mode="json", exclude=_NO_INDEX)  # (to_doc less the index)
         return [HistoryRow("snapshot", str(after.snapshot_version), entry.sequence_no, doc)]
 
     def fold(self, state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
@@ -245,6 +244,7 @@ def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
 
 
 KEEP_RETIRED = 8
+_NO_INDEX = {"index"}
 
 
 def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
