@@ -32,6 +32,7 @@ from typing import Any
 from schemas.factory import sample_entry
 from schemas.json_form import to_json
 from schemas.models import EntryKind, LedgerEntry, TextPart, ToolResultPart, ToolResultStatus
+from schemas.secret_scan import SecretDetector
 from streams.importers import FORMATS
 from streams.redaction import redact_entry
 
@@ -137,9 +138,9 @@ def strings(doc: Any) -> Iterator[str]:
             yield from strings(value)
 
 
-def survives(secret: str, entry: LedgerEntry) -> bool:
+def survives(secret: str, entry: LedgerEntry, detector: SecretDetector | None = None) -> bool:
     """Whether ``secret`` is still somewhere in the entry once redacted for publishing."""
-    redacted = redact_entry(entry)
+    redacted = redact_entry(entry, detector)
     return any(secret in s for s in strings(to_json(redacted)))
 
 
@@ -193,17 +194,18 @@ class Recall:
         }
 
 
-def recall(cases: list[Case]) -> Recall:
+def recall(cases: list[Case], detector: SecretDetector | None = None) -> Recall:
+    """Hits in context and bare (``detector``: the shipped one unless given)."""
     out = Recall(cases[0].source if cases else "")
     for case in cases:
         out.cases += 1
-        hidden = not survives(case.secret, as_text(case.example)) and not survives(
-            case.secret, as_tool_output(case.example)
+        hidden = not survives(case.secret, as_text(case.example), detector) and not survives(
+            case.secret, as_tool_output(case.example), detector
         )
         out.in_context += hidden
         if not hidden:
             out.missed_in_context[case.rule] += 1
-        bare = not survives(case.secret, as_text(bare_sentence(case.secret)))
+        bare = not survives(case.secret, as_text(bare_sentence(case.secret)), detector)
         out.bare += bare
         if case.prefixed:
             out.prefixed += 1
@@ -240,13 +242,15 @@ def real_entries(shared: Path = SHARED) -> Iterator[tuple[str, LedgerEntry]]:
                         yield label, entry
 
 
-def false_positives(shared: Path = SHARED) -> FalsePositives:
+def false_positives(
+    shared: Path = SHARED, detector: SecretDetector | None = None
+) -> FalsePositives:
     out = FalsePositives()
     seen: set[str] = set()
     for label, entry in real_entries(shared):
         seen.add(label)
         out.entries += 1
-        redacted = redact_entry(entry)
+        redacted = redact_entry(entry, detector)
         if redacted is not entry:
             out.changed += 1
             rules = tuple(r.rule or "?" for r in redacted.redactions[len(entry.redactions) :])

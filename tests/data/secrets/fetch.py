@@ -27,14 +27,19 @@ is also the way to check them.
   before the password, the id before the secret), else the whole match; when that group is
   shorter than 6 characters (a rule that captures only the prefix, ``(s|hvs)\\.``), the whole
   match.
+  Before matching, the syntax ``re`` lacks is translated: POSIX classes (``[[:alnum:]]``,
+  ``[[:xdigit:]]``, ``[[:alpha:]]``, ``[[:digit:]]``, ``[[:blank:]]``, ``[[:space:]]``) become
+  their ``re`` classes, and global flags written mid-pattern move to the front.
 - ``heuristic``: the regex does not compile in ``re`` or does not match its own example; the
   secret is then the longest run of 16+ characters from ``[A-Za-z0-9+/=_.~-]`` in the example
   (the random part of a token), if any.
 
 An example is **dropped**, with its reason counted in ``<source>.dropped.json``, when:
 
-- ``not-a-secret``: its rule finds something that is no credential (ids in ``NOT_SECRET``:
-  client ids, account ids, public keys, bucket names, ARNs, password hashes, domains);
+- ``not-a-secret``: its rule finds something that is no credential: for Nosey Parker the ids in
+  ``NOT_SECRET`` (client ids, account ids, public keys, bucket names, ARNs, password hashes,
+  domains); for Kingfisher the rules it marks ``visible: false`` (the ids, hosts and names its
+  validators need beside a secret) and those whose name ends in "Client ID";
 - ``no-value``: neither the regex nor the heuristic found a value;
 - ``short``: the value is under 8 characters (``pass123``, ``admin``);
 - ``placeholder``: the value is a placeholder or an obvious fake: 4 or more of one character in a
@@ -124,6 +129,29 @@ def _group(rule_id: str, m: re.Match[str]) -> str:
 _FLAGS = re.compile(r"\(\?([imsx]+)\)")
 
 
+_POSIX = {
+    "[:alnum:]": "A-Za-z0-9",
+    "[:xdigit:]": "0-9A-Fa-f",
+    "[:alpha:]": "A-Za-z",
+    "[:digit:]": "0-9",
+    "[:blank:]": " \\t",
+    "[:space:]": "\\s",
+}
+
+
+def _posix(pattern: str) -> str:
+    for name, chars in _POSIX.items():
+        pattern = pattern.replace(name, chars)
+    return pattern
+
+
+def not_secret(rule: dict[str, Any]) -> bool:
+    """A rule that finds no credential (see the module docstring)."""
+    if rule["id"] in NOT_SECRET or rule.get("visible") is False:
+        return True
+    return str(rule.get("name", "")).endswith("Client ID")
+
+
 def _flags_first(pattern: str) -> str:
     """Global flags written mid-pattern (``(?s)`` after other text, which Rust allows and
     ``re`` refuses) moved to the front."""
@@ -135,6 +163,7 @@ def extract(rule_id: str, pattern: str | None, example: str) -> tuple[str | None
     """The secret in ``example`` and how it was found (``capture`` or ``heuristic``)."""
     if pattern:
         m = None
+        pattern = _posix(pattern)
         for candidate in (pattern, _flags_first(pattern)):
             try:
                 m = re.search(candidate, example)
@@ -158,7 +187,7 @@ def build(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
         for rule in f["rules"]:
             for example in rule.get("examples") or ():
                 example = str(example)
-                if rule["id"] in NOT_SECRET:
+                if not_secret(rule):
                     dropped["not-a-secret"] += 1
                     continue
                 if (rule["id"], example) in seen:
@@ -185,7 +214,7 @@ def build(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
                             "commit": f["commit"],
                         }
                     )
-            if rule["id"] in NOT_SECRET and not rule.get("examples"):
+            if not_secret(rule) and not rule.get("examples"):
                 dropped["not-a-secret (rules, examples not copied)"] += 1
     return rows, dropped
 
@@ -222,7 +251,7 @@ def fetch(source: str) -> None:
         url = f"https://raw.githubusercontent.com/{doc['repo']}/{f['commit']}/{f['path']}"
         with urllib.request.urlopen(url, timeout=30) as response:
             full = yaml.safe_load(response.read().decode("utf-8"))
-        keep = ("name", "id", "categories", "pattern", "examples")
+        keep = ("name", "id", "categories", "visible", "pattern", "examples")
         f["rules"] = [{k: r[k] for k in keep if k in r} for r in full.get("rules", ())]
     path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
