@@ -1,0 +1,306 @@
+"""How well redaction hides secrets it was not tuned on, and what it takes from real logs
+(issue 27).
+
+Three figures, each through the real publishing path (:func:`streams.redaction.redact_entry`):
+
+- **in context**: each corpus example, as its scanner's authors wrote it (an ``.env`` line, a
+  curl command, a config block), published once as a user message (a ``TextPart``) and once as
+  a tool's output (a ``ToolResultPart``). A hit is an example whose secret value survives in
+  *neither* entry (every string of the redacted entry is searched for it).
+- **bare**: the value alone in an ordinary sentence (``The value is <secret> for now.``), with no
+  key name or format around it. Reported for every case and for the **prefixed** ones: a secret
+  whose rule's capture starts with a literal of 3 or more characters (``ghp_``, ``xoxb-``,
+  ``dp.ct.``, ``AIza``), which is what a format that can be caught bare looks like.
+- **false positives** on real agent logs: every file of both sample packs imported with the
+  project's importers, each entry published through the same path; an entry counts when the
+  redaction changed anything in it (or refused it: an id that looked like a secret).
+
+The corpora are made by ``tests/data/secrets/fetch.py`` (see NOTICE.md there): Nosey Parker's
+rule examples (the tuning source) and Kingfisher's (held out: measured once, after tuning).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.factory import sample_entry
+from schemas.json_form import to_json
+from schemas.models import EntryKind, LedgerEntry, TextPart, ToolResultPart, ToolResultStatus
+from schemas.secret_scan import SecretDetector
+from streams.importers import FORMATS
+from streams.redaction import SecretInIdentifierError, redact_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPORA = ROOT / "tests" / "data" / "secrets"
+SHARED = ROOT.parent / "shared"
+# The importers that read each folder of the two sample packs (as the integration tests import
+# them; pack 2's swebench-eval reports and truth files are no agent logs).
+PACKS: dict[str, dict[str, tuple[str, ...]]] = {
+    "samples": {
+        "aider": ("aider",),
+        "claude-code": ("claude-code",),
+        "codex": ("codex",),
+        "mini-swe-agent": ("mini-swe-agent",),
+        "openhands": ("openhands",),
+        "otel": ("otel-genai",),
+        "swe-agent": ("swe-agent",),
+    },
+    "samples2": {
+        "aider": ("aider",),
+        "claude-code": ("claude-code",),
+        "codex": ("codex",),
+        "mini-swe-agent": ("mini-swe-agent",),
+        "openhands": ("openhands", "openhands-llm-logs/sdk-claude-sonnet-4-run"),
+        "swe-agent": ("swe-agent",),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus example: the text as its source gives it and the secret value in it."""
+
+    source: str
+    rule: str
+    example: str
+    secret: str
+    prefixed: bool
+
+
+def load(source: str) -> list[Case]:
+    """The stored corpus ``tests/data/secrets/<source>.jsonl`` (no network)."""
+    patterns = _patterns(source)
+    cases = []
+    for line in (CORPORA / f"{source}.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        prefix = literal_prefix(patterns.get(row["rule"], ""))
+        prefixed = len(prefix) >= 3 and row["secret"].lower().startswith(prefix.lower())
+        cases.append(Case(source, row["rule"], row["example"], row["secret"], prefixed))
+    return cases
+
+
+def _patterns(source: str) -> dict[str, str]:
+    """Rule id -> pattern, read from the stored trimmed rule file without a YAML library: the
+    JSONL does not repeat patterns, so ``fetch.py build`` writes them beside it."""
+    path = CORPORA / f"{source}.patterns.json"
+    return dict(json.loads(path.read_text(encoding="utf-8"))) if path.exists() else {}
+
+
+_VERBOSE_JUNK = re.compile(r"\(\?#[^)]*\)|\s+")
+_GROUP_OPEN = re.compile(r"\((?!\?)|\(\?P?<[A-Za-z_]\w*>")
+_META = set("[](){}|*+?.^$\\")
+
+
+def literal_prefix(pattern: str) -> str:
+    """The literal characters a rule's secret starts with: what follows the first capturing group's
+    opening parenthesis (``(ghp_`` gives ``ghp_``, ``(dp\\.ct\\.`` gives ``dp.ct.``); escaped
+    punctuation counts as literal, a class, group or quantifier ends it. Empty when the secret
+    starts with a class or an alternation (``(?:AKIA|ASIA)``)."""
+    text = _VERBOSE_JUNK.sub("", pattern) if "(?x" in pattern else pattern
+    m = _GROUP_OPEN.search(text)
+    if m is None:  # no capture group: the whole match is the secret
+        text = re.sub(r"^(?:\(\?[a-zA-Z]+\))+", "", text).removeprefix("\\b")
+        at = 0
+    else:
+        at = m.end()
+    out = []
+    while at < len(text):
+        ch = text[at]
+        if ch == "\\" and at + 1 < len(text) and not text[at + 1].isalnum():
+            out.append(text[at + 1])
+            at += 2
+            continue
+        if ch in _META:
+            break
+        out.append(ch)
+        at += 1
+    if out and at < len(text) and text[at] in "?*{":  # the last character is optional/repeated
+        out.pop()
+    return "".join(out)
+
+
+def strings(doc: Any) -> Iterator[str]:
+    """Every string of a JSON document, keys included."""
+    if isinstance(doc, str):
+        yield doc
+    elif isinstance(doc, dict):
+        for key, value in doc.items():
+            yield str(key)
+            yield from strings(value)
+    elif isinstance(doc, list | tuple):
+        for value in doc:
+            yield from strings(value)
+
+
+def survives(secret: str, entry: LedgerEntry, detector: SecretDetector | None = None) -> bool:
+    """Whether ``secret`` is still somewhere in the entry once redacted for publishing."""
+    redacted = redact_entry(entry, detector)
+    return any(secret in s for s in strings(to_json(redacted)))
+
+
+def as_text(text: str) -> LedgerEntry:
+    return sample_entry(EntryKind.USER_TASK, parts=(TextPart(text=text),))
+
+
+def as_tool_output(text: str) -> LedgerEntry:
+    part = ToolResultPart(
+        tool_call_id="call-1",
+        status=ToolResultStatus.SUCCEEDED,
+        exit_code=0,
+        timed_out=False,
+        summary=text,
+    )
+    return sample_entry(EntryKind.TOOL_CALL_RESULT, parts=(part,))
+
+
+def bare_sentence(secret: str) -> str:
+    return f"The value is {secret} for now."
+
+
+@dataclass
+class Recall:
+    """Hits over cases for one source, in context and bare, with the rules that missed."""
+
+    source: str
+    cases: int = 0
+    in_context: int = 0
+    bare: int = 0
+    prefixed: int = 0
+    prefixed_bare: int = 0
+    missed_in_context: Counter[str] = field(default_factory=Counter)
+    missed_bare_prefixed: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        def pct(a: int, b: int) -> float:
+            return round(100 * a / b, 1) if b else 0.0
+
+        return {
+            "source": self.source,
+            "cases": self.cases,
+            "in_context": f"{self.in_context}/{self.cases}",
+            "in_context_pct": pct(self.in_context, self.cases),
+            "bare": f"{self.bare}/{self.cases}",
+            "bare_pct": pct(self.bare, self.cases),
+            "prefixed_bare": f"{self.prefixed_bare}/{self.prefixed}",
+            "prefixed_bare_pct": pct(self.prefixed_bare, self.prefixed),
+            "missed_in_context": dict(self.missed_in_context.most_common()),
+            "missed_bare_prefixed": dict(self.missed_bare_prefixed.most_common()),
+        }
+
+
+def recall(cases: list[Case], detector: SecretDetector | None = None) -> Recall:
+    """Hits in context and bare (``detector``: the shipped one unless given)."""
+    out = Recall(cases[0].source if cases else "")
+    for case in cases:
+        out.cases += 1
+        hidden = not survives(case.secret, as_text(case.example), detector) and not survives(
+            case.secret, as_tool_output(case.example), detector
+        )
+        out.in_context += hidden
+        if not hidden:
+            out.missed_in_context[case.rule] += 1
+        bare = not survives(case.secret, as_text(bare_sentence(case.secret)), detector)
+        out.bare += bare
+        if case.prefixed:
+            out.prefixed += 1
+            out.prefixed_bare += bare
+            if not bare:
+                out.missed_bare_prefixed[case.rule] += 1
+    return out
+
+
+@dataclass
+class FalsePositives:
+    """Entries of the real logs that redaction changed (none holds a live secret)."""
+
+    entries: int = 0
+    changed: int = 0
+    files: int = 0
+    hits: list[tuple[str, int, tuple[str, ...]]] = field(default_factory=list)
+
+    @property
+    def per_10k(self) -> float:
+        return 10_000 * self.changed / self.entries if self.entries else 0.0
+
+
+def real_entries(shared: Path = SHARED) -> Iterator[tuple[str, LedgerEntry]]:
+    """Every entry of every agent log of both sample packs, as the importers map them."""
+    for pack, formats in PACKS.items():
+        for fmt, folders in formats.items():
+            importer = FORMATS[fmt]
+            for path in importer.discover([shared / pack / f for f in folders]):
+                runs, _ = importer.import_file(path, "fp-scan")
+                label = path.relative_to(shared).as_posix()
+                for run in runs:
+                    for entry in run.entries:
+                        yield label, entry
+
+
+def false_positives(
+    shared: Path = SHARED, detector: SecretDetector | None = None
+) -> FalsePositives:
+    out = FalsePositives()
+    seen: set[str] = set()
+    for label, entry in real_entries(shared):
+        seen.add(label)
+        out.entries += 1
+        try:
+            redacted = redact_entry(entry, detector)
+        except SecretInIdentifierError:  # refused at the publisher: worse than a redaction
+            out.changed += 1
+            out.hits.append((label, entry.sequence_no, ("refused",)))
+            continue
+        if redacted is not entry:
+            out.changed += 1
+            rules = tuple(r.rule or "?" for r in redacted.redactions[len(entry.redactions) :])
+            out.hits.append((label, entry.sequence_no, rules))
+    out.files = len(seen)
+    return out
+
+
+def main() -> None:
+    """``python -m streams.secret_eval [source ...]``: recall per source and the FP figure."""
+    import sys
+    import time
+
+    started = time.perf_counter()
+    for source in sys.argv[1:] or ["noseyparker", "ours"]:
+        cases = ours() if source == "ours" else load(source)
+        print(json.dumps(recall(cases).as_dict()))
+    fp = false_positives()
+    print(
+        json.dumps(
+            {
+                "real_entries": fp.entries,
+                "files": fp.files,
+                "changed": fp.changed,
+                "per_10k": round(fp.per_10k, 2),
+                "hits": fp.hits,
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+    )
+
+
+OURS_SEED = 20261130  # tests/unit/secret_corpus.py's seed
+
+
+def ours() -> list[Case]:
+    """Our own corpus (``tests/unit/secret_corpus.py``), its text as the context; prefixed when
+    the value starts with a known literal of its family (none is claimed: reported as is)."""
+    import tests.unit.secret_corpus as ours_corpus
+
+    # The corpus draws from one module-level generator, so each call gives other values: start
+    # it again from its seed so the figure is the same whatever ran before.
+    ours_corpus._rng.seed(OURS_SEED)
+    return [Case("ours", name, text, secret, False) for name, secret, text in ours_corpus.corpus()]
+
+
+if __name__ == "__main__":
+    main()

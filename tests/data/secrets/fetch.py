@@ -1,0 +1,272 @@
+"""Make the public secret corpora (issue 27) from other scanners' rule files.
+
+Two steps, each runnable alone::
+
+    python tests/data/secrets/fetch.py fetch noseyparker   # needs network and PyYAML
+    python tests/data/secrets/fetch.py build                # needs PyYAML only
+
+``fetch`` downloads every rule file listed in ``<source>-rules.yml`` from GitHub at the commit
+recorded there (``raw.githubusercontent.com/<repo>/<commit>/<path>``) and writes the trimmed copy
+again: for each rule its id, name, categories, pattern and positive ``examples``, verbatim (negative
+examples, references and descriptions are left out). The stored copies were made by hand from a
+stored index of the same files because the machine they were made on had no network, so ``fetch``
+is also the way to check them.
+
+``build`` turns each trimmed copy into ``<source>.jsonl``, one line per positive example, and
+``<source>.patterns.json`` (rule id -> pattern, so the tests need no YAML library)::
+
+    {"source", "rule", "name", "example", "secret", "how", "file", "commit"}
+
+``secret`` is the value a detector must hide. ``how`` says how it was found:
+
+- ``capture``: the rule's own regex (Python ``re``; Nosey Parker's and Kingfisher's are
+  Hyperscan/Rust syntax, which ``re`` reads for all but a few) matched the example and the
+  secret is the capture group that holds it: the named group ``TOKEN`` if there is one
+  (Kingfisher's convention), else the group named in ``SECRET_GROUP`` below (rules whose last group
+  is a host or a database), else the last group that matched (these rules capture the user
+  before the password, the id before the secret), else the whole match; when that group is
+  shorter than 6 characters (a rule that captures only the prefix, ``(s|hvs)\\.``), the whole
+  match.
+  Before matching, the syntax ``re`` lacks is translated: POSIX classes (``[[:alnum:]]``,
+  ``[[:xdigit:]]``, ``[[:alpha:]]``, ``[[:digit:]]``, ``[[:blank:]]``, ``[[:space:]]``) become
+  their ``re`` classes, and global flags written mid-pattern move to the front.
+- ``heuristic``: the regex does not compile in ``re`` or does not match its own example; the
+  secret is then the longest run of 16+ characters from ``[A-Za-z0-9+/=_.~-]`` in the example
+  (the random part of a token), if any.
+
+An example is **dropped**, with its reason counted in ``<source>.dropped.json``, when:
+
+- ``not-a-secret``: its rule finds something that is no credential: for Nosey Parker the ids in
+  ``NOT_SECRET`` (client ids, account ids, public keys, bucket names, ARNs, password hashes,
+  domains); for Kingfisher the rules it marks ``visible: false`` (the ids, hosts and names its
+  validators need beside a secret) and those whose name ends in "Client ID";
+- ``no-value``: neither the regex nor the heuristic found a value;
+- ``short``: the value is under 8 characters (``pass123``, ``admin``);
+- ``placeholder``: the value is a placeholder or an obvious fake: 4 or more of one character in a
+  row (``aaaa``, ``xxxx``, ``0000``), ``0123456``/``abcdef`` runs, ``example``, a reference
+  (``$VAR``, ``${{ }}``, ``%VAR%``, ``#{...}``, ``<...>``), or letters and ``_`` only with a
+  placeholder word in it (``SOME_PASSWORD``, ``smtp_password``, ``thisismypassword``);
+- ``duplicate``: the same rule and example text again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("noseyparker", "kingfisher")
+
+# Rules that find something other than a credential (by id; the reason is in the rule's name).
+NOT_SECRET = frozenset(
+    {
+        "np.age.1",  # public key
+        "np.aws.3",  # account id
+        "np.s3.1",
+        "np.s3.2",
+        "np.arn.1",
+        "np.gcs.1",
+        "np.gcs.2",  # bucket names, ARNs
+        "np.blynk.4",
+        "np.blynk.5",
+        "np.github.5",
+        "np.google.1",
+        "np.linkedin.1",
+        "np.twitter.1",
+        "np.reactapp.1",  # client ids, usernames
+        "np.mapbox.1",  # public token
+        "np.shopify.1",  # domain
+        "np.pwhash.1",
+        "np.pwhash.2",
+        "np.pwhash.3",
+        "np.pwhash.4",
+        "np.pwhash.5",  # password hashes
+        "np.pem.2",  # examples not copied (see the note in the trimmed file)
+    }
+)
+# Rules whose last capture group is not the secret: the password is group 2 (user, password,
+# host, database).
+SECRET_GROUP = {"np.mongodb.1": 2, "np.postgres.1": 2}
+
+_RUN = re.compile(r"[A-Za-z0-9+/=_.~-]{16,}")
+_SAME4 = re.compile(r"(.)\1{3,}")
+_REFERENCE = re.compile(r"^\$|\$\{|\$\(|^%[A-Za-z_]+%?|#\{|^<.*>$|\{\{")
+_WORDY = re.compile(r"^[A-Za-z_]+$")
+_PLACEHOLDER_WORDS = ("pass", "secret", "your", "some", "token", "username", "example")
+
+
+def placeholder(value: str) -> bool:
+    lowered = value.lower()
+    if _SAME4.search(value) or "0123456" in value or "abcdef" in lowered:
+        return True
+    if "example" in lowered or _REFERENCE.search(value):
+        return True
+    if value.endswith(":"):  # a label in code ("application:" + appKey), not a value
+        return True
+    return bool(_WORDY.match(value)) and any(w in lowered for w in _PLACEHOLDER_WORDS)
+
+
+def _group(rule_id: str, m: re.Match[str]) -> str:
+    names = m.re.groupindex
+    if "TOKEN" in names and m.group("TOKEN"):
+        value = m.group("TOKEN")
+    elif rule_id in SECRET_GROUP:
+        value = m.group(SECRET_GROUP[rule_id])
+    else:
+        matched = [i for i in range(1, (m.re.groups or 0) + 1) if m.group(i)]
+        value = m.group(matched[-1]) if matched else m.group(0)
+    whole = m.group(0).strip()
+    if len(value) < 6 and whole.startswith(value) and len(whole) > len(value):
+        value = whole  # the group is only the prefix (``(s|hvs)\\.``)
+    return value.strip().strip("\"'")
+
+
+_FLAGS = re.compile(r"\(\?([imsx]+)\)")
+
+
+_POSIX = {
+    "[:alnum:]": "A-Za-z0-9",
+    "[:xdigit:]": "0-9A-Fa-f",
+    "[:alpha:]": "A-Za-z",
+    "[:digit:]": "0-9",
+    "[:blank:]": " \\t",
+    "[:space:]": "\\s",
+}
+
+
+def _posix(pattern: str) -> str:
+    for name, chars in _POSIX.items():
+        pattern = pattern.replace(name, chars)
+    return pattern
+
+
+def not_secret(rule: dict[str, Any]) -> bool:
+    """A rule that finds no credential (see the module docstring)."""
+    if rule["id"] in NOT_SECRET or rule.get("visible") is False:
+        return True
+    return str(rule.get("name", "")).endswith("Client ID")
+
+
+def _flags_first(pattern: str) -> str:
+    """Global flags written mid-pattern (``(?s)`` after other text, which Rust allows and
+    ``re`` refuses) moved to the front."""
+    flags = "".join(sorted({f for group in _FLAGS.findall(pattern) for f in group}))
+    return f"(?{flags})" + _FLAGS.sub("", pattern) if flags else pattern
+
+
+def extract(rule_id: str, pattern: str | None, example: str) -> tuple[str | None, str]:
+    """The secret in ``example`` and how it was found (``capture`` or ``heuristic``)."""
+    if pattern:
+        m = None
+        pattern = _posix(pattern)
+        for candidate in (pattern, _flags_first(pattern)):
+            try:
+                m = re.search(candidate, example)
+                break
+            except re.error:
+                continue
+        if m is not None:
+            return _group(rule_id, m), "capture"
+    runs = sorted(_RUN.findall(example), key=len, reverse=True)
+    return (runs[0], "heuristic") if runs else (None, "heuristic")
+
+
+def build(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
+    import yaml  # type: ignore[import-untyped]  # build-time only: the tests read the JSONL
+
+    doc = yaml.safe_load((HERE / f"{source}-rules.yml").read_text(encoding="utf-8"))
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    for f in doc["files"]:
+        for rule in f["rules"]:
+            for example in rule.get("examples") or ():
+                example = str(example)
+                if not_secret(rule):
+                    dropped["not-a-secret"] += 1
+                    continue
+                if (rule["id"], example) in seen:
+                    dropped["duplicate"] += 1
+                    continue
+                seen.add((rule["id"], example))
+                secret, how = extract(rule["id"], rule.get("pattern"), example)
+                if not secret:
+                    dropped["no-value"] += 1
+                elif len(secret) < 8:
+                    dropped["short"] += 1
+                elif placeholder(secret):
+                    dropped["placeholder"] += 1
+                else:
+                    rows.append(
+                        {
+                            "source": source,
+                            "rule": rule["id"],
+                            "name": rule.get("name", ""),
+                            "example": example,
+                            "secret": secret,
+                            "how": how,
+                            "file": f["path"],
+                            "commit": f["commit"],
+                        }
+                    )
+            if not_secret(rule) and not rule.get("examples"):
+                dropped["not-a-secret (rules, examples not copied)"] += 1
+    return rows, dropped
+
+
+def write(source: str) -> None:
+    rows, dropped = build(source)
+    with (HERE / f"{source}.jsonl").open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+    import yaml
+
+    doc = yaml.safe_load((HERE / f"{source}-rules.yml").read_text(encoding="utf-8"))
+    kept = {r["rule"] for r in rows}
+    patterns = {
+        rule["id"]: rule["pattern"]
+        for f in doc["files"]
+        for rule in f["rules"]
+        if rule["id"] in kept and rule.get("pattern")
+    }
+    (HERE / f"{source}.patterns.json").write_text(json.dumps(patterns, indent=1) + "\n")
+    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
+    summary["by_how"] = dict(Counter(r["how"] for r in rows))
+    (HERE / f"{source}.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(source, json.dumps(summary))
+
+
+def fetch(source: str) -> None:
+    """Download each listed file at its commit and write the trimmed copy again."""
+    import yaml
+
+    path = HERE / f"{source}-rules.yml"
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for f in doc["files"]:
+        url = f"https://raw.githubusercontent.com/{doc['repo']}/{f['commit']}/{f['path']}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            full = yaml.safe_load(response.read().decode("utf-8"))
+        keep = ("name", "id", "categories", "visible", "pattern", "examples")
+        f["rules"] = [{k: r[k] for k in keep if k in r} for r in full.get("rules", ())]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["fetch"]:
+        for source in argv[1:] or SOURCES:
+            fetch(source)
+    elif argv[:1] == ["build"]:
+        for source in argv[1:] or SOURCES:
+            if (HERE / f"{source}-rules.yml").exists():
+                write(source)
+    else:
+        print(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
