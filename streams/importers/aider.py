@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from schemas.models import EntryKind, ModelCallStatus, ModelUsagePart, TextPart
-from streams.importers.base import ImportedRun, Summary
+from streams.importers.base import ImportedRun, Summary, discover_files
 
 FORMAT = "aider"
 _SESSION = re.compile(r"^# aider chat started at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -34,10 +34,7 @@ _TOKENS = re.compile(
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
-    found: list[Path] = []
-    for path in paths:
-        found.extend(sorted(path.rglob("*.md")) if path.is_dir() else [path])
-    return list(dict.fromkeys(found))
+    return discover_files(paths, ".md")
 
 
 def _count(text: str) -> tuple[int, bool]:

@@ -17,10 +17,11 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -40,6 +41,7 @@ from schemas.models import (
     Part,
     PermissionClass,
     RunStatus,
+    ToolCallPart,
     UsageField,
     VerificationPart,
     VerificationStatus,
@@ -142,6 +144,44 @@ class ImportedRun:
         )
         self.entries.append(entry)
         return entry
+
+    def request(
+        self,
+        at: datetime,
+        source_id: str,
+        call_id: str,
+        name: str,
+        arguments: Any,
+        finished_at: datetime | None = None,
+    ) -> LedgerEntry:
+        """Append a tool call request: the tool, its permission class (by name) and the hash of
+        its arguments (never the arguments themselves)."""
+        part = ToolCallPart(
+            tool_call_id=call_id,
+            tool_name=name,
+            permission_class=permission_of(name),
+            arguments_hash=sha256_digest(arguments),
+            started_at=at,
+            finished_at=finished_at,
+        )
+        return self.add(EntryKind.TOOL_CALL_REQUEST, at, source_id, [part], tool_call_id=call_id)
+
+
+def discover_files(paths: Iterable[Path], suffix: str) -> list[Path]:
+    """The files named, and under each folder named those whose name ends with ``suffix``
+    (sorted); each once, in that order."""
+    found: list[Path] = []
+    for path in paths:
+        found.extend(sorted(path.rglob(f"*{suffix}")) if path.is_dir() else [path])
+    return list(dict.fromkeys(found))
+
+
+def load_json(path: Path, what: str) -> Any:
+    """The JSON document in ``path``; a file that is not JSON is not ``what``."""
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:
+        raise ImportFormatError(f"{path}: not JSON ({exc}); not {what}") from None
 
 
 def obj(value: Any) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from schemas.models import (
     ModelCallStatus,
     ModelUsagePart,
     TextPart,
-    ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
     UsageField,
@@ -46,10 +45,9 @@ from streams.importers.base import (
     ImportFormatError,
     Summary,
     classify,
+    discover_files,
     obj,
     parse_time,
-    permission_of,
-    sha256_digest,
     skipping,
 )
 
@@ -59,10 +57,7 @@ _UNKNOWN: tuple[UsageField, ...] = ("reasoning_tokens", "latency_ms")
 
 def discover(paths: Iterable[Path]) -> list[Path]:
     """Session and subagent files under the given files or folders, parents before children."""
-    found: list[Path] = []
-    for path in paths:
-        found.extend(sorted(path.rglob("*.jsonl")) if path.is_dir() else [path])
-    return sorted(dict.fromkeys(found), key=lambda p: (len(p.parts), str(p)))
+    return sorted(discover_files(paths, ".jsonl"), key=lambda p: (len(p.parts), str(p)))
 
 
 def read_lines(path: Path, summary: Summary) -> list[dict[str, Any]]:
@@ -224,14 +219,7 @@ def _assistant(
         elif kind == "tool_use" and isinstance(block.get("id"), str):
             name = str(block.get("name") or "tool")
             tool_names[block["id"]] = name
-            call = ToolCallPart(
-                tool_call_id=block["id"],
-                tool_name=name,
-                permission_class=permission_of(name),
-                arguments_hash=sha256_digest(block.get("input")),
-                started_at=at,
-            )
-            run.add(EntryKind.TOOL_CALL_REQUEST, at, block["id"], [call], tool_call_id=block["id"])
+            run.request(at, block["id"], block["id"], name, block.get("input"))
         elif kind in ("text", "thinking", "redacted_thinking"):
             summary.skipped[f"empty {kind} block"] += 1
         else:

@@ -34,7 +34,6 @@ from schemas.models import (
     ModelCallStatus,
     ModelUsagePart,
     TextPart,
-    ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
 )
@@ -43,11 +42,10 @@ from streams.importers.base import (
     ImportFormatError,
     Summary,
     classify,
+    discover_files,
     obj,
     parse_time,
     patch_numstat,
-    permission_of,
-    sha256_digest,
     skipping,
 )
 from streams.importers.claude_code import read_lines
@@ -57,10 +55,7 @@ _FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_ou
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
-    found: list[Path] = []
-    for path in paths:
-        found.extend(sorted(path.rglob("*.jsonl")) if path.is_dir() else [path])
-    return list(dict.fromkeys(found))
+    return discover_files(paths, ".jsonl")
 
 
 def import_file(
@@ -256,14 +251,7 @@ def _token_count(
 
 
 def _request(run: ImportedRun, call_id: str, name: str, arguments: Any, at: Any) -> None:
-    call = ToolCallPart(
-        tool_call_id=call_id,
-        tool_name=name,
-        permission_class=permission_of(name),
-        arguments_hash=sha256_digest(arguments),
-        started_at=at,
-    )
-    run.add(EntryKind.TOOL_CALL_REQUEST, at, f"call-{call_id}", [call], tool_call_id=call_id)
+    run.request(at, f"call-{call_id}", call_id, name, arguments)
 
 
 _EXITED = re.compile(r"^Process exited with code (\d{1,3})$", re.MULTILINE)

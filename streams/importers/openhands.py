@@ -42,7 +42,6 @@ from schemas.models import (
     ModelCallStatus,
     RunStatus,
     TextPart,
-    ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
 )
@@ -57,9 +56,7 @@ from streams.importers.base import (
     openai_usage,
     parse_time,
     patch_files,
-    permission_of,
     safe_id,
-    sha256_digest,
     skipping,
     tests_status_counts,
 )
@@ -241,20 +238,7 @@ def _completions(folder: Path, fleet_id: str, summary: Summary) -> ImportedRun |
                 if not isinstance(call_id, str):
                     continue
                 name = str(function.get("name") or "tool")
-                request = ToolCallPart(
-                    tool_call_id=call_id,
-                    tool_name=name,
-                    permission_class=permission_of(name),
-                    arguments_hash=sha256_digest(function.get("arguments")),
-                    started_at=at,
-                )
-                run.add(
-                    EntryKind.TOOL_CALL_REQUEST,
-                    at,
-                    f"call-{call_id}",
-                    [request],
-                    tool_call_id=call_id,
-                )
+                run.request(at, f"call-{call_id}", call_id, name, function.get("arguments"))
     return run
 
 
@@ -411,14 +395,7 @@ def _run(
                 status = RunStatus.SUCCEEDED if evaluated is None else RunStatus.SUBMITTED
             elif isinstance(action, str) and call_id is not None:
                 name = str(meta.get("function_name") or action)
-                part = ToolCallPart(
-                    tool_call_id=call_id,
-                    tool_name=name,
-                    permission_class=permission_of(name),
-                    arguments_hash=sha256_digest(event.get("args")),
-                    started_at=at,
-                )
-                run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [part], tool_call_id=call_id)
+                run.request(at, f"e{eid}", call_id, name, event.get("args"))
             elif isinstance(observation, str) and call_id is not None and _asked(run, call_id):
                 _observation(
                     run, event, call_id, at, eid, edits=patch is None, sandbox=evaluated is not None
@@ -588,14 +565,7 @@ def _v1_event(
         )
         if text.strip():
             run.add(EntryKind.ASSISTANT_RESPONSE, at, f"e{eid}-thought", [TextPart(text=text)])
-        request = ToolCallPart(
-            tool_call_id=call_id,
-            tool_name=name,
-            permission_class=permission_of(name),
-            arguments_hash=sha256_digest(event.get("action")),
-            started_at=at,
-        )
-        run.add(EntryKind.TOOL_CALL_REQUEST, at, f"e{eid}", [request], tool_call_id=call_id)
+        run.request(at, f"e{eid}", call_id, name, event.get("action"))
         return RunStatus.SUCCEEDED if name == "finish" else None
     if kind == "ObservationEvent" and call_id is not None and _asked(run, call_id):
         observation = obj(event.get("observation"))

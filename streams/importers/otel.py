@@ -38,7 +38,6 @@ from schemas.models import (
     ModelCallStatus,
     ModelUsagePart,
     TextPart,
-    ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
     UsageField,
@@ -47,9 +46,9 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    discover_files,
+    load_json,
     obj,
-    permission_of,
-    sha256_digest,
     stable_id,
 )
 
@@ -327,17 +326,14 @@ def _tool(run: ImportedRun, s: Span, at: datetime) -> None:
     name = str(a.get("gen_ai.tool.name") or a.get("tool.name") or s.name)
     call_id = str(a.get("gen_ai.tool.call.id") or f"span-{s.span_id}")
     _start(run, at)
-    request = ToolCallPart(
-        tool_call_id=call_id,
-        tool_name=name,
-        permission_class=permission_of(name),
-        arguments_hash=sha256_digest(
-            a.get("gen_ai.tool.call.arguments") or a.get("input.value") or ""
-        ),
-        started_at=at,
+    run.request(
+        at,
+        f"span-{s.span_id}",
+        call_id,
+        name,
+        a.get("gen_ai.tool.call.arguments") or a.get("input.value") or "",
         finished_at=datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns >= s.start_ns else None,
     )
-    run.add(EntryKind.TOOL_CALL_REQUEST, at, f"span-{s.span_id}", [request], tool_call_id=call_id)
     result = ToolResultPart(
         tool_call_id=call_id,
         status=ToolResultStatus.FAILED if s.error else ToolResultStatus.SUCCEEDED,
@@ -369,19 +365,13 @@ class OtelFiles:
 
     @staticmethod
     def discover(paths: Iterable[Path]) -> list[Path]:
-        found: list[Path] = []
-        for path in paths:
-            found.extend(sorted(path.rglob("*.json")) if path.is_dir() else [path])
-        return list(dict.fromkeys(found))
+        return discover_files(paths, ".json")
 
     @staticmethod
     def import_file(
         path: Path, fleet_id: str, settled: bool = False
     ) -> tuple[list[ImportedRun], Summary]:
-        try:
-            doc = json.loads(path.read_bytes())
-        except ValueError as exc:
-            raise ImportFormatError(f"{path}: not JSON ({exc})") from None
+        doc = load_json(path, "an OpenTelemetry export")
         spans = spans_from_otlp_json(doc)
         if not spans:
             raise ImportFormatError(f"{path}: no spans (OTLP/JSON resourceSpans or a span list)")

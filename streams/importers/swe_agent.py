@@ -49,7 +49,6 @@ from schemas.models import (
     ModelCallStatus,
     RunStatus,
     TextPart,
-    ToolCallPart,
     ToolResultPart,
     ToolResultStatus,
 )
@@ -58,29 +57,19 @@ from streams.importers.base import (
     ImportFormatError,
     Summary,
     count,
+    discover_files,
+    load_json,
     model_id,
     obj,
     openai_usage,
     patch_files,
-    permission_of,
     safe_id,
-    sha256_digest,
     skipping,
 )
 
 
-def discover_traj(paths: Iterable[Path], suffix: str) -> list[Path]:
-    found: list[Path] = []
-    for path in paths:
-        found.extend(sorted(path.rglob(f"*{suffix}")) if path.is_dir() else [path])
-    return list(dict.fromkeys(found))
-
-
 def _load(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise ImportFormatError(f"{path}: not JSON ({exc})") from None
+    doc = load_json(path, "a trajectory")
     if not isinstance(doc, dict):
         raise ImportFormatError(f"{path}: not a JSON object; not a trajectory")
     if not isinstance(doc.get("info"), dict):  # (a trajectory is known by its messages/steps)
@@ -141,7 +130,7 @@ class MiniSweAgent:
 
     @staticmethod
     def discover(paths: Iterable[Path]) -> list[Path]:
-        return discover_traj(paths, ".traj.json")
+        return discover_files(paths, ".traj.json")
 
     @staticmethod
     def import_file(
@@ -212,19 +201,8 @@ class MiniSweAgent:
                         if isinstance(call, dict) and isinstance(call.get("id"), str):
                             fn = call.get("function") or {}
                             name = str(fn.get("name") or "tool")
-                            request = ToolCallPart(
-                                tool_call_id=call["id"],
-                                tool_name=name,
-                                permission_class=permission_of(name),
-                                arguments_hash=sha256_digest(fn.get("arguments")),
-                                started_at=at,
-                            )
-                            run.add(
-                                EntryKind.TOOL_CALL_REQUEST,
-                                at,
-                                f"call-{call['id']}",
-                                [request],
-                                tool_call_id=call["id"],
+                            run.request(
+                                at, f"call-{call['id']}", call["id"], name, fn.get("arguments")
                             )
                 elif role == "tool" and isinstance(message.get("tool_call_id"), str):
                     code = extra.get("returncode")
@@ -265,14 +243,7 @@ def _text_action(run: ImportedRun, text: str, at: datetime, n: int) -> str | Non
     if block is None:
         return None
     call_id = f"m{n}-bash"
-    request = ToolCallPart(
-        tool_call_id=call_id,
-        tool_name="bash",
-        permission_class=permission_of("bash"),
-        arguments_hash=sha256_digest({"command": block[1]}),
-        started_at=at,
-    )
-    run.add(EntryKind.TOOL_CALL_REQUEST, at, f"call-{call_id}", [request], tool_call_id=call_id)
+    run.request(at, f"call-{call_id}", call_id, "bash", {"command": block[1]})
     return call_id
 
 
@@ -391,7 +362,7 @@ class SweAgent:
 
     @staticmethod
     def discover(paths: Iterable[Path]) -> list[Path]:
-        return discover_traj(paths, ".traj")
+        return discover_files(paths, ".traj")
 
     @staticmethod
     def import_file(
@@ -450,16 +421,7 @@ class SweAgent:
                 call_id = f"step-{n}"
                 named = tool_names[n] if n < len(tool_names) else None
                 name = named or action.split()[0]
-                request = ToolCallPart(
-                    tool_call_id=call_id,
-                    tool_name=name,
-                    permission_class=permission_of(name),
-                    arguments_hash=sha256_digest(action),
-                    started_at=at,
-                )
-                run.add(
-                    EntryKind.TOOL_CALL_REQUEST, at, f"s{n}-call", [request], tool_call_id=call_id
-                )
+                run.request(at, f"s{n}-call", call_id, name, action)
                 result = ToolResultPart(
                     tool_call_id=call_id,
                     status=ToolResultStatus.UNKNOWN,  # a 0.x step records no outcome
