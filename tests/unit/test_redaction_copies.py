@@ -108,3 +108,33 @@ def test_every_copy_of_a_corpus_secret_goes(name: str, secret: str, text: str) -
 def test_a_clean_entry_is_untouched() -> None:
     entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text="nothing secret here"),))
     assert redact_entry(entry) is entry
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "raise exceptions.InvalidS3LoggingLogTypeError(msg)",
+        "parameters: list[core_schema.ArgumentsV3Parameter] = []",
+        "'MCC_GetSlowCompTauX20Enable', 'MCC_SelectMultiClamp700B',",
+        'ROLE = "AmazonElasticMapReduceforEC2Role"',
+        "COCOA = {'ASPasswordCredentialIdentity', 'NSURLCredentialStorage', 'TKTokenAuthOp'}",
+        "    MIIDQTCCAimgAwIBAgITBmyfz5m/jAo54vB4ikPmljZbyjANBgkqhkiG9w0BAQsF",
+    ],
+)
+def test_code_an_agent_reads_is_not_taken_for_secrets(line: str) -> None:
+    """Identifiers and certificate lines in a tool's output stay as they are (the false
+    positives the generalised rules made on installed packages' code)."""
+    entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text=line),))
+    assert redact_entry(entry) is entry
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "svc", "access_token": "hudSySEqUKKkDDCDuWlzdYoM"}',  # letters only, random
+        "export VAULT_TOKEN_FOR_CI=1 # hvs.JGbZZaCkOSgsZ56uhGlTK2zyC1j2mwhy0VLp4",
+    ],
+)
+def test_random_values_are_still_caught(text: str) -> None:
+    entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text=text),))
+    assert redact_entry(entry).redactions

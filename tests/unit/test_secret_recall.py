@@ -52,7 +52,9 @@ def test_tuning_source_nosey_parker_in_context_and_bare() -> None:
     assert r.cases == 299
     assert r.in_context >= 282, r.as_dict()  # measured 284/299 (95.0 %)
     assert r.prefixed_bare >= 120, r.as_dict()  # measured 121/126 (96.0 %)
-    assert r.bare >= 156, r.as_dict()  # measured 159/299 (53.2 %)
+    # measured 159/299 (53.2 %), then 155/299 (51.8 %) after the rules stopped taking dotted
+    # code names and CamelCase identifiers for tokens (the false positives on code, README)
+    assert r.bare >= 152, r.as_dict()
 
 
 def test_our_corpus_in_context_and_bare() -> None:
