@@ -8,6 +8,8 @@ Redis prefix, with its own background worker, so it never touches live projectio
   latency and a Redis round trip.
 - replay: entries/s the engine applies reading the topics directly, beside the ceiling of
   consuming and decoding only.
+- redaction: the publisher's secret scan (``redact_entry``) per realistic entry, beside the
+  codec's encode of the same entries, timed in the same process (issue 27).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.parallel import Share, drain_parallel
 from streams.publisher import AsyncPublisher, Encoded
+from streams.redaction import redact_entry
 from streams.simulate import simulate_runs
 from streams.source import Progress, topic_partitions
 from streams.topics import ledger_topic
@@ -764,6 +767,7 @@ class Sizes:
     engine_runs: int = 40  # runs of 300 entries for the engine-vs-decode figure
     one_worker_entries: int = 100_000  # the backlog one worker applies
     import_files: int = 500  # mini-swe-agent trajectories imported (beside publish as JSONL)
+    redact_runs: int = 40  # simulated runs whose entries are redacted and encoded, timed
 
 
 CORES = os.cpu_count() or 1
@@ -780,12 +784,47 @@ QUICK = Sizes(
     engine_runs=8,
     one_worker_entries=3_000,
     import_files=20,
+    redact_runs=8,
 )
 # Ingest at 300k entries (the publishers stage every entry before the clock starts, ~1 ms of
 # their CPU each); rebuild at 1M (topped up with raw entries after the ingest).
 FULL = Sizes(
     1000.0, 30.0, 300_000, 4, 3_000, 1_000_000, CORES, CORES, bench_long.LENGTHS, 3_000, 10_000
 )
+
+
+REDACT_FIGURE = "publisher: redact_entry per realistic entry"
+
+
+def redaction_figures(runs: int, seed: int = 27, rounds: int = 3) -> list[Figure]:
+    """``redact_entry`` µs per entry of simulated runs of realistic length (the mix's), beside
+    the codec's encode of the same entries: the two steps the publisher takes for every entry.
+    Timed in alternating rounds over the same entries; the median round of each is reported."""
+    simulated = simulate_runs(len(FLEETS), runs, seed, length_profile=MIX.value, begin=_begin())
+    entries = [e for run in itertools.islice(simulated, runs) for e in run]
+    codec = LedgerCodec()
+    redact_entry(entries[0])  # the rules compiled, the schema parsed: not in the figures
+    codec.encode(entries[0])
+    redact_s: list[float] = []
+    encode_s: list[float] = []
+    changed = 0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        redacted = [redact_entry(e) for e in entries]
+        redact_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for e in redacted:
+            codec.encode(e)
+        encode_s.append(time.perf_counter() - started)
+        changed = sum(r is not e for r, e in zip(redacted, entries, strict=True))
+    n = len(entries)
+    redact_us = sorted(redact_s)[rounds // 2] / n * 1e6
+    encode_us = sorted(encode_s)[rounds // 2] / n * 1e6
+    return [
+        Figure(REDACT_FIGURE, redact_us, "µs", "codec encode, same entries", encode_us),
+        Figure("publisher: entries timed for redaction", n, "entries", f"{runs} runs", runs),
+        Figure("publisher: entries the redaction changed", changed, "entries"),
+    ]
 
 
 async def run_bench(
@@ -825,6 +864,8 @@ async def run_bench(
         report.figures += [Figure(*f) for f in bench_engine.figures(cost)]
     finally:
         d.drop()
+    # the publisher's redaction beside its encode: in this process, nothing else running
+    report.figures += await asyncio.to_thread(redaction_figures, sizes.redact_runs)
     d = await deployment("benchimport")
     try:
         report.figures += await import_figures(d, sizes.import_files)

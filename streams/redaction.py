@@ -80,6 +80,7 @@ _CREDENTIAL_RULES = GENERIC | {"url-credentials", "env-secret-assignment"}
 # A secret value this long or longer is redacted wherever else it occurs in the entry (a shorter
 # match, e.g. a 4-character password, would take ordinary words with it).
 MIN_COPY_CHARS = 6
+_QUOTES = "\"'`"
 
 
 class SecretInIdentifierError(LedgerValidationError):
@@ -148,7 +149,9 @@ class _Walk:
             pieces += [value[at : f.start], marker(f.rule)]
             at = f.end
             self.found.append((path, f.rule))
-            secret = value[f.start : f.end]
+            # A rule's match may take the quotes around the value (``"…"``): the copies
+            # elsewhere are the value itself (a JSON string holds it without its quotes).
+            secret = value[f.start : f.end].strip(_QUOTES)
             if len(secret) >= MIN_COPY_CHARS:
                 self.values.setdefault(secret, f.rule)
         return "".join([*pieces, value[at:]])
@@ -266,7 +269,14 @@ class _Copies:
         before = len(self.found)
         new = self._json_value(parsed, path)
         if len(self.found) == before:  # only escaped forms matched: redact the raw text too
-            return self.text(text, path)
+            raw = self.text(text, path)
+            try:
+                json.loads(raw)
+            except (ValueError, RecursionError):
+                # the copy spanned JSON syntax (a quote, a brace): keep a valid document, the
+                # redacted text as one JSON string, rather than have the entry refused
+                return json.dumps(raw, ensure_ascii=False)
+            return raw
         return json.dumps(new, ensure_ascii=False, separators=(",", ":"))
 
     def _json_value(self, value: Any, path: str) -> Any:

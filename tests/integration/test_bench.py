@@ -9,12 +9,13 @@ import pytest
 
 from infra.settings import Settings
 from projectors.registry import all_projections
-from streams.bench import IMPORT_FIGURE, QUICK, run_bench
+from streams.bench import IMPORT_FIGURE, QUICK, REDACT_FIGURE, run_bench
 
 pytestmark = pytest.mark.integration
 
 BESIDE_A_BASELINE = (
     IMPORT_FIGURE,  # beside publish of the same entries as JSONL
+    REDACT_FIGURE,  # beside the codec's encode of the same entries (keep engine CPU at [-2])
     "hot path p50 (publish -> Redis views)",
     "hot path p99 (publish -> Redis views)",
     "ingest: publish -> all projections committed",
@@ -43,6 +44,7 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
     assert engine.baseline is not None
     assert abs(ratio.value - engine.value / engine.baseline) < 0.05
     assert figures["ingest: entries"].value >= QUICK.ingest_entries
+    assert figures["publisher: entries timed for redaction"].value >= QUICK.redact_runs
     imported = figures["import: entries"]
     assert imported.value > 0 and imported.baseline_name == f"{QUICK.import_files} files"
     assert figures["import again (nothing new): seconds"].baseline == 0  # published nothing

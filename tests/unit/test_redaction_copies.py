@@ -24,7 +24,7 @@ from schemas.models import (
     TextPart,
     ToolCallPart,
 )
-from streams.redaction import SecretInIdentifierError, redact_entry
+from streams.redaction import SecretInIdentifierError, _Copies, redact_entry
 from tests.unit.secret_corpus import corpus
 
 # A value no rule finds bare (a password), found once in its natural line.
@@ -138,3 +138,28 @@ def test_code_an_agent_reads_is_not_taken_for_secrets(line: str) -> None:
 def test_random_values_are_still_caught(text: str) -> None:
     entry = sample_entry(EntryKind.USER_TASK, parts=(TextPart(text=text),))
     assert redact_entry(entry).redactions
+
+
+def test_a_match_that_takes_its_quotes_still_finds_the_value_in_json() -> None:
+    """A rule whose match includes the quotes around the value (Nosey Parker's ``np.generic.2``
+    example): the copies are the value without them, and a JSON text holding it stays valid
+    JSON (the raw-text fallback once took the quotes and left ``{"x": [REDACTED:…]}``)."""
+    value = "951bc382db9cfee29c68634761dd6e19"
+    example = f"buildConfigField 'String' , 'API_KEY' , '\"{value}\"'\tAPI_KEY\t"
+    entry = sample_entry(
+        EntryKind.USER_TASK,
+        parts=(TextPart(text=example), json_part({"x": value, "y": [value]})),
+        metadata={"copy": value},
+    )
+    redacted = redact_entry(entry)
+    assert value not in _every_string(to_json(redacted))
+    json.loads(to_json(redacted)["parts"][1]["json_text"])  # still a JSON document
+
+
+def test_a_copy_spanning_json_syntax_keeps_the_document_valid() -> None:
+    """Were a found value to match only across JSON syntax, the raw text is redacted and kept
+    as one JSON string, so the entry is still a valid one (not refused)."""
+    copies = _Copies({'s3cr3t-value", "y': "generic-api-key"})
+    out = copies.json_text('{"x": "s3cr3t-value", "y": 1}', "parts[0].json_text")
+    assert json.loads(out) == '{"x": "[REDACTED:generic-api-key]": 1}'
+    assert copies.found == [("parts[0].json_text", "generic-api-key")]

@@ -1,0 +1,407 @@
+"""Secrets end to end, issue 27: the Nosey Parker examples the detector catches in context, and
+their values repeated in names, on the real stack.
+
+Every example of ``tests/data/secrets/noseyparker.jsonl`` that :mod:`streams.secret_eval` finds
+redacted in context (the whole tuning corpus, not a sample: 284 of 299) is written, as its
+authors wrote it, into the free text of eight entries (user task, tool call request and result,
+diff, verifier result, error, approval request, memory proposal), and its value alone into the
+names of the same entries: ``actor.id``, ``tool_name``, a diff's file path, ``check_id``,
+``error.category`` and ``signature``, a metadata value and the strings of a JSON text. Each run
+also has a tool output over the entry limit holding all of its examples, which the publisher
+moves to the artifact store. The files are published with ``agentledger publish``, a worker
+folds them into every projection (its relay sends the change outbox), and then not one value is
+found in: the ledger and change topics (every record's raw key, value and headers), ``pg_dump``
+of the private database, Redis (every key and value of its prefix), the artifact store's files,
+the publisher's output, the worker's log, and the read commands (``runs``, ``timeline``,
+``memory``, ``context``, ``context --render``, ``costs``, ``failures``, ``replay-package``).
+Secrets in ids are refused by design (``test_secrets_e2e``), so none is put in an id here.
+
+Three examples are written only in free text, not in names: their Nosey Parker capture is part
+of what the detector matched (the hex after Mailgun's ``key-``, a WireGuard key without its
+``=``, a JWT's first segment), and the copy pass redacts the value it found, so the part alone in
+another field is not recognised. The test checks that exactly these are the ones.
+
+PostgreSQL's data files are not searched (as in ``test_secrets_e2e``): ``pg_dump`` is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from infra.settings import Settings
+from projectors.registry import GROUPS, NAMES
+from schemas.factory import digest, sample_entry
+from schemas.json_form import to_json
+from schemas.models import (
+    Actor,
+    ActorType,
+    DiffFile,
+    DiffPart,
+    EntryKind,
+    ErrorPart,
+    FileChangeStatus,
+    FileClassification,
+    JsonPart,
+    MemoryProposalPart,
+    PermissionClass,
+    ProposedFact,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolResultStatus,
+    VerificationPart,
+    VerificationStatus,
+)
+from streams.redaction import redact_entry
+from streams.secret_eval import Case, as_text, as_tool_output, load, strings, survives
+from streams.source import read_all
+from streams.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
+from tests.integration.test_secrets_e2e import (
+    MARKER,
+    OUTCOMES,
+    Corpus,
+    Deployment,
+    Searcher,
+    _finish,
+    _name,
+    _output,
+    _pg_dump,
+    _redis_dump,
+    _Run,
+    _search_cli,
+    _search_dump,
+    _search_topics,
+    _start,
+    _wait_applied,
+    _wait_redis,
+)
+from tests.secrets.corpus import Secret
+
+pytestmark = pytest.mark.integration
+
+FLEETS = ["fleet-01", "fleet-02"]
+RUNS = 6
+LIMIT = 32 * 1024  # the entry limit: each run's long tool output goes to the artifact store
+# The Nosey Parker capture is part of the detector's match: redacted in context, not known alone.
+PARTIAL = {"np.aws.4", "np.mailgun.1", "np.wireguard.1"}
+
+
+def _names_entry(case: Case) -> object:
+    """The example in text and its value in every name field of one entry."""
+    v = _name(case.secret)
+    parts = (
+        TextPart(text=case.example),
+        ToolCallPart(
+            tool_call_id="call-1",
+            tool_name=v,
+            permission_class=PermissionClass.EXECUTE_SAFE,
+            arguments_hash=digest(v),
+            started_at=sample_entry(EntryKind.USER_TASK).occurred_at,
+        ),
+        ErrorPart(category=v, message="x", signature=v),
+        JsonPart(json_text=json.dumps({"x": v, "args": [v]})),  # no key that names a secret
+    )
+    return sample_entry(
+        EntryKind.USER_TASK,
+        parts=parts,
+        actor=Actor(type=ActorType.USER, id=v),
+        metadata={"note": v},
+    )
+
+
+def caught_cases() -> tuple[list[Case], set[str]]:
+    """The Nosey Parker examples redacted in context, and the rules of those whose value alone
+    survives in names beside them (in-process, before anything is published)."""
+    cases = [
+        c
+        for c in load("noseyparker")
+        if not survives(c.secret, as_text(c.example))
+        and not survives(c.secret, as_tool_output(c.example))
+    ]
+    partial = set()
+    for c in cases:
+        redacted = redact_entry(_names_entry(c))  # type: ignore[arg-type]
+        if any(c.secret in s for s in strings(to_json(redacted))):
+            partial.add(c.rule)
+    return cases, partial
+
+
+def _carry(r: _Run, k: int, case: Case, names: bool) -> None:
+    """Case ``k``'s example in the free text of eight entries, its value in their names."""
+    t = case.example
+    v = case.secret if names else f"plain-{k}"
+    n = _name(v)
+    rid = r.run_id
+    task = r.add(
+        EntryKind.USER_TASK,
+        [TextPart(text=t)],
+        actor=Actor(type=ActorType.USER, id=n),
+        metadata={"note": v, "scope": "src/"},
+    )
+    call_id = f"{rid}-np-{k}"
+    request = r.add(
+        EntryKind.TOOL_CALL_REQUEST,
+        [
+            ToolCallPart(
+                tool_call_id=call_id,
+                tool_name=n,
+                permission_class=PermissionClass.EXECUTE_SAFE,
+                arguments_hash=digest(t),
+                started_at=r.next_time(),
+                finished_at=r.next_time(1),
+            ),
+            TextPart(text=t),
+        ],
+        tool_call_id=call_id,
+    )
+    r.add(
+        EntryKind.TOOL_CALL_RESULT,
+        [
+            ToolResultPart(
+                tool_call_id=call_id,
+                status=ToolResultStatus.FAILED,
+                exit_code=1,
+                timed_out=False,
+                summary=t,
+            )
+        ],
+        parent=request,
+        tool_call_id=call_id,
+    )
+    files = (
+        DiffFile(
+            path=n,
+            status=FileChangeStatus.MODIFIED,
+            lines_added=2,
+            lines_deleted=1,
+            classification=FileClassification.CONFIG,
+        ),
+    )
+    r.add(
+        EntryKind.DIFF_SNAPSHOT,
+        [DiffPart(files=files, workspace_tree_hash=f"{rid}-t{k}"), TextPart(text=t)],
+    )
+    r.add(
+        EntryKind.VERIFIER_RESULT,
+        [
+            VerificationPart(
+                verifier="pytest", profile="unit", status=VerificationStatus.FAILED, check_id=n
+            ),
+            TextPart(text=t),
+        ],
+    )
+    r.add(EntryKind.ERROR_EVENT, [ErrorPart(category=n, message=t, signature=n)])
+    doc = {"command": t, "token": v, "args": [v, {"again": v}]}
+    r.add(EntryKind.APPROVAL_REQUEST, [JsonPart(json_text=json.dumps(doc))])
+    fact = ProposedFact(fact=t, evidence_refs=(f"entry:{task.entry_id}",))
+    r.add(EntryKind.MEMORY_UPDATE_PROPOSED, [MemoryProposalPart(facts=(fact,))])
+
+
+def _big_output(r: _Run, cases: list[Case]) -> None:
+    """A tool output over the entry limit holding every example of the run: the publisher
+    redacts it, then moves it to the artifact store."""
+    lines = [f"tests/test_config.py::test_case_{i} FAILED" for i in range(2000)]
+    for i, c in enumerate(cases):
+        lines.insert(1 + i * 2000 // max(len(cases), 1), c.example)
+    output = "\n".join(lines)
+    assert len(output.encode()) > 2 * LIMIT
+    call_id = f"{r.run_id}-big"
+    request = r.add(
+        EntryKind.TOOL_CALL_REQUEST,
+        [
+            ToolCallPart(
+                tool_call_id=call_id,
+                tool_name="run_tests",
+                permission_class=PermissionClass.EXECUTE_SAFE,
+                arguments_hash=digest(call_id),
+                started_at=r.next_time(),
+                finished_at=r.next_time(1),
+            )
+        ],
+        tool_call_id=call_id,
+    )
+    r.add(
+        EntryKind.TOOL_CALL_RESULT,
+        [
+            ToolResultPart(
+                tool_call_id=call_id,
+                status=ToolResultStatus.FAILED,
+                exit_code=1,
+                timed_out=False,
+                summary=output,
+            )
+        ],
+        parent=request,
+        tool_call_id=call_id,
+    )
+
+
+def build(cases: list[Case], partial: set[str]) -> Corpus:
+    corpus = Corpus()
+    for i in range(RUNS):
+        chunk = list(range(i, len(cases), RUNS))
+        r = _Run(corpus, f"np-run-{i:02d}", FLEETS[i % len(FLEETS)], 200 + i)
+        _start(r, "Rotate the credentials leaked in the config")
+        for k in chunk:
+            _carry(r, k, cases[k], cases[k].rule not in partial)
+        _big_output(r, [cases[k] for k in chunk])
+        _finish(r, *OUTCOMES[i % len(OUTCOMES)])
+        r.close()
+    return corpus
+
+
+@pytest.fixture
+def deployment(services: Settings, tmp_path: Path) -> Iterator[Deployment]:
+    env = {
+        "AGENTLEDGER_MAX_ENTRY_BYTES": str(LIMIT),
+        "AGENTLEDGER_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+    }
+    d = Deployment(services, "npsecrets", FLEETS, tmp_path / "logs", env)
+    asyncio.run(d.create())
+    yield d
+    d.drop()
+
+
+def _outbox(d: Deployment) -> int:
+    with psycopg.connect(d.settings.pg_address) as conn:
+        row = conn.execute("SELECT count(*) FROM al_changes").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known leak, not yet fixed (2026-12-02): the values of np.jwt.2 and np.jwt.3 (a YAML "
+    "jwt secret holding quotes and a backslash) were found in 2 ledger records' raw bytes; "
+    "in-process redact_entry and prepare() show no copy, so the form found is still to trace",
+)
+def test_no_caught_example_or_its_copies_in_names_reaches_any_store_or_output(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    d = deployment
+    started = time.monotonic()
+    cases, partial = caught_cases()
+    assert len(cases) >= 280, "the detector's in-context recall on its tuning corpus"
+    assert partial == PARTIAL, "the values alone in names that a copy does not catch"
+    secrets = [Secret(c.rule, c.secret, c.example) for c in cases]
+    searcher = Searcher(secrets)
+    planted = b"\n".join(f"<{s.value}>".encode() for s in secrets)
+    assert searcher.find(planted) == list(range(len(secrets))), "the search finds each value"
+    corpus = build(cases, partial)
+    leaks: list[tuple[str, str]] = []
+
+    # 1. published with the CLI, one file per fleet side by side
+    files = []
+    for fleet in FLEETS:
+        path = tmp_path / f"np-{fleet}.jsonl"
+        lines = [
+            line for line in corpus.lines if corpus.fleets[json.loads(line)["run_id"]] == fleet
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        files.append(path)
+    with ThreadPoolExecutor(2) as pool:
+        published = list(pool.map(lambda p: d.cli("publish", str(p)), files))
+    for path, proc in zip(files, published, strict=True):
+        out = _output(proc)
+        code = proc.returncode
+        assert code == 0, f"{path.name}: {searcher.scrub(out.decode())[-2000:]}"
+        leaks += _search_cli(searcher, f"publish {path.name}", out)
+    expected = dict(corpus.runs)
+
+    # 2. a worker folds everything; its relay sends the change outbox
+    d.start_worker("w")
+    d.wait_partitions("w")
+    _wait_applied(d, expected, searcher, timeout_s=180)
+    _wait_redis(d, expected, timeout_s=30)
+    deadline = time.monotonic() + 60
+    while _outbox(d) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _outbox(d) == 0, "the relay did not send the change outbox"
+    applied_s = time.monotonic() - started
+
+    # 3. the read commands: every run's timeline and rendered context, the rest on two runs
+    runs = sorted(expected)
+    commands: list[tuple[str, ...]] = []
+    for run_id in runs:
+        commands += [("timeline", run_id, "--json"), ("context", run_id, "--render")]
+    for run_id in runs[:2]:
+        commands += [
+            ("memory", run_id, "--json"),
+            ("failures", run_id, "--json"),
+            ("context", run_id, "--json"),
+        ]
+    commands += [
+        ("memory", runs[0]),
+        ("timeline", runs[0]),
+        ("runs", "--json"),
+        ("costs", "--by", "run", "--json"),
+        ("failures", "--json"),
+        ("replay-package", runs[0], "--out", str(tmp_path / "package")),
+    ]
+    with ThreadPoolExecutor(3) as pool:
+        outputs = dict(zip(commands, pool.map(lambda c: d.cli(*c), commands), strict=True))
+    for command, proc in outputs.items():
+        label = " ".join(command).replace(str(tmp_path), "TMP")
+        out = _output(proc)
+        code = proc.returncode
+        assert code == 0, f"{label}: {searcher.scrub(out.decode())[-1500:]}"
+        leaks += _search_cli(searcher, label, out)
+    package = [p for p in sorted((tmp_path / "package").rglob("*")) if p.is_file()]
+    assert any(p.parent.name == "artifacts" for p in package), "the stored output is packed"
+    for path in package:
+        leaks += searcher.search("cli", f"replay-package/{path.name}", path.read_bytes())
+    unmarked = [
+        c for c in commands if c[0] == "timeline" and MARKER.encode() not in outputs[c].stdout
+    ]
+    assert not unmarked, f"no {MARKER} marker in {unmarked}"
+
+    # 4. Kafka: ledger, dead-letter and change topics, raw bytes of every record
+    prefix = d.settings.topic_prefix
+    ledger = [ledger_topic(prefix, f) for f in FLEETS]
+    letters = [dead_letter_topic(prefix, f) for f in FLEETS]
+    changes = [change_topic(prefix, p) for p in NAMES] + [change_schema_topic(prefix)]
+    records = asyncio.run(read_all(d.settings.kafka_address, ledger))
+    assert len(records) == sum(expected.values())
+    dead = asyncio.run(read_all(d.settings.kafka_address, letters))
+    assert not dead, "dead letters"
+    changed = asyncio.run(read_all(d.settings.kafka_address, changes))
+    assert {r.topic for r in changed} >= {change_topic(prefix, p) for p in NAMES}
+    leaks += _search_topics(searcher, [*records, *changed])
+    # 5. PostgreSQL, Redis, the artifact store, the worker's log
+    dump = _pg_dump(d.settings.pg_address)
+    leaks += _search_dump(searcher, "pg_dump", dump)
+    client = redis.Redis.from_url(d.settings.redis_address)
+    try:
+        dumped = _redis_dump(client, d.settings.redis_prefix)
+    finally:
+        client.close()
+    assert len(dumped) >= len(expected) * len(GROUPS["agent"])
+    for key, blob in sorted(dumped.items()):
+        leaks += searcher.search("redis", key, blob)
+    stored = [p for p in sorted((tmp_path / "artifacts").rglob("*")) if p.is_file()]
+    assert len(stored) >= RUNS, "each run's long output went to the store"
+    for path in stored:
+        leaks += searcher.search("artifacts", path.name, path.read_bytes())
+    leaks += searcher.search("log", "worker", d.log_of("w").read_bytes())
+    marker = MARKER.encode()
+    assert marker in dump and any(marker in b for b in dumped.values())
+    assert any(marker in p.read_bytes() for p in stored)
+    assert any(marker in (r.value or b"") for r in changed)
+
+    elapsed = time.monotonic() - started
+    print(
+        f"\nNosey Parker e2e: {len(cases)} examples ({len(cases) - len(partial)} also in names) "
+        f"in {sum(expected.values())} entries of {len(expected)} runs; {len(stored)} artifacts; "
+        f"{len(records)} ledger and {len(changed)} change records; bytes searched: "
+        f"{dict(searcher.bytes_searched)}; applied {applied_s:.1f} s, total {elapsed:.1f} s"
+    )
+    assert not leaks, f"{len(set(leaks))} hits (rule @ where): {sorted(set(leaks))[:60]}"
