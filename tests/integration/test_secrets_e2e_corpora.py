@@ -89,7 +89,7 @@ from tests.secrets.corpus import Secret
 pytestmark = pytest.mark.integration
 
 FLEETS = ["fleet-01", "fleet-02"]
-RUNS = 6
+RUNS = 3
 LIMIT = 32 * 1024  # the entry limit: each run's long tool output goes to the artifact store
 # The Nosey Parker capture is part of the detector's match: redacted in context, not known alone.
 PARTIAL = {"np.aws.4", "np.mailgun.1", "np.wireguard.1"}
