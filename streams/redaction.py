@@ -219,7 +219,11 @@ class _Copies:
             return self.mapping(value, path)
         if isinstance(value, list):
             return [self.value(item, f"{path}[{i}]", key) for i, item in enumerate(value)]
-        if not isinstance(value, str) or key in _SAFE or not self._pattern.search(value):
+        if not isinstance(value, str) or key in _SAFE:
+            return value
+        if key in _JSON_TEXT:  # (searched as the strings it holds: escapes hide a raw match)
+            return self.json_text(value, path)
+        if not self._pattern.search(value):
             return value
         if key in IDENTIFIERS:
             raise SecretInIdentifierError(
@@ -227,8 +231,6 @@ class _Copies:
                 f"holds a secret found elsewhere in the entry (rule {self._rule_in(value)}); "
                 "identifiers are never rewritten, so the entry is refused: use an opaque id",
             )
-        if key in _JSON_TEXT:
-            return self.json_text(value, path)
         return self.text(value, path)
 
     def mapping(self, doc: dict[str, Any], path: str) -> dict[str, Any]:

@@ -278,12 +278,6 @@ def _outbox(d: Deployment) -> int:
     return int(row[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known leak, not yet fixed (2026-12-02): the values of np.jwt.2 and np.jwt.3 (a YAML "
-    "jwt secret holding quotes and a backslash) were found in 2 ledger records' raw bytes; "
-    "in-process redact_entry and prepare() show no copy, so the form found is still to trace",
-)
 def test_no_caught_example_or_its_copies_in_names_reaches_any_store_or_output(
     deployment: Deployment, tmp_path: Path
 ) -> None:

@@ -163,3 +163,16 @@ def test_a_copy_spanning_json_syntax_keeps_the_document_valid() -> None:
     out = copies.json_text('{"x": "s3cr3t-value", "y": 1}', "parts[0].json_text")
     assert json.loads(out) == '{"x": "[REDACTED:generic-api-key]": 1}'
     assert copies.found == [("parts[0].json_text", "generic-api-key")]
+
+
+def test_a_copy_inside_json_text_is_found_through_its_escapes() -> None:
+    """A value holding a backslash and a quote is escaped in a JSON text (``\\\\``, ``\\"``):
+    the copy pass reads the strings the JSON holds, so the escaped copies go too."""
+    value = 'x7`D"}/vYR)T;W\\5]EBrf;_&k>qX??]G&3CF=;@vyrVB'
+    text = f"oauthproviders:\n  jwtsecret: '{value}'\n"
+    doc = {"command": text, "token": value, "args": [value, {"again": value}]}
+    entry = sample_entry(EntryKind.APPROVAL_REQUEST, parts=(json_part(doc),))
+    redacted = redact_entry(entry)
+    [part] = redacted.parts
+    assert value not in json.dumps(json.loads(part.json_text))  # type: ignore[union-attr]
+    assert json.dumps(value)[1:-1] not in part.json_text  # type: ignore[union-attr]
