@@ -227,60 +227,14 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
         return [HistoryRow("snapshot", str(after.snapshot_version), entry.sequence_no, doc)]
 
     def fold(self, state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
-        known = _FOLDED.pop(id(entry), None)
-        if known is not None and known[0] is entry:
-            _FOLDED.weight -= known[3]
-            before, after = known[1], known[2]
-            if before is state or (
-                before.source_seq_range == state.source_seq_range
-                and before.snapshot_version == state.snapshot_version
-                and before == state
-            ):
-                return after
-        after = _folded(state, entry)
-        _FOLDED.keep(entry, state, after)
-        return after
-
-
-class _Folded(dict[int, tuple[LedgerEntry, WorkingMemory, WorkingMemory, int]]):
-    """The last fold of each recent entry, ``id(entry) -> (entry, before, after, weight)``: the
-    context-manifests projection folds the same working memory on the same entries (its own
-    copy, for its sources and next turn) right after this projection did in the same batch, and
-    takes the result instead of folding again when its state is the one (or equal to the one)
-    this projection folded. The fold is a pure function of (state, entry), so the result is the
-    same object it would have made, shared (states are never changed in place). A hit takes its
-    slot out; what is never taken (one projection alone) leaves oldest first, the slots bounded
-    in number and in index entries held (each ``after`` has its own copy of the index dicts)."""
-
-    SLOTS = 4096
-    WEIGHT = 1 << 19  # index entries held by the results, summed over slots (~20 MB)
-
-    weight = 0
-
-    def keep(self, entry: LedgerEntry, before: WorkingMemory, after: WorkingMemory) -> None:
-        weight = len(after.index.entries) + 1
-        old = self.pop(id(entry), None)
-        if old is not None:
-            self.weight -= old[3]
-        self[id(entry)] = (entry, before, after, weight)
-        self.weight += weight
-        while self and (len(self) > self.SLOTS or self.weight > self.WEIGHT):
-            gone = self.pop(next(iter(self)))
-            self.weight -= gone[3]
-
-
-_FOLDED = _Folded()
-
-
-def _folded(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
-    seen = state.source_seq_range
-    if entry.run_id != state.run_id or (seen is not None and entry.sequence_no <= seen[1]):
-        return state
-    if not model_visible(entry):  # indexed as existing, never a source of what memory says
-        return _bookkeep(state, state, entry)
-    handler = _HANDLERS.get(entry.kind)
-    updated = handler(state, entry) if handler is not None else state
-    return _bookkeep(state, updated, entry)
+        seen = state.source_seq_range
+        if entry.run_id != state.run_id or (seen is not None and entry.sequence_no <= seen[1]):
+            return state
+        if not model_visible(entry):  # indexed as existing, never a source of what memory says
+            return _bookkeep(state, state, entry)
+        handler = _HANDLERS.get(entry.kind)
+        updated = handler(state, entry) if handler is not None else state
+        return _bookkeep(state, updated, entry)
 
 
 def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
