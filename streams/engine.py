@@ -748,10 +748,10 @@ class Engine:
             store = await self._view_store()
             ready = await store.ready_builds((t.name, t.build) for t in hot)
             lost = [t for t in hot if (t.name, t.build) not in ready]
+            if lost:  # the pointers first: a view Redis shows again is never one no pointer names
+                await self.publish_live_pointers(lane="refill")
             for target in lost:
                 await self._refill(store, target, lane="refill")
-            if lost:
-                await self.publish_live_pointers(lane="refill")
             return len(lost)
 
         return await self._retrying(check, "checking Redis views", "refill")
