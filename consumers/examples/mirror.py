@@ -1,18 +1,20 @@
 """A mirror: an analyst's own PostgreSQL table of cost-metrics per run, kept up to date.
 
 The table (``cost_mirror`` by default, in any database the analyst owns) has one row per run:
-its fleet, the build and sequence number the row reflects, cost, calls, tokens, unpriced calls,
-budget and whether it is over. Each batch of changes is applied in one transaction together
-with the stream positions it reached (``<table>_positions``), so a mirror that stops, crashes
-or restarts resumes exactly where its table stands: no change is applied twice or missed. A
-swap (a repricing) arrives as the new build's state of every run: the mirror ends equal to the
-new live build without being restarted. A first start reads the stream from the beginning.
+its fleet, the build and sequence number the row reflects, cost, calls, tokens (NULL when no
+call has them known: unknown is never 0), unpriced calls, budget and whether it is over. Each
+batch of changes is applied in one transaction together with the stream positions it reached
+(``<table>_positions``), so a mirror that stops, crashes or restarts resumes exactly where its
+table stands: no change is applied twice or missed. A swap (a repricing) arrives as the new
+build's state of every run: the mirror ends equal to the new live build without being
+restarted. A first start reads the stream from the beginning.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +23,7 @@ from psycopg import sql
 
 from consumers.subscribe import Subscriber
 from infra.settings import Settings
+from projectors.cost_metrics import known_sum
 from schemas.changes import ProjectionChange
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
@@ -39,21 +42,39 @@ COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class _Counts:
+    """How many calls a run's sums cover (for :func:`known_sum`)."""
+
+    calls: int
+    unpriced_calls: int
+    usage_unknown_calls: int
+    reported_calls: int
+
+
 def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
-    """A cost-metrics change as the mirror's row."""
+    """A cost-metrics change as the mirror's row. A cost or token sum that no call has known
+    (all unpriced, of unknown usage, or no call at all) is NULL, never 0
+    (:func:`projectors.cost_metrics.known_sum`, the rule every output follows)."""
     state = change.state or {}
     totals = state.get("totals") or {}
     budget = state.get("task_budget_usd")
+    counts = _Counts(
+        int(totals.get("calls", 0)),
+        int(totals.get("unpriced_calls", 0)),
+        int(totals.get("usage_unknown_calls", 0)),
+        int(totals.get("reported_calls", 0)),
+    )
     return (
         change.run_id,
         change.fleet_id,
         change.build,
         change.applied_seq,
-        Decimal(str(totals.get("cost_usd", "0"))),
-        totals.get("calls", 0),
-        totals.get("input_tokens", 0),
-        totals.get("output_tokens", 0),
-        totals.get("unpriced_calls", 0),
+        known_sum(counts, "cost", Decimal(str(totals.get("cost_usd", "0")))),
+        counts.calls,
+        known_sum(counts, "tokens", totals.get("input_tokens", 0)),
+        known_sum(counts, "tokens", totals.get("output_tokens", 0)),
+        counts.unpriced_calls,
         None if budget is None else Decimal(str(budget)),
         bool(state.get("over_budget")),
     )
@@ -73,12 +94,18 @@ class CostMirror:
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (run_id text PRIMARY KEY, fleet_id text, "
-                "build text NOT NULL, applied_seq bigint NOT NULL, cost_usd numeric NOT NULL, "
-                "calls bigint NOT NULL, input_tokens bigint NOT NULL, output_tokens bigint NOT "
-                "NULL, unpriced_calls bigint NOT NULL, budget_usd numeric, over_budget boolean "
+                "build text NOT NULL, applied_seq bigint NOT NULL, cost_usd numeric, "
+                "calls bigint NOT NULL, input_tokens bigint, output_tokens bigint, "
+                "unpriced_calls bigint NOT NULL, budget_usd numeric, over_budget boolean "
                 "NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
             ).format(self.table)
         )
+        for column in ("cost_usd", "input_tokens", "output_tokens"):  # a mirror made before
+            conn.execute(  # unknown was NULL: its columns take NULL now
+                sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL").format(
+                    self.table, sql.Identifier(column)
+                )
+            )
         conn.execute(
             sql.SQL(
                 'CREATE TABLE IF NOT EXISTS {} ("partition" integer PRIMARY KEY, next bigint '
