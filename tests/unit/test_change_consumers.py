@@ -61,9 +61,13 @@ def test_change_lines() -> None:
 
 
 def test_the_mirror_never_stores_an_unknown_cost_or_token_sum_as_zero() -> None:
-    unmetered = {"totals": {"cost_usd": "0", "calls": 3, "usage_unknown_calls": 3}}
+    unmetered: dict[str, object] = {
+        "totals": {"cost_usd": "0", "calls": 3, "usage_unknown_calls": 3}
+    }
     row = mirror_row(_cost(unmetered))
     assert row[4:8] == (None, 3, None, None)  # cost, calls, input, output tokens
-    unpriced = {"totals": {"cost_usd": "0", "calls": 2, "unpriced_calls": 2, "input_tokens": 7}}
+    unpriced: dict[str, object] = {
+        "totals": {"cost_usd": "0", "calls": 2, "unpriced_calls": 2, "input_tokens": 7}
+    }
     assert mirror_row(_cost(unpriced))[4:8] == (None, 2, 7, 0)
     assert mirror_row(_cost({"totals": {}}))[4:8] == (None, 0, None, None)  # no call at all
