@@ -331,9 +331,6 @@ def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> Non
     from streams.importers.base import ImportFormatError
     from streams.importers.publish import send_verdicts
 
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        raise typer.BadParameter(f"no such file or folder: {', '.join(missing)}", param_hint="PATH")
     settings = _settings()
     if fleet is not None:
         _fleet_option([fleet])
@@ -438,12 +435,9 @@ def import_cmd(
     from streams.importers.detect import AutoImporter
     from streams.importers.publish import FileImport, FilePublishError, import_paths
 
-    if source_format == "swebench-report":
-        _import_verdicts(paths, fleet, as_json)
-        return
     module: Importer | None = AutoImporter() if source_format == "auto" else None
     module = module or FORMATS.get(source_format)
-    if module is None:
+    if module is None and source_format != "swebench-report":
         raise typer.BadParameter(
             f"{source_format!r} is not a format this version imports "
             f"({', '.join([*FORMATS, 'auto', 'swebench-report'])})",
@@ -452,6 +446,9 @@ def import_cmd(
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise typer.BadParameter(f"no such file or folder: {', '.join(missing)}", param_hint="PATH")
+    if module is None:  # swebench-report
+        _import_verdicts(paths, fleet, as_json)
+        return
     settings = _settings()
     fleet_id = fleet or settings.fleet_ids[0]
     _fleet_option([fleet_id])

@@ -142,17 +142,24 @@ class AutoImporter:
 
     def __init__(self) -> None:
         self.ignored: list[Path] = []  # files under the folders that are no known log
+        self._formats: dict[Path, str] = {}  # what discover recognised (a format stays put)
+
+    def _detect(self, path: Path) -> str | None:
+        name = self._formats.get(path) or detect(path)
+        if name is not None:
+            self._formats[path] = name
+        return name
 
     def discover(self, paths: Iterable[Path]) -> list[Path]:
         roots = list(paths)
-        named = [p for p in roots if not p.is_dir() or detect(p) is not None]
+        named = [p for p in roots if not p.is_dir() or self._detect(p) is not None]
         found = [*named]
         for root in (p for p in roots if p.is_dir() and p not in named):
             folders = [f for f in openhands.discover([root]) if f.is_dir()]
             for candidate in sorted(p for p in root.rglob("*") if p.is_file()):
                 if any(candidate.is_relative_to(f) for f in folders):
                     continue
-                if detect(candidate) is not None or _broken(candidate):
+                if self._detect(candidate) is not None or _broken(candidate):
                     found.append(candidate)  # (a broken log is skipped with its reason)
                 else:
                     self.ignored.append(candidate)
@@ -166,7 +173,7 @@ class AutoImporter:
     ) -> tuple[list[ImportedRun], Summary]:
         from streams.importers import FORMATS
 
-        name = detect(path)
+        name = self._detect(path)
         if name is None and _broken(path):
             raise ImportFormatError(f"{path}: neither JSON nor JSON lines (cut short or corrupt)")
         if name is None:
