@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 import orjson
@@ -105,14 +104,59 @@ class Projection(Protocol, Generic[S]):
         ...
 
 
-@dataclass(frozen=True)
 class HistoryRow:
-    """One append-only row of a run's history: a snapshot version, a recorded manifest, ..."""
+    """One append-only row of a run's history: a snapshot version, a recorded manifest, ...
 
-    kind: str
-    key: str
-    seq: int
-    doc: dict[str, Any]
+    Its document is given as ``doc``, or as ``json`` when the fold has it as JSON text already
+    (pydantic's ``to_json`` of a model is orjson's of its ``model_dump(mode="json")``): what
+    the stores write, made once; the other form is made when first asked for.
+    """
+
+    __slots__ = ("_doc", "_json", "key", "kind", "seq")
+
+    def __init__(
+        self,
+        kind: str,
+        key: str,
+        seq: int,
+        doc: dict[str, Any] | None = None,
+        *,
+        json: bytes | None = None,
+    ) -> None:
+        if (doc is None) == (json is None):
+            raise TypeError("a history row has a doc or its JSON, one of them")
+        self.kind = kind
+        self.key = key
+        self.seq = seq
+        self._doc = doc
+        self._json = json
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        if self._doc is None:
+            self._doc = orjson.loads(self._json or b"")
+        return self._doc
+
+    @property
+    def json(self) -> bytes:
+        """The document as orjson writes it."""
+        if self._json is None:
+            self._json = orjson.dumps(self._doc)
+        return self._json
+
+    def _fields(self) -> tuple[str, str, int, dict[str, Any]]:
+        return (self.kind, self.key, self.seq, self.doc)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HistoryRow):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        kind, key, seq, doc = self._fields()
+        return f"HistoryRow(kind={kind!r}, key={key!r}, seq={seq!r}, doc={doc!r})"
 
 
 class ModelProjection(Generic[S]):

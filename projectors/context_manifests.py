@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, assert_never
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped, metadata_count
@@ -546,20 +547,27 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         for m in after.manifests:
             if m.manifest_id in known:
                 continue
-            doc = m.model_dump(mode="json", exclude={"items", "violations"})
+            # the JSON of m.model_dump(mode="json", exclude=...) with these keys added, made
+            # with the items' JSON (kept: a checkpoint writes the same items again)
+            rest: dict[str, Any]
             if base is None or (whole and entry.kind is EntryKind.CONTEXT_PROJECTED):
-                doc["items"] = [i.model_dump(mode="json") for i in m.items]
-                doc["violations"] = [v.model_dump(mode="json") for v in m.violations]
+                rest = {
+                    "items": _items_json_list(m.items),
+                    "violations": [v.model_dump(mode="json") for v in m.violations],
+                }
             else:
                 removed, kept = positions_delta(base.items, m.items)
-                added = [i.model_dump(mode="json") for i in m.items[kept:]]
-                doc["items_delta"] = {"base": base.manifest_id, "removed": removed, "added": added}
+                added = _items_json_list(m.items[kept:])
+                delta = {"base": base.manifest_id, "removed": removed, "added": added}
+                rest = {"items_delta": delta}
                 removed, kept = positions_delta(base.violations, m.violations)
-                doc["violations_delta"] = {
+                rest["violations_delta"] = {
                     "removed": removed,
                     "added": [v.model_dump(mode="json") for v in m.violations[kept:]],
                 }
-            rows.append(HistoryRow("manifest", m.manifest_id, entry.sequence_no, doc))
+            head = m.__pydantic_serializer__.to_json(m, exclude=_ITEMS_AND_VIOLATIONS)
+            json = b"%b,%b" % (head[:-1], orjson.dumps(rest)[1:])  # (head is never {})
+            rows.append(HistoryRow("manifest", m.manifest_id, entry.sequence_no, json=json))
             base = m
         return rows
 
@@ -582,10 +590,7 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         turn = state.next_turn
         if turn is None:
             return super().head_json(state)
-        kept = _derived(state.next_turn_json)
-        pieces = (
-            kept[1] if kept is not None and kept[0] is turn else list(map(_ITEM_JSON, turn.items))
-        )
+        pieces = self._turn_pieces(state, turn)
         bare = state.model_copy(update={"next_turn": turn.model_copy(update={"items": ()})})
         head = super().head_json(bare)
         empty = b'"items":[]'
@@ -595,6 +600,37 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             out += (b",", piece) if n else (piece,)
         out += (b"]", head[at + len(empty) :])
         return b"".join(out)
+
+    def to_json(self, state: ContextState) -> bytes:
+        """The whole state (a checkpoint), its lists of items spliced in as JSON made once per
+        item object (see :meth:`head_json`): the pool, the next turn (mostly the pool's items),
+        the last recorded manifest's items and the KEEP_MANIFESTS manifests kept (which mostly
+        share their items: a delta keeps its base's) hold the same items again and again, and
+        serializing them was most of a checkpoint's cost. The same bytes as pydantic's."""
+        turn = state.next_turn
+        bare = state.model_copy(
+            update={
+                "pool": (),
+                "manifests": (),
+                "last_context_items": (),
+                "next_turn": None if turn is None else turn.model_copy(update={"items": ()}),
+            }
+        )
+        spliced = [
+            (_POOL_MARK, list(map(_ITEM_JSON, state.pool))),
+            (_MANIFESTS_MARK, list(map(_manifest_json, state.manifests))),
+            (_CONTEXT_ITEMS_MARK, list(map(_CONTEXT_ITEM_JSON, state.last_context_items))),
+        ]
+        if turn is not None:
+            spliced.append((_ITEMS_MARK, self._turn_pieces(state, turn)))
+        return _spliced(super().to_json(bare), spliced)
+
+    @staticmethod
+    def _turn_pieces(state: ContextState, turn: ContextManifest) -> list[bytes]:
+        kept = _derived(state.next_turn_json)
+        if kept is not None and kept[0] is turn:
+            return kept[1]  # type: ignore[no-any-return]
+        return list(map(_ITEM_JSON, turn.items))
 
     def finish(self, state: ContextState) -> ContextState:
         """The next turn, once per batch: a pure function of the folded state (the settled
@@ -2082,7 +2118,56 @@ def _item_json(item: ManifestItem) -> bytes:
     return item.__pydantic_serializer__.to_json(item)
 
 
-_ITEM_JSON = _Memo(_item_json)
+_ITEM_JSON = _Memo(_item_json, kept=32_768)
+# Recorded manifests' items: a state keeps KEEP_MANIFESTS manifests of ~200 items for each run
+# a worker folds (their own memo: they would push the next turns' items out of _ITEM_JSON's).
+_RECORDED_JSON = _Memo(_item_json, kept=32_768)
+
+# Where a state (or manifest) made without them has its empty lists of items: the empty list
+# and the key after it, in field order (pool, manifests, last context items, the next turn's
+# items). A key is never escaped and a string holds no unescaped quote, and the only dicts
+# before them whose keys come from the ledger (the memory's index) hold no lists, so the first
+# match after the previous one is the field.
+_POOL_MARK = (b'"pool":[', b'],"findings":')
+_MANIFESTS_MARK = (b'"manifests":[', b'],"manifests_recorded":')
+_CONTEXT_ITEMS_MARK = (b'"last_context_items":[', b'],"duplicate_model_calls":')
+_ITEMS_MARK = (b'"items":[', b'],"items_omitted":')
+
+
+def _spliced(bare: bytes, lists: list[tuple[tuple[bytes, bytes], list[bytes]]]) -> bytes:
+    """``bare`` (JSON with an empty list at each mark, in order) with each list's pieces as its
+    elements."""
+    out: list[bytes] = []
+    start = 0
+    for (opening, closing), pieces in lists:
+        at = bare.index(opening + closing, start) + len(opening)
+        out += (bare[start:at], b",".join(pieces))
+        start = at
+    out.append(bare[start:])
+    return b"".join(out)
+
+
+def _context_item_json(item: ContextItem) -> bytes:
+    return item.__pydantic_serializer__.to_json(item)
+
+
+# The last recorded manifest's items as the ledger gave them (kept items keep their objects).
+_CONTEXT_ITEM_JSON = _Memo(_context_item_json, kept=32_768)
+
+
+def _items_json_list(items: Sequence[ManifestItem]) -> list[orjson.Fragment]:
+    """Recorded items as orjson writes their ``model_dump(mode="json")`` (pydantic's JSON)."""
+    return [orjson.Fragment(_RECORDED_JSON(i)) for i in items]
+
+
+_ITEMS_AND_VIOLATIONS = {"items": True, "violations": True}
+
+
+def _manifest_json(manifest: ContextManifest) -> bytes:
+    """A recorded manifest as pydantic writes it, its items from :data:`_RECORDED_JSON`."""
+    bare = manifest.model_copy(update={"items": ()})
+    json = bare.__pydantic_serializer__.to_json(bare)
+    return _spliced(json, [(_ITEMS_MARK, list(map(_RECORDED_JSON, manifest.items)))])
 
 
 def prefix_keys(items: Sequence[ManifestItem]) -> tuple[PrefixKey, ...]:

@@ -301,14 +301,16 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
         one per timeline row once it is final."""
         if before is after:
             return []
+        # (each document as JSON: pydantic's to_json is orjson's of model_dump(mode="json"))
         out = [
-            HistoryRow("row", f"{n:08d}", row.seq, row.model_dump(mode="json"))
+            HistoryRow("row", f"{n:08d}", row.seq, json=row.__pydantic_serializer__.to_json(row))
             for n, row in after.finalized
         ]
         made = after.summary.snapshots - (before.summary.snapshots if before is not None else 0)
         if entry.kind is EntryKind.DIFF_SNAPSHOT and made > 0 and after.snapshots:
             snap = after.snapshots[-1]
-            out.append(HistoryRow("diff", snap.entry_id, snap.seq, snap.model_dump(mode="json")))
+            json = snap.__pydantic_serializer__.to_json(snap)
+            out.append(HistoryRow("diff", snap.entry_id, snap.seq, json=json))
         return out
 
     def fold(self, state: DiffTimeline, entry: LedgerEntry) -> DiffTimeline:

@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from infra.settings import Settings
 from projectors.base import Projection
 from projectors.registry import all_projections
@@ -61,7 +59,7 @@ def write_bytes(writes: dict[pg.BuildKey, list[pg.RunWrite]]) -> tuple[int, int]
         for w in runs:
             total += len(w.state or b"") + len(w.head or b"")
             total += sum(map(len, w.tail.values())) + sum(map(len, w.hold.values()))
-            total += sum(len(orjson.dumps(h.doc)) for h in w.history)
+            total += sum(len(h.json) for h in w.history)
             checkpoints += w.state is not None
     return total, checkpoints
 

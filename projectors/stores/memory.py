@@ -199,7 +199,7 @@ class MemoryTransaction:
                 history = data.history.setdefault(key, {})
                 for h in w.history:
                     # as jsonb would keep it; a row once written stays
-                    doc = orjson.loads(orjson.dumps(h.doc))
+                    doc = orjson.loads(h.json)
                     history.setdefault((h.kind, h.key), HistoryRow(h.kind, h.key, h.seq, doc))
         for (proj, build), by_tp in positions.items():
             for (t, p), offset in by_tp.items():

@@ -451,7 +451,7 @@ async def write_runs(
             [(p, b, w.run_id, seq, data) for p, b, w in flat for seq, data in w.hold.items()],
         )
         history = [
-            (p, b, w.run_id, h.kind, h.key, h.seq, _dumps(h.doc))
+            (p, b, w.run_id, h.kind, h.key, h.seq, to_jsonb_text(h.json))
             for p, b, w in flat
             for h in w.history
         ]

@@ -125,3 +125,24 @@ def test_state_parts_made_without_validation_list_every_field_in_order(
         for run in RUNS[:12]:
             fold_all(projection, run)
     assert {"CallCost", "CostTotals", "TimelineRow", "DiffSnapshot", "Ref", "RunStats"} <= seen
+
+
+@pytest.mark.parametrize("projection", all_projections(), ids=lambda p: p.name)
+def test_documents_made_from_kept_json_are_pydantics_bytes(projection: Projection[Any]) -> None:
+    """Checkpoints and history rows are spliced from JSON made once per item object
+    (context-manifests) or made by pydantic's serializer (history rows given as JSON): the
+    bytes must be what pydantic writes for the whole state and what orjson writes for the
+    row's document."""
+    for run in RUNS[:10]:
+        state: Any = None
+        for n, entry in enumerate(run):
+            state = state if state is not None else projection.initial(entry)
+            if not projection.accepts(entry):
+                continue
+            before, state = state, projection.fold(state, entry)
+            for row in projection.history(before, state, entry):
+                assert row.json == orjson.dumps(row.doc), (run[0].run_id, entry.sequence_no)
+            if n % 5 == 0 or n == len(run) - 1:
+                state = projection.finish(state)
+                whole = state.__pydantic_serializer__.to_json(state)
+                assert projection.to_json(state) == whole, (run[0].run_id, entry.sequence_no)

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any
 
+import orjson
 import pytest
 
 from infra.settings import Settings
@@ -853,3 +854,43 @@ def test_recorded_manifest_rows_are_deltas_that_resolve_to_the_whole_manifest() 
     written = sum(len(json.dumps(r)) for r in rows.values())
     whole = sum(len(json.dumps(t)) for t in truth.values())
     assert written * 4 < whole, (written, whole)
+
+
+def test_history_rows_json_is_the_old_docs_json() -> None:
+    """A recorded manifest's row is made as JSON (items from their kept JSON): the bytes of
+    orjson's dump of the document made the old way (model dumps)."""
+    from schemas.context_delta import positions_delta
+    from streams.simulate import simulate_runs
+
+    projection = ContextManifestsProjection()
+    rows = 0
+    for run in simulate_runs(2, 6, seed=5):
+        state = None
+        for entry in run:
+            state = state if state is not None else projection.initial(entry)
+            before, state = state, projection.fold(state, entry)
+            base = before.manifests[-1] if before.manifests else None
+            for row in projection.history(before, state, entry):
+                m = next(m for m in state.manifests if m.manifest_id == row.key)
+                doc = m.model_dump(mode="json", exclude={"items", "violations"})
+                if "items" in row.doc:
+                    doc["items"] = [i.model_dump(mode="json") for i in m.items]
+                    doc["violations"] = [v.model_dump(mode="json") for v in m.violations]
+                else:
+                    assert base is not None
+                    removed, kept = positions_delta(base.items, m.items)
+                    added = [i.model_dump(mode="json") for i in m.items[kept:]]
+                    doc["items_delta"] = {
+                        "base": base.manifest_id,
+                        "removed": removed,
+                        "added": added,
+                    }
+                    removed, kept = positions_delta(base.violations, m.violations)
+                    doc["violations_delta"] = {
+                        "removed": removed,
+                        "added": [v.model_dump(mode="json") for v in m.violations[kept:]],
+                    }
+                assert row.json == orjson.dumps(doc)
+                base = m
+                rows += 1
+    assert rows > 20
