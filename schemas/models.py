@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,12 +23,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     PlainSerializer,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import CoreSchema, core_schema
 
 from schemas.errors import LedgerValidationError
 
@@ -52,6 +55,7 @@ def _to_utc(value: datetime) -> datetime:
     return value
 
 
+@lru_cache(maxsize=1 << 16)  # documents write the same entries' times again and again
 def _iso_utc(value: datetime) -> str:
     return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
@@ -115,7 +119,19 @@ Count = Annotated[int, Field(ge=0, le=_LONG_MAX)]
 Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
-class ActorType(StrEnum):
+class _AvroEnum(StrEnum):
+    """An Avro enum: written to JSON as ``str(member)``, its value (a C call), not through
+    pydantic's lookup of ``.value`` (a Python descriptor: ~0.25 µs a field, and documents have
+    thousands). Validated and dumped to Python as before."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        schema: Any = handler(source)
+        schema["serialization"] = core_schema.to_string_ser_schema(when_used="json")
+        return schema  # type: ignore[no-any-return]
+
+
+class ActorType(_AvroEnum):
     USER = "USER"
     AGENT = "AGENT"
     TOOL = "TOOL"
@@ -127,7 +143,7 @@ class ActorType(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class EntryKind(StrEnum):
+class EntryKind(_AvroEnum):
     SYSTEM_INSTRUCTION = "SYSTEM_INSTRUCTION"
     DEVELOPER_INSTRUCTION = "DEVELOPER_INSTRUCTION"
     ORG_POLICY = "ORG_POLICY"
@@ -156,7 +172,7 @@ class EntryKind(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class TrustLevel(StrEnum):
+class TrustLevel(_AvroEnum):
     PLATFORM_TRUSTED = "PLATFORM_TRUSTED"
     ORG_TRUSTED = "ORG_TRUSTED"
     USER_TRUSTED = "USER_TRUSTED"
@@ -167,7 +183,7 @@ class TrustLevel(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class Visibility(StrEnum):
+class Visibility(_AvroEnum):
     MODEL_VISIBLE = "MODEL_VISIBLE"
     AUDIT_ONLY = "AUDIT_ONLY"
     HUMAN_VISIBLE = "HUMAN_VISIBLE"
@@ -175,7 +191,7 @@ class Visibility(StrEnum):
     REDACTED = "REDACTED"
 
 
-class RunStatus(StrEnum):
+class RunStatus(_AvroEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     BLOCKED = "BLOCKED"
@@ -188,7 +204,7 @@ class RunStatus(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class RedactionLevel(StrEnum):
+class RedactionLevel(_AvroEnum):
     PUBLIC = "PUBLIC"
     REVIEW = "REVIEW"
     RESTRICTED = "RESTRICTED"
@@ -196,7 +212,7 @@ class RedactionLevel(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class FileChangeStatus(StrEnum):
+class FileChangeStatus(_AvroEnum):
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
     DELETED = "DELETED"
@@ -204,7 +220,7 @@ class FileChangeStatus(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class FileClassification(StrEnum):
+class FileClassification(_AvroEnum):
     SOURCE = "SOURCE"
     TEST = "TEST"
     CONFIG = "CONFIG"
@@ -213,7 +229,7 @@ class FileClassification(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class PermissionClass(StrEnum):
+class PermissionClass(_AvroEnum):
     READ_ONLY = "READ_ONLY"
     WORKSPACE_WRITE = "WORKSPACE_WRITE"
     EXECUTE_SAFE = "EXECUTE_SAFE"
@@ -223,7 +239,7 @@ class PermissionClass(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class ToolResultStatus(StrEnum):
+class ToolResultStatus(_AvroEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     TIMED_OUT = "TIMED_OUT"
@@ -232,7 +248,7 @@ class ToolResultStatus(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class VerificationStatus(StrEnum):
+class VerificationStatus(_AvroEnum):
     PASSED = "PASSED"
     FAILED = "FAILED"
     ERROR = "ERROR"
@@ -240,7 +256,7 @@ class VerificationStatus(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class ModelCallStatus(StrEnum):
+class ModelCallStatus(_AvroEnum):
     OK = "OK"
     ERROR = "ERROR"
     TIMED_OUT = "TIMED_OUT"
@@ -250,7 +266,7 @@ class ModelCallStatus(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class ContextItemKind(StrEnum):
+class ContextItemKind(_AvroEnum):
     SYSTEM_INSTRUCTION = "SYSTEM_INSTRUCTION"
     DEVELOPER_INSTRUCTION = "DEVELOPER_INSTRUCTION"
     ORG_POLICY = "ORG_POLICY"
@@ -271,7 +287,7 @@ class ContextItemKind(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
-class RedactionType(StrEnum):
+class RedactionType(_AvroEnum):
     SECRET_PATTERN = "SECRET_PATTERN"
     CREDENTIAL = "CREDENTIAL"
     PII = "PII"

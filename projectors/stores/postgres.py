@@ -127,19 +127,19 @@ async def lock_offsets(
     """
     keys = sorted({(b, tp) for b in builds for tp in partitions})
     rows = [(proj, build, t, p) for (proj, build), (t, p) in keys]
-    columns = _columns(rows, 4)
+    columns = _arrays(rows, "ttti")
     async with conn.cursor() as cur:
         if any(row not in known for row in rows):
             await cur.execute(
                 'INSERT INTO al_offsets (projection, build, topic, partition, "offset") '
-                "SELECT *, -1 FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) "
+                "SELECT *, -1 FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[]) "
                 "ON CONFLICT DO NOTHING",
                 columns,
             )
         await cur.execute(
             'SELECT projection, build, topic, partition, "offset" FROM al_offsets '
             "WHERE (projection, build, topic, partition) IN "
-            "(SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[])) "
+            "(SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[])) "
             "ORDER BY projection, build, topic, partition FOR UPDATE",
             columns,
         )
@@ -155,10 +155,6 @@ def _as_is(document: bytes) -> bytes:
 
 def _document(doc: bytes | None) -> Jsonb:
     return Jsonb(to_jsonb_text(doc or b"{}"), dumps=_as_is)
-
-
-def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    return [[r[i] for r in rows] for i in range(width)]
 
 
 _ARRAYS: dict[str, Callable[[Sequence[Any]], BinaryArray]] = {
@@ -203,11 +199,11 @@ async def save_offsets(
             # never backwards: a writer that lost the partition (its deferred analytics
             # committing late) must not move a newer owner's position back
             'UPDATE al_offsets AS o SET "offset" = GREATEST(o."offset", v.o), updated_at = now() '
-            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) "
+            "FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[]) "
             "AS v(projection, build, topic, partition, o) "
             "WHERE o.projection = v.projection AND o.build = v.build "
             "AND o.topic = v.topic AND o.partition = v.partition",
-            _columns(rows, 5),
+            _arrays(rows, "tttiq"),
         )
 
 
@@ -230,14 +226,14 @@ async def load_runs(
     out: dict[BuildKey, dict[str, RunRow]] = {b: {} for b in wanted}
     if not keys:
         return out
-    columns = _columns(keys, 4)
+    columns = _arrays(keys, "tttq")
     async with conn.cursor() as cur:
         await cur.execute(
             "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, "
             "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq, "
             's.topic, s."partition", coalesce(s.checkpoint_seq, s.applied_seq), '
             "s.checkpoint_bytes, s.tail_count, s.tail_bytes, s.conflicts "
-            "FROM al_run_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) "
+            "FROM al_run_state s JOIN unnest(%b::text[], %b::text[], %b::text[], %b::int8[]) "
             "AS k(projection, build, run_id, seq) USING (projection, build, run_id)",
             columns,
         )
@@ -282,16 +278,16 @@ async def load_runs(
         if tails:
             await cur.execute(
                 "SELECT t.projection, t.build, t.run_id, t.sequence_no, t.payload "
-                "FROM al_tail t JOIN unnest(%s::text[], %s::text[], %s::text[]) "
+                "FROM al_tail t JOIN unnest(%b::text[], %b::text[], %b::text[]) "
                 "AS k(projection, build, run_id) USING (projection, build, run_id)",
-                _columns(tails, 3),
+                _arrays(tails, "ttt"),
             )
             for proj, build, run_id, seq, payload in await cur.fetchall():
                 out[(proj, build)][run_id].tail_payloads[seq] = bytes(payload)
         if waiting:
             await cur.execute(
                 "SELECT h.projection, h.build, h.run_id, h.sequence_no, h.payload "
-                "FROM al_held h JOIN unnest(%s::text[], %s::text[], %s::text[]) "
+                "FROM al_held h JOIN unnest(%b::text[], %b::text[], %b::text[]) "
                 "AS k(projection, build, run_id) USING (projection, build, run_id)",
                 columns[:3],
             )
@@ -676,12 +672,12 @@ class PostgresTransaction:
             return out
         cur = await self.conn.execute(
             "SELECT k.p, k.b, k.r, k.s, s.ids[k.s - s.first_seq + 1] "
-            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int8[]) AS k(p, b, r, s) "
+            "FROM unnest(%b::text[], %b::text[], %b::text[], %b::int8[]) AS k(p, b, r, s) "
             "JOIN LATERAL (SELECT first_seq, ids FROM al_entry_id_spans i "
             "WHERE i.projection = k.p AND i.build = k.b AND i.run_id = k.r "
             "AND i.first_seq <= k.s ORDER BY i.first_seq DESC LIMIT 1) s "
             "ON k.s - s.first_seq < cardinality(s.ids)",
-            _columns(keys, 4),
+            _arrays(keys, "tttq"),
         )
         for proj, build, run_id, seq, entry_id in await cur.fetchall():
             out.setdefault((proj, build), {}).setdefault(run_id, {})[seq] = entry_id
