@@ -70,10 +70,11 @@ class SourceRecord:
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
     timestamp_ms: int | None = None  # the record's Kafka timestamp
+    # (topic, partition), made once: the engine asks for it of every record for every target
+    tp: TopicPartition = field(init=False, repr=False, compare=False)
 
-    @property
-    def tp(self) -> TopicPartition:
-        return (self.topic, self.partition)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tp", (self.topic, self.partition))
 
     @property
     def key_tp(self) -> tuple[TopicPartition, int]:

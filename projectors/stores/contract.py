@@ -146,7 +146,7 @@ class RunView:
 def view_doc(view: RunView) -> bytes:
     """``{"applied_seq", "gaps", "state"}`` as JSON, the state spliced in without re-encoding."""
     head = orjson.dumps({"applied_seq": view.applied_seq, "gaps": view.gaps})
-    return head[:-1] + b',"state":' + (view.state or b"null") + b"}"
+    return b"".join((head[:-1], b',"state":', view.state or b"null", b"}"))  # (one copy)
 
 
 class StoreTransaction(Protocol):
