@@ -22,6 +22,7 @@ rule examples (the tuning source) and Kingfisher's (held out: measured once, aft
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from streams.redaction import SecretInIdentifierError, redact_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ROOT / "tests" / "data" / "secrets"
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("AGENTLEDGER_SHARED") or ROOT.parent / "shared")  # as tests/packs.py
 # The importers that read each folder of the two sample packs (as the integration tests import
 # them; pack 2's swebench-eval reports and truth files are no agent logs).
 PACKS: dict[str, dict[str, tuple[str, ...]]] = {

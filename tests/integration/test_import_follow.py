@@ -18,17 +18,11 @@ from streams.deployment import PrivateDeployment
 from streams.importers import claude_code
 from streams.source import read_all
 from streams.topics import ledger_topic
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SAMPLE = (
-    Path(__file__).resolve().parents[3]
-    / "shared"
-    / "samples"
-    / "claude-code"
-    / "codemie-incremental-subagents"
-    / "turn-2.jsonl"
-)
+SAMPLE = SHARED / "samples" / "claude-code" / "codemie-incremental-subagents" / "turn-2.jsonl"
 FLEET = "follow"
 
 

@@ -18,10 +18,10 @@ import pytest
 from infra.settings import Settings
 from streams.bench_import import write_trajectories
 from streams.deployment import PrivateDeployment
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 PACK_LOGS = {
     "samples": [
         "claude-code",

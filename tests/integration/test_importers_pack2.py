@@ -22,10 +22,10 @@ import pytest
 from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 PACK2 = SHARED / "samples2"
 FLEET = "pack2"
 # Pack 1's django-11039 trajectory: the pack-2 report for it joins it (README "Joins").

@@ -23,10 +23,11 @@ from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
 from streams.importers.base import stable_id
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "otel-genai"
+SAMPLES = SHARED / "samples" / "otel-genai"
 FLEET = "otel"
 
 

@@ -22,8 +22,9 @@ from schemas.models import (
 )
 from streams.importers import FORMATS
 from streams.importers.base import ImportedRun, patch_files, patch_numstat
+from tests.packs import SHARED
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
+SAMPLES = SHARED / "samples"
 
 PATCH = (
     "diff --git a/app.py b/app.py\n"
