@@ -37,16 +37,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from infra.settings import Settings
-from projectors.registry import selected
-from projectors.stores.postgres import use_documents
-from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
-from streams.topics import (
+from infra.topics import (
     change_schema_topic,
     change_topic,
     change_topic_specs,
     ensure_topics,
     partition_for,
 )
+from projectors.registry import selected
+from projectors.stores.postgres import use_documents
+from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
 
 logger = logging.getLogger(__name__)
 

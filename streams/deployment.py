@@ -16,10 +16,10 @@ from pathlib import Path
 import psycopg
 import redis
 
+from infra.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
 from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.stores.redis import delete_matching
-from streams.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
 from streams.changes import ensure_change_topics
 
 
@@ -90,7 +90,7 @@ class PrivateDeployment:
 
     def start_worker(self, name: str, projections: str = "all") -> subprocess.Popen[bytes]:
         """A detached ``agentledger worker`` process of this deployment, logging to its file."""
-        command = ["-m", "consumers.cli", "worker", "--loglevel", "info"]
+        command = ["-m", "infra.main", "worker", "--loglevel", "info"]
         return self.start_process(name, [*command, "--projections", projections])
 
     def start_process(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:

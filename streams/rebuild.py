@@ -29,6 +29,7 @@ import redis
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
+from infra.admin import existing_ledger_topics
 from infra.settings import Settings
 from projectors.base import Projection, projection_inputs
 from projectors.stores import postgres_ops as ops
@@ -37,7 +38,6 @@ from projectors.stores.redis import RedisViewStore, delete_matching
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.times import parse_moment
-from streams.admin import existing_ledger_topics
 from streams.changes import stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from consumers.examples.budget_guard import BudgetGuard
 from infra.settings import Settings
 from projectors.registry import all_projections
 from streams.bench import IMPORT_FIGURE, QUICK, REDACT_FIGURE, run_bench
@@ -29,7 +30,9 @@ BESIDE_A_BASELINE = (
 
 
 async def test_quick_bench_measures_every_figure_beside_its_baseline(services: Settings) -> None:
-    report = await run_bench(services, quick=True)
+    report = await run_bench(
+        services, quick=True, guard_factory=lambda s: BudgetGuard(s, idle_timeout_s=0.5)
+    )
     figures = {f.name: f for f in report.figures}
     for name in BESIDE_A_BASELINE:
         figure = figures[name]

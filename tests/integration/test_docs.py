@@ -33,9 +33,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from consumers.cli import app
 from consumers.views import live_states
 from infra.local import running_workers, stop_worker
+from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, from_json_text
 from streams.deployment import PrivateDeployment
@@ -233,9 +233,9 @@ def test_the_json_form_examples_hold(deployment: PrivateDeployment) -> None:
 
 
 def test_the_readme_publisher_example_runs(deployment: PrivateDeployment, tmp_path: Path) -> None:
+    from infra.topics import ledger_topic
     from streams.simulate import simulate
     from streams.source import read_all
-    from streams.topics import ledger_topic
 
     d = deployment
     [block] = [b for b in blocks(ROOT / "README.md", "python") if "Publisher" in b]

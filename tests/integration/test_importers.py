@@ -129,7 +129,7 @@ OTEL: dict[str, dict[str, int]] = {
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "200"},
         capture_output=True,
         text=True,

@@ -33,6 +33,7 @@ import re2
 import redis
 
 from infra.settings import Settings
+from infra.topics import dead_letter_topic, ledger_topic
 from projectors.registry import GROUPS, NAMES
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
@@ -80,7 +81,6 @@ from schemas.models import (
 from streams.deployment import PrivateDeployment
 from streams.engine import SourceRecord
 from streams.source import read_all
-from streams.topics import dead_letter_topic, ledger_topic
 from tests.secrets.corpus import Secret, secrets
 
 pytestmark = pytest.mark.integration
@@ -788,7 +788,7 @@ class Deployment(PrivateDeployment):
     def cli(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         env = {**self.env(), "COLUMNS": "400"}
         return subprocess.run(
-            [sys.executable, "-m", "consumers.cli", *args],
+            [sys.executable, "-m", "infra.main", *args],
             env=env,
             capture_output=True,
             timeout=180,

@@ -38,6 +38,7 @@ import pytest
 import redis
 
 from infra.settings import Settings
+from infra.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
 from projectors.registry import GROUPS, NAMES
 from schemas.factory import digest, sample_entry
 from schemas.json_form import to_json
@@ -64,7 +65,6 @@ from schemas.models import (
 from streams.redaction import redact_entry
 from streams.secret_eval import Case, as_text, as_tool_output, load, strings, survives
 from streams.source import read_all
-from streams.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
 from tests.integration.test_secrets_e2e import (
     MARKER,
     OUTCOMES,

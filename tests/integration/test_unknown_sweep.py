@@ -108,7 +108,7 @@ def _runs() -> dict[str, list[LedgerEntry]]:
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "250"},
         capture_output=True,
         text=True,

@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from infra.settings import load_settings
+from infra.topics import ledger_topic
 from projectors.base import Projection
 from projectors.registry import all_projections
 from projectors.stores.postgres import from_jsonb_text, to_jsonb_text
@@ -55,7 +56,6 @@ from schemas.json_form import from_json, from_json_text, to_json
 from schemas.models import EntryKind, LedgerEntry, parse_entry
 from streams.contract import RecordContractError, check_record
 from streams.publisher import SequenceBook, prepare
-from streams.topics import ledger_topic
 
 T = TypeVar("T")
 

@@ -212,7 +212,7 @@ def test_mini_swe_agent_times_come_from_the_response_when_messages_have_none(
 def test_import_help_names_every_format() -> None:
     from typer.testing import CliRunner
 
-    from consumers.cli import app
+    from infra.main import app
 
     shown = CliRunner().invoke(app, ["import", "--help"], env={"COLUMNS": "300"})
     assert shown.exit_code == 0

@@ -231,10 +231,11 @@ def register(app: typer.Typer) -> None:
         """Write a run's replay package (entries, offsets, schemas, versions, artifact refs and
         the artifacts the store holds), or `replay-package load DIR`: fold one back into every
         projection offline (prints JSON)."""
-        from consumers.views import NotFoundError, resolve_run
+        from infra.topics import ledger_topic
+        from projectors.stores import postgres_ops as ops
+        from schemas.errors import NotFoundError
         from streams import replay_package as rp
         from streams.artifacts import FileArtifactStore
-        from streams.topics import ledger_topic
 
         settings = load_settings()
         projections = all_projections(settings)
@@ -246,7 +247,8 @@ def register(app: typer.Typer) -> None:
                 print(json.dumps({"run_id": manifest["run_id"], "views": docs}, indent=2))
                 return
             try:
-                what = resolve_run(settings, what)  # an id, or a prefix only one id starts with
+                with ops.connect(settings.pg_address) as conn:  # an id, or a unique prefix
+                    what = ops.resolve_run(conn, what)
             except NotFoundError as exc:
                 raise rp.ReplayPackageError(str(exc)) from None
             located = asyncio.run(rp.locate(settings, what))

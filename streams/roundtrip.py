@@ -10,8 +10,8 @@ from aiokafka import AIOKafkaProducer
 
 from infra.errors import InfraError
 from infra.settings import Settings
+from infra.topics import TopicSpec, ensure_topics
 from streams.source import read_all
-from streams.topics import TopicSpec, ensure_topics
 
 
 async def kafka_roundtrip(settings: Settings, topic: str, count: int) -> int:
