@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -282,15 +283,4 @@ def _artifact_note(package: Path) -> str:
 
 
 def _as_dict(b: BuildInfo) -> dict[str, object]:
-    return {
-        "projection": b.projection,
-        "build": b.build,
-        "live": b.live,
-        "version": b.version,
-        "created_at": b.created_at,
-        "origin": b.origin,
-        "start": b.start,
-        "runs": b.runs,
-        "inputs": b.inputs,
-        "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()},
-    }
+    return {**asdict(b), "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()}}

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -165,6 +165,16 @@ class ImportedRun:
             finished_at=finished_at,
         )
         return self.add(EntryKind.TOOL_CALL_REQUEST, at, source_id, [part], tool_call_id=call_id)
+
+
+class FileImporter:
+    """An importer whose logs are the files whose name ends with ``SUFFIX``."""
+
+    SUFFIX: ClassVar[str]
+
+    @classmethod
+    def discover(cls, paths: Iterable[Path]) -> list[Path]:
+        return discover_files(paths, cls.SUFFIX)
 
 
 def discover_files(paths: Iterable[Path], suffix: str) -> list[Path]:
