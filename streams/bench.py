@@ -849,11 +849,13 @@ async def run_bench(
     guard_factory: GuardFactory,
     mix: str = "real",
     entries: int | None = None,
+    sizes: Sizes | None = None,
 ) -> BenchReport:
     """Every figure; traffic drawn from ``mix`` (a simulate length profile: ``real`` by
     default, ``short`` for the ~30-entry story); ``entries`` replaces the ingest and rebuild
-    sizes."""
-    sizes = QUICK if quick else FULL
+    sizes; ``sizes`` replaces the quick or full sizes altogether (the suite's smaller run)."""
+    if sizes is None:
+        sizes = QUICK if quick else FULL
     if entries is not None:
         sizes = replace(sizes, ingest_entries=entries, rebuild_entries=entries)
     MIX.value = mix
