@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psycopg
 import redis
 
 from infra.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
+from infra.databases import create_database, drop_database
 from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.stores.redis import delete_matching
@@ -50,8 +50,7 @@ class PrivateDeployment:
         self.workers: list[subprocess.Popen[bytes]] = []
 
     async def create(self) -> None:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db}"')
+        create_database(self.admin_dsn, self.db)
         migrate(self.settings.pg_address)
         await create_fleet_topics(self.settings, self.fleets)
         await ensure_change_topics(self.settings)
@@ -60,8 +59,7 @@ class PrivateDeployment:
         """Stop its processes, drop its database and delete its topics and Redis keys."""
         for worker in self.workers:
             self.stop_worker(worker)
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+        drop_database(self.admin_dsn, self.db)
         # drop() is also called from inside running event loops (the bench): a thread of its own.
         with ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, delete_fleet_topics(self.settings, self.fleets)).result()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg
 import redis
 from aiokafka import AIOKafkaProducer
 
+from infra import databases
 from infra.errors import InfraError
 from infra.settings import Settings
 from infra.topics import TopicSpec, ensure_topics
@@ -39,10 +39,7 @@ async def kafka_roundtrip(settings: Settings, topic: str, count: int) -> int:
 
 def postgres_roundtrip(settings: Settings) -> str:
     token = str(uuid.uuid4())
-    with psycopg.connect(settings.pg_address) as conn:
-        conn.execute("CREATE TEMP TABLE roundtrip (token text)")
-        conn.execute("INSERT INTO roundtrip VALUES (%s)", (token,))
-        row = conn.execute("SELECT token, version() FROM roundtrip").fetchone()
+    row = databases.roundtrip(settings.pg_address, token)
     if row is None or row[0] != token:
         raise InfraError("postgres round trip returned something else")
     return str(row[1]).split(",")[0]
