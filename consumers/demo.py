@@ -8,13 +8,13 @@ import time
 from collections import Counter
 from typing import Any
 
-import redis.asyncio as aioredis
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from consumers.analytics import ANALYTICS, cost_report, failure_report, run_timeline, runs_applied
 from consumers.render_analytics import money, timeline_headline, tokens
+from infra.clients import redis_client
 from infra.settings import Settings
 from projectors.stores.redis import RedisViewStore
 from schemas.errors import NotFoundError
@@ -53,7 +53,7 @@ async def _watch(
     console: Console,
 ) -> dict[str, float]:
     """Poll the live Redis views until every run is complete; print a few as they land."""
-    client = aioredis.Redis.from_url(settings.redis_address)
+    client = redis_client(settings)
     store = RedisViewStore(client, settings.redis_prefix)
     landed: dict[str, float] = {}
     deadline = time.perf_counter() + WAIT_S

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
+from infra.clients import redis_client
 from infra.settings import Settings
 from infra.topics import ledger_topic
 from projectors.registry import all_projections, projection
@@ -298,7 +299,7 @@ class _ViewWatch:
         self.record = record
         self.pending: dict[str, list[tuple[int, float]]] = {}
         self.stop = asyncio.Event()
-        self.client = aioredis.Redis.from_url(s.redis_address)
+        self.client = redis_client(s)
         self.hot = [p.name for p in all_projections() if p.hot]
 
     async def run(self) -> None:

@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
                     raise RebuildError(f"rebuild {what} needs a BUILD (see `rebuild list`)")
                 info = find_build(settings, build)
                 if what == "drop":
-                    drop(settings, info.projection, info.build)
+                    asyncio.run(drop(settings, info.projection, info.build))
                     console.print(f"dropped {info.projection} build {info.build}")
                     return
                 p = projection(info.projection, settings)

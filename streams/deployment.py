@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import redis
-
 from infra.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
+from infra.clients import redis_sync_client
 from infra.databases import create_database, drop_database
 from infra.migrate import migrate
 from infra.settings import Settings
@@ -64,7 +63,7 @@ class PrivateDeployment:
         with ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, delete_fleet_topics(self.settings, self.fleets)).result()
             pool.submit(asyncio.run, delete_change_topics(self.settings)).result()
-        client = redis.Redis.from_url(self.settings.redis_address)
+        client = redis_sync_client(self.settings)
         try:
             delete_matching(client, f"{self.settings.redis_prefix}:*")
         finally:

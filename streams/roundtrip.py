@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-import redis
 from aiokafka import AIOKafkaProducer
 
 from infra import databases
+from infra.clients import redis_sync_client
 from infra.errors import InfraError
 from infra.settings import Settings
 from infra.topics import TopicSpec, ensure_topics
@@ -47,7 +47,7 @@ def postgres_roundtrip(settings: Settings) -> str:
 
 def redis_roundtrip(settings: Settings) -> str:
     key = f"agentledger:roundtrip:{uuid.uuid4()}"
-    client = redis.Redis.from_url(settings.redis_address)
+    client = redis_sync_client(settings)
     try:
         client.set(key, "ok", ex=60)
         value = client.get(key)
