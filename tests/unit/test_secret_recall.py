@@ -66,7 +66,7 @@ def test_tuning_source_secretlint_in_context_and_bare() -> None:
 def test_tuning_source_nosey_parker_in_context_and_bare() -> None:
     r = _recall("noseyparker")
     assert r.cases == 299
-    assert r.in_context >= 285, r.as_dict()  # measured 287/299 (96.0 %); 284 before round 3
+    assert r.in_context >= 286, r.as_dict()  # measured 288/299 (96.3 %); 284 before round 3
     assert r.prefixed_bare >= 125, r.as_dict()  # measured 126/126 (100 %); 121 before round 3
     # measured 159/299 (53.2 %), then 155/299 (51.8 %) after the rules stopped taking dotted
     # code names and CamelCase identifiers for tokens (the false positives on code, README)
