@@ -2,7 +2,7 @@
 their values repeated in names, on the real stack.
 
 Every example of ``tests/data/secrets/noseyparker.jsonl`` that :mod:`streams.secret_eval` finds
-redacted in context (the whole tuning corpus, not a sample: 284 of 299) is written, as its
+redacted in context (the whole tuning corpus, not a sample: 288 of 299) is written, as its
 authors wrote it, into the free text of eight entries (user task, tool call request and result,
 diff, verifier result, error, approval request, memory proposal), and its value alone into the
 names of the same entries: ``actor.id``, ``tool_name``, a diff's file path, ``check_id``,
