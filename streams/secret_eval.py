@@ -80,7 +80,8 @@ def load(source: str) -> list[Case]:
     cases = []
     for line in (CORPORA / f"{source}.jsonl").read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
-        prefix = literal_prefix(patterns.get(row["rule"], ""))
+        # secretlint's rows carry the literal their format starts with (no patterns stored)
+        prefix = row.get("prefix") or literal_prefix(patterns.get(row["rule"], ""))
         prefixed = len(prefix) >= 3 and row["secret"].lower().startswith(prefix.lower())
         cases.append(Case(source, row["rule"], row["example"], row["secret"], prefixed))
     return cases

@@ -41,6 +41,7 @@ from schemas.factory import BASE_TIME, EntryBuilder, digest, sha256_hex
 from schemas.json_form import to_json_text
 from schemas.models import (
     METADATA_KEY_PATTERN,
+    STEP_ID_PATTERN,
     Actor,
     ActorType,
     ArtifactRef,
@@ -140,7 +141,8 @@ class _Run:
             run_id,
             fleet_id=fleet,
             session_id=f"{run_id}-session",
-            attempt_id=f"{run_id}-a1",
+            # a refused run's id holds a secret, which an attempt id's format cannot hold
+            attempt_id=f"{run_id}-a1" if re.fullmatch(STEP_ID_PATTERN, f"{run_id}-a1") else "a1",
             start=BASE_TIME + timedelta(hours=start_hours),
         )
         self.run_id = run_id
