@@ -34,8 +34,8 @@ from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 
+from infra.errors import is_retriable
 from infra.settings import Settings
 from infra.topics import (
     change_schema_topic,
@@ -54,7 +54,6 @@ logger = logging.getLogger(__name__)
 
 CHANGE_ID_HEADER = "agentledger-change-id"
 _KINDS: dict[str, ChangeKind] = {"state": "STATE", "removed": "REMOVED", "build": "BUILD_CHANGED"}
-_RETRIABLE = (KafkaError, psycopg.OperationalError, OSError)
 
 
 def stream_projections(settings: Settings) -> list[str]:
@@ -111,7 +110,9 @@ class ChangeRelay:
                 await self._session(stop)
             except asyncio.CancelledError:
                 raise
-            except _RETRIABLE as exc:
+            except Exception as exc:
+                if not is_retriable(exc):
+                    raise
                 logger.warning("change relay: %s; starting again in 1 s", exc)
             self.active.clear()
             await _wait(stop, 1.0)
