@@ -155,10 +155,10 @@ def test_unreported_usage_is_unknown_never_zero() -> None:
     assert {"input_tokens", "cached_input_tokens", "reasoning_tokens"} <= set(part.unknown_fields)
     assert part.output_tokens == 7 and part.known("output_tokens")
     assert openai_usage({"prompt_tokens": 3.0, "completion_tokens": -1}).unknown == (
-        "latency_ms",
-        "cached_input_tokens",
+        "cached_input_tokens",  # (the part's field order)
         "output_tokens",
         "reasoning_tokens",
+        "latency_ms",
     )
 
 
