@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest
+	tests/run
 
 up: $(STAMP)
 	$(BIN)/agentledger infra up

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from consumers.views import NotFoundError, live_states
+from consumers.views import live_states
 from infra.settings import Settings
 from projectors.cost_metrics import (
     FIGURE_FIELDS,
@@ -32,7 +32,7 @@ from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
 from projectors.registry import projection
 from projectors.stores import postgres_ops as ops
-from schemas.errors import AgentLedgerError
+from schemas.errors import AgentLedgerError, NotFoundError
 from schemas.times import parse_moment
 
 Dimension = Literal["run", "fleet", "model", "purpose", "day"]

@@ -1,5 +1,5 @@
-"""``agentledger demo``: the pipeline end to end — infra, topics, a worker, a simulated fleet
-published — with each projection's result printed for a few runs as it lands."""
+"""``agentledger demo``, the reading half: each projection's result printed for a few runs as it
+lands, then the analytics (``streams.demo`` publishes the simulated fleet)."""
 
 from __future__ import annotations
 
@@ -8,40 +8,29 @@ import time
 from collections import Counter
 from typing import Any
 
-import redis.asyncio as aioredis
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from consumers.analytics import ANALYTICS, cost_report, failure_report, run_timeline, runs_applied
 from consumers.render_analytics import money, timeline_headline, tokens
-from consumers.views import NotFoundError
-from infra import local
+from infra.clients import redis_client
 from infra.settings import Settings
 from projectors.stores.redis import RedisViewStore
+from schemas.errors import NotFoundError
 from schemas.models import EntryKind, LedgerEntry
-from streams.admin import create_fleet_topics
-from streams.publisher import AsyncPublisher
-from streams.simulate import simulate
 
-FLEETS, RUNS = 2, 14
 SHOWN = 6
 WAIT_S = 120.0
 ANALYTICS_WAIT_S = 60.0
 
 
-def run_demo(settings: Settings, console: Console) -> None:
-    local.up(settings, console)
-    local.start_worker(settings, console)
-    seed = int(time.time())  # new runs every demo; the same seed again would be all duplicates
-    entries = simulate(FLEETS, RUNS, seed)
+def show(
+    settings: Settings, entries: list[LedgerEntry], published_at: float, console: Console
+) -> None:
+    """Follow the published runs into the projections and print what each shows as it lands
+    (the publishing half is ``streams.demo``; ``infra.main`` runs both)."""
     runs = _runs(entries)
-    published_at = time.perf_counter()
-    asyncio.run(_publish(settings, entries))
-    console.print(
-        f"published {len(entries)} entries of {len(runs)} runs (seed {seed}) "
-        f"to {settings.topic_prefix}.ledger.fleet-01/02; secrets redacted at the publisher"
-    )
     landed = asyncio.run(_watch(settings, runs, published_at, console))
     analysed = _analytics(settings, runs, published_at, console)
     _summary(console, settings, runs, landed, analysed)
@@ -54,14 +43,6 @@ def _runs(entries: list[LedgerEntry]) -> dict[str, list[LedgerEntry]]:
     return runs
 
 
-async def _publish(settings: Settings, entries: list[LedgerEntry]) -> None:
-    # The demo makes its fleets (fleet-01/02), so it creates their topics as `topics create` does
-    # (already there when AGENTLEDGER_FLEETS names them: `infra up` made them).
-    await create_fleet_topics(settings, sorted({e.fleet_id for e in entries}))
-    async with AsyncPublisher(settings) as publisher:
-        await publisher.publish_batch(entries)
-
-
 HOT = ("run-stats", "working-memory", "context-manifests")
 
 
@@ -72,7 +53,7 @@ async def _watch(
     console: Console,
 ) -> dict[str, float]:
     """Poll the live Redis views until every run is complete; print a few as they land."""
-    client = aioredis.Redis.from_url(settings.redis_address)
+    client = redis_client(settings)
     store = RedisViewStore(client, settings.redis_prefix)
     landed: dict[str, float] = {}
     deadline = time.perf_counter() + WAIT_S

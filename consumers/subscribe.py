@@ -36,7 +36,7 @@ from infra.settings import Settings
 from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
 from schemas.changes import ChangeCodec, ProjectionChange
 from schemas.errors import LedgerDecodeError
-from streams.topics import change_schema_topic, change_topic
+from schemas.topics import change_schema_topic, change_topic
 
 logger = logging.getLogger(__name__)
 

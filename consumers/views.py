@@ -10,11 +10,7 @@ from projectors import registry
 from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
 from projectors.stores import postgres_ops as ops
 from projectors.stores.postgres import current_documents
-from schemas.errors import BadArgumentError
-
-
-class NotFoundError(LookupError):
-    """The run (or the requested version of it) is not in the live build."""
+from schemas.errors import NotFoundError
 
 
 def find_runs(settings: Settings, **filters: Any) -> list[dict[str, Any]]:
@@ -105,22 +101,7 @@ def history_row(
     return {"seq": row[1], "key": key, "state": row[0]}
 
 
-class AmbiguousRunError(BadArgumentError):
-    """A run id prefix that more than one run starts with."""
-
-
 def resolve_run(settings: Settings, prefix: str) -> str:
     """The run id that is ``prefix`` or the only one starting with it (live builds)."""
-    if not prefix:
-        raise BadArgumentError("give a run id (or a unique prefix of one)")
     with ops.connect(settings.pg_address) as conn:
-        found = ops.runs_with_prefix(conn, prefix)
-    if not found:
-        raise NotFoundError(f"no run id is or starts with {prefix!r} in the live build")
-    if len(found) > 1:
-        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-        raise AmbiguousRunError(
-            f"{prefix!r} is the start of {'more than 5' if len(found) > 5 else len(found)} "
-            f"run ids ({shown}); give more of it"
-        )
-    return found[0]
+        return ops.resolve_run(conn, prefix)

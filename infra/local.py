@@ -27,8 +27,8 @@ def up(settings: Settings, console: Console) -> list[ServiceStatus]:
 
 def _prepare(settings: Settings, console: Console) -> None:
     """Topics and tables the pipeline needs; idempotent."""
+    from infra.admin import create_fleet_topics_sync
     from infra.migrate import migrate
-    from streams.admin import create_fleet_topics_sync
 
     created = create_fleet_topics_sync(settings, settings.fleet_ids)
     console.print(f"topics: {len(created)} created for fleets {', '.join(settings.fleet_ids)}")
@@ -41,7 +41,7 @@ def worker_pidfile(settings: Settings) -> Path:
 
 
 def worker_pid(settings: Settings) -> int | None:
-    return live_pid(worker_pidfile(settings), "consumers.cli worker")
+    return live_pid(worker_pidfile(settings), "infra.main worker")
 
 
 def _registry(settings: Settings) -> Path:
@@ -107,7 +107,7 @@ def start_worker(settings: Settings, console: Console) -> int:
         console.print(f"worker: already running (pid {pid})")
         return pid
     log = settings.state_dir / "worker" / "worker.log"
-    pid = spawn([sys.executable, "-m", "consumers.cli", "worker", "--loglevel", "info"], log)
+    pid = spawn([sys.executable, "-m", "infra.main", "worker", "--loglevel", "info"], log)
     worker_pidfile(settings).write_text(f"{pid}\n")
     console.print(f"worker: started (pid {pid}, log {log})")
     return pid

@@ -29,6 +29,7 @@ import psycopg
 import redis
 from rich.console import Console
 
+from infra.databases import ensure_database, probe
 from infra.errors import InfraError
 from infra.process import (
     died_at_start,
@@ -384,8 +385,7 @@ class PostgresService(LocalService):
 
     def ready(self) -> bool:
         try:
-            with psycopg.connect(self.address, connect_timeout=3) as conn:
-                conn.execute("SELECT 1")
+            probe(self.address, connect_timeout=3)
             return True
         except psycopg.Error:
             return False
@@ -449,12 +449,7 @@ class PostgresService(LocalService):
 
     def _create_database(self) -> None:
         admin = f"postgresql://postgres@127.0.0.1:{self.settings.pg_port}/postgres"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)
-            ).fetchone()
-            if exists is None:
-                conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
+        ensure_database(admin, PG_DATABASE)
 
     def _as_pg(self, argv: list[str]) -> list[str]:
         if os.geteuid() != 0:

@@ -1,1 +1,2 @@
-"""The five projections as pure folds ``(entry, state) -> state``, plus their stores."""
+"""The six projections as pure folds ``(state, entry) -> state``, and their stores
+(``projectors.stores``: the store contract and its PostgreSQL, Redis and in-memory backends)."""

@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 import orjson
 from pydantic import BaseModel
 
-from schemas.models import LedgerEntry
+from schemas.models import JsonPart, LedgerEntry
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -47,6 +47,36 @@ def parse_json(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def json_object(entry: LedgerEntry) -> dict[str, object]:
+    """The entry's first JSON part that is an object, parsed; ``{}`` when it has none."""
+    for part in entry.parts:
+        if isinstance(part, JsonPart):
+            value = parse_json(part.json_text)
+            if isinstance(value, dict):
+                return value
+    return {}
+
+
+REJECTIONS = frozenset({"REJECTED", "DENIED"})
+
+
+def approval_decision(entry: LedgerEntry) -> str:
+    """What an approval decision decided, one answer for every projection: ``APPROVED``,
+    ``REJECTED`` (a ``DENIED`` is a rejection and reads REJECTED everywhere), another word the
+    entry states, or ``UNKNOWN``. From ``metadata["decision"]``, else the first JSON object part's
+    ``"decision"`` (a string) or ``"approved"`` (a bool)."""
+    said = entry.metadata.get("decision", "").strip().upper()
+    if not said:
+        doc = json_object(entry)
+        if isinstance(doc.get("decision"), str):
+            said = storable(str(doc["decision"])).strip().upper()
+        elif isinstance(doc.get("approved"), bool):
+            said = "APPROVED" if doc["approved"] else "REJECTED"
+    if not said:
+        return "UNKNOWN"
+    return "REJECTED" if said in REJECTIONS else said
 
 
 def storable(text: str) -> str:

@@ -46,7 +46,6 @@ history row, written once, so a long run's state and its per-batch writes stay b
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
@@ -59,6 +58,8 @@ from projectors.base import (
     HistoryRow,
     ModelProjection,
     QuickCopy,
+    approval_decision,
+    json_object,
     metadata_count,
     parse_json,
     storable,
@@ -72,7 +73,6 @@ from schemas.models import (
     ErrorPart,
     FileChangeStatus,
     FileClassification,
-    JsonPart,
     LedgerEntry,
     ModelCallStatus,
     ModelUsagePart,
@@ -277,7 +277,7 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     # 2: a flag keeps at most 16 evidence items (and counts them all); the state keeps the
     # newest rows and snapshots, all of them are history rows
     # 3: rows keep the whole text their summary shortens; assistant responses are rows
-    version = 3
+    version = 4  # 4: approval decisions read as every projection reads them (DENIED is REJECTED)
     hot = False
     state_type = DiffTimeline
     unbounded = ("rows", "snapshots", "files", "model_responses", "open_calls", "finalized")
@@ -808,15 +808,6 @@ def _text(entry: LedgerEntry) -> str:
     return next((p.text for p in entry.parts if isinstance(p, TextPart)), "")
 
 
-def _json(entry: LedgerEntry) -> dict[str, object]:
-    for part in entry.parts:
-        if isinstance(part, JsonPart):
-            value = json.loads(part.json_text)
-            if isinstance(value, dict):
-                return value
-    return {}
-
-
 def _started(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     meta = entry.metadata
     scope = _scope(meta[SCOPE_KEY]) if SCOPE_KEY in meta else state.scope
@@ -1036,7 +1027,7 @@ def _verification_row(entry: LedgerEntry, kind: Literal["verifier", "judge"]) ->
 
 
 def _approval_row(entry: LedgerEntry) -> TimelineRow:
-    meta, doc = entry.metadata, _json(entry)
+    meta, doc = entry.metadata, json_object(entry)
     detail: Detail = {"parent_entry_id": entry.causation.parent_entry_id}
     if entry.kind is EntryKind.APPROVAL_REQUEST:
         action = (
@@ -1044,19 +1035,10 @@ def _approval_row(entry: LedgerEntry) -> TimelineRow:
         )
         detail["action"] = action or None
         return _row(entry, "approval", f"approval requested: {action or '?'}", detail=detail)
-    decision = meta.get("decision", "").upper() or _decision(doc)
+    decision = approval_decision(entry)
     text = _text(entry)
     summary = f"approval {decision}" + (f": {_clip(text, 60)}" if text else "")
     return _row(entry, "approval", summary, status=decision, detail=detail, text=_whole(text, 60))
-
-
-def _decision(doc: dict[str, object]) -> str:
-    if isinstance(doc.get("decision"), str):
-        return storable(str(doc["decision"])).upper()
-    approved = doc.get("approved")
-    if isinstance(approved, bool):
-        return "APPROVED" if approved else "REJECTED"
-    return "UNKNOWN"
 
 
 def _error_rows(entry: LedgerEntry) -> list[TimelineRow]:

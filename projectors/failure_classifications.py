@@ -79,13 +79,12 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy
+from projectors.base import HistoryRow, ModelProjection, QuickCopy, approval_decision
 from schemas.errors import AgentLedgerError
 from schemas.models import (
     DiffPart,
     EntryKind,
     ErrorPart,
-    JsonPart,
     LedgerEntry,
     ModelCallStatus,
     ModelUsagePart,
@@ -365,7 +364,7 @@ class FailureClassifications(ModelProjection[RunDiagnosis]):
     """Per run, one failure class of ``taxonomy`` (default: the shipped v1) with its evidence."""
 
     name = "failure-classifications"
-    version = 1
+    version = 2  # 2: approval decisions read as every projection reads them (a JSON "decision" too)
     hot = False
     state_type = RunDiagnosis
 
@@ -654,24 +653,11 @@ def _diff(ev: Evidence, entry: LedgerEntry) -> Observed:
 
 
 def _approval(ev: Evidence, entry: LedgerEntry) -> Observed:
-    decision = _decision(entry)
+    decision = approval_decision(entry)
     ref = _ref(entry, f"approval {decision}")
     approvals = _bump(ev.approvals, decision, ref)
     update = {"approvals": approvals, "last_approval": decision}
     return ev.model_copy(update=update), True
-
-
-def _decision(entry: LedgerEntry) -> str:
-    """REJECTED/DENIED or APPROVED from ``metadata["decision"]`` or ``{"approved": bool}``."""
-    said = entry.metadata.get("decision", "").strip().upper()
-    if said:
-        return "REJECTED" if said == "DENIED" else said
-    for part in entry.parts:
-        if isinstance(part, JsonPart):
-            doc = json.loads(part.json_text)
-            if isinstance(doc, dict) and isinstance(doc.get("approved"), bool):
-                return "APPROVED" if doc["approved"] else "REJECTED"
-    return "UNKNOWN"
 
 
 def _finished(ev: Evidence, entry: LedgerEntry) -> Observed:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
-from infra.settings import Settings
 from projectors.base import Projection
 from projectors.context_manifests import ContextBudget, ContextManifestsProjection
 from projectors.cost_metrics import CostMetricsProjection
@@ -14,6 +14,21 @@ from projectors.pricing import LayeredPrices, PriceSource, PriceTable
 from projectors.run_stats import RunStatsProjection
 from projectors.working_memory import WorkingMemoryProjection
 from schemas.errors import BadArgumentError
+
+
+class Settings(Protocol):
+    """What configures the projections: the data files a deployment may replace (the
+    deployment's ``infra.settings.Settings`` has these; this layer does not import it)."""
+
+    @property
+    def price_table(self) -> Path | None: ...
+    @property
+    def price_source(self) -> Literal["genai-prices", "table"]: ...
+    @property
+    def failure_taxonomy(self) -> Path | None: ...
+    @property
+    def context_budget(self) -> str | None: ...
+
 
 NAMES = (
     "run-stats",

@@ -47,14 +47,21 @@ sequence numbers and other runs' entries leave the state untouched; ``snapshot_v
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy, fold_all, parse_json, storable
+from projectors.base import (
+    HistoryRow,
+    ModelProjection,
+    QuickCopy,
+    approval_decision,
+    fold_all,
+    parse_json,
+    storable,
+)
 from projectors.trust import may_instruct, model_visible
 from schemas.models import (
     ArtifactRefPart,
@@ -206,7 +213,7 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     # only; untrusted tasks are not the goal; a failure among a success claim's refs defeats it;
     # reads support no success; failure claims open problems; a check's pass closes what
     # mentions it; compactions checked for success claims and new requirements
-    version = 4
+    version = 5  # 5: approval decisions read as every projection reads them (a JSON "decision" too)
     hot = True
     state_type = WorkingMemory
     unbounded = ("index",)  # the evidence index: every entry id of the run
@@ -870,7 +877,7 @@ def _approval_decision(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemor
     parent = f"entry:{entry.causation.parent_entry_id}"
     answered = next((b for b in pending if b.evidence == parent), pending[0] if pending else None)
     blockers = tuple(b for b in state.blocked_by if b is not answered)
-    if _rejected_decision(entry):
+    if approval_decision(entry) == "REJECTED":
         what = answered.blocker.removeprefix("awaiting approval: ") if answered else "request"
         rejected = Blocker(
             kind="approval-rejected",
@@ -880,18 +887,6 @@ def _approval_decision(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemor
         )
         blockers = (*blockers, rejected)
     return state.model_copy(update={"blocked_by": blockers})
-
-
-def _rejected_decision(entry: LedgerEntry) -> bool:
-    """REJECTED/DENIED in metadata["decision"] or {"approved": false} in a JSON part."""
-    if entry.metadata.get("decision", "").upper() in ("REJECTED", "DENIED"):
-        return True
-    for part in entry.parts:
-        if isinstance(part, JsonPart):
-            doc = json.loads(part.json_text)
-            if isinstance(doc, dict) and doc.get("approved") is False:
-                return True
-    return False
 
 
 def _error(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:

@@ -14,6 +14,15 @@ class BadArgumentError(AgentLedgerError):
     line and exit code 2."""
 
 
+class NotFoundError(AgentLedgerError, LookupError):
+    """What a user asked to read (a run, or the requested version of it) is not in the live
+    build."""
+
+
+class AmbiguousRunError(BadArgumentError):
+    """A run id prefix that more than one run id starts with."""
+
+
 class SchemaCatalogError(AgentLedgerError):
     """A schema file is invalid or clashes with another version; fix the .avsc before deploying."""
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from schemas.models import (
+    STEP_ID_MAX,
+    STEP_ID_PATTERN,
     ActorType,
     ArtifactRef,
     ArtifactRefPart,
@@ -331,6 +334,13 @@ class EntryBuilder:
         """The id this builder gives the entry with `sequence_no`."""
         return f"{self.run_id}-e{sequence_no}"
 
+    def step_id(self, sequence_no: int) -> str:
+        """The step id this builder gives the entry with `sequence_no`: ``<run id>-step<n>``, or
+        ``step-<n>`` for a run id that a step id's format cannot hold (a test's hostile one)."""
+        step = f"{self.run_id}-step{sequence_no}"
+        fits = len(step) <= STEP_ID_MAX and re.fullmatch(STEP_ID_PATTERN, step)
+        return step if fits else f"step-{sequence_no}"
+
     def time(self, sequence_no: int) -> datetime:
         """The occurred_at this builder gives the entry with `sequence_no`."""
         return self.start + timedelta(seconds=sequence_no, microseconds=sequence_no)
@@ -353,7 +363,7 @@ class EntryBuilder:
             "session_id": self.session_id,
             "run_id": self.run_id,
             "attempt_id": self.attempt_id,
-            "step_id": None if run_level else f"{self.run_id}-step{seq}",
+            "step_id": None if run_level else self.step_id(seq),
             "sequence_no": seq,
             "occurred_at": self.time(seq),
             "actor": {"type": actor, "id": f"{actor.value.lower()}-1"},

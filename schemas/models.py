@@ -105,8 +105,26 @@ FleetId = Annotated[str, Field(pattern=FLEET_ID_PATTERN)]
 # W3C trace context: 16 and 8 bytes as lower-case hex.
 TraceId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 SpanId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
-METADATA_KEY_PATTERN = r"^[A-Za-z0-9_.:/-]{1,128}$"
-MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN)]
+# Step and attempt ids and metadata keys name a place in a run or a property; nothing real needs
+# an opaque token in them, so their format leaves no room for one (issue 27): words, numbers, hex
+# groups (UUIDs, short hashes) and short mixes (`step1`, `v1beta1`, `k8s`) joined by separators.
+# A run of letters and digits between separators is a word (lower case up to 32 letters, upper
+# case up to 16, or Capitalised/camelCase words), up to 20 digits, up to 12 hex digits of one
+# case, or up to 8 letters and digits of any kind; so `ghp_…`, `AKIA…`, `sk_live_…`, Slack's
+# `xoxb-…` or a base64 blob do not fit. A UUID still does (real ids are UUIDs, and so are a few
+# providers' keys): the detector checks every id too.
+_NAME_RUN = (
+    r"(?:[a-z]{1,32}|[A-Z]{1,16}|[A-Z]?[a-z]+(?:[A-Z][a-z]+)*|[0-9]{1,20}|[0-9a-f]{1,12}"
+    r"|[0-9A-F]{1,12}|[A-Za-z0-9]{1,8})"
+)
+STEP_ID_PATTERN = rf"^{_NAME_RUN}(?:[_.:/#-]+{_NAME_RUN})*$"
+STEP_ID_MAX = 128
+StepId = Annotated[str, Field(min_length=1, max_length=STEP_ID_MAX, pattern=STEP_ID_PATTERN)]
+METADATA_KEY_PATTERN = rf"^{_NAME_RUN}(?:[_.:/-]+{_NAME_RUN})*$"
+METADATA_KEY_MAX = 64
+MetadataKey = Annotated[
+    str, Field(min_length=1, max_length=METADATA_KEY_MAX, pattern=METADATA_KEY_PATTERN)
+]
 # Free text a model or a person wrote, kept whole (NULs and all): never empty.
 Text = Annotated[str, Field(min_length=1)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -643,8 +661,8 @@ class LedgerEntry(_Record):
     fleet_id: FleetId
     session_id: Id
     run_id: Id
-    attempt_id: Id
-    step_id: Id | None = None
+    attempt_id: StepId
+    step_id: StepId | None = None
     sequence_no: Annotated[int, Field(ge=1, le=_LONG_MAX)]
     occurred_at: UtcDatetime
     actor: Actor
@@ -780,7 +798,17 @@ _PATTERN_RULES = {
     FLEET_ID_PATTERN: FLEET_ID_RULE,
     ID_PATTERN: "an id is 1-256 of A-Z a-z 0-9 and _ . : @ / + = # ~ - (no spaces or quotes)",
     NAME_PATTERN: "a name is 1-4096 printable characters (no control characters or newlines)",
-    METADATA_KEY_PATTERN: "a metadata key is 1-128 of A-Z a-z 0-9 and _ . : / -",
+    STEP_ID_PATTERN: (
+        f"a step or attempt id is 1-{STEP_ID_MAX} characters: words, numbers, hex groups and "
+        "short mixes of letters and digits joined by _ . : / # - (each run between separators "
+        "a word, at most 20 digits, 12 hex digits or 8 mixed letters and digits), never an "
+        "opaque token"
+    ),
+    METADATA_KEY_PATTERN: (
+        f"a metadata key is 1-{METADATA_KEY_MAX} characters: words, numbers, hex groups and short "
+        "mixes of letters and digits joined by _ . : / - (each run between separators a word, at "
+        "most 20 digits, 12 hex digits or 8 mixed letters and digits), never an opaque token"
+    ),
 }
 
 _OWN_WORDS = {

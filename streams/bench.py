@@ -22,16 +22,18 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
+from infra.clients import redis_client
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.registry import all_projections, projection
 from projectors.stores import postgres_ops as ops
 from projectors.stores.redis import view_key
@@ -45,7 +47,6 @@ from streams.publisher import AsyncPublisher, Encoded
 from streams.redaction import redact_entry
 from streams.simulate import simulate_runs
 from streams.source import Progress, topic_partitions
-from streams.topics import ledger_topic
 
 FLEETS = ["fleet-01", "fleet-02"]
 
@@ -122,8 +123,27 @@ async def _redis_rtt(url: str, samples: int) -> list[float]:
         await client.aclose()
 
 
+class Crossed(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+
+class Guard(Protocol):
+    """A budget guard following the live changes (``consumers.examples.budget_guard``, handed in
+    by the composition root: the write side does not import the read side)."""
+
+    def crossings(self, stop: asyncio.Event | None = None) -> AsyncIterator[Crossed]: ...
+
+
+GuardFactory = Callable[[Settings], Guard]
+
+
 async def hot_path(
-    d: PrivateDeployment, rate: float, seconds: float, warmup: float = 3.0
+    d: PrivateDeployment,
+    rate: float,
+    seconds: float,
+    guard_factory: GuardFactory,
+    warmup: float = 3.0,
 ) -> list[Figure]:
     """Publish at ``rate`` entries/s; after ``warmup`` seconds of that load, time publish ->
     every hot view reflects each entry for ``seconds``."""
@@ -147,7 +167,7 @@ async def hot_path(
     watcher = asyncio.create_task(views.run())
     guard_stop = asyncio.Event()
     guard = asyncio.create_task(
-        _guard_watch(s, crossing_at, published, guard_latencies, guard_stop)
+        _guard_watch(guard_factory(s), crossing_at, published, guard_latencies, guard_stop)
     )
     try:
         async with AsyncPublisher(s) as publisher:
@@ -256,7 +276,7 @@ def budget_crossings(runs: list[list[LedgerEntry]], settings: Settings) -> dict[
 
 
 async def _guard_watch(
-    s: Settings,
+    guard: Guard,
     crossing_at: dict[str, int],
     published: dict[tuple[str, int], float],
     latencies: list[float],
@@ -264,9 +284,6 @@ async def _guard_watch(
 ) -> None:
     """The budget guard (consumers/examples) following live changes: each crossing it reports,
     timed from the publish of the entry that crossed (its ``applied_seq`` covers that entry)."""
-    from consumers.examples.budget_guard import BudgetGuard
-
-    guard = BudgetGuard(s, start="now", idle_timeout_s=0.5)
     async for crossing in guard.crossings(stop):
         at = published.get((crossing.run_id, crossing_at.get(crossing.run_id, -1)))
         if at is not None:
@@ -282,7 +299,7 @@ class _ViewWatch:
         self.record = record
         self.pending: dict[str, list[tuple[int, float]]] = {}
         self.stop = asyncio.Event()
-        self.client = aioredis.Redis.from_url(s.redis_address)
+        self.client = redis_client(s)
         self.hot = [p.name for p in all_projections() if p.hot]
 
     async def run(self) -> None:
@@ -828,12 +845,18 @@ def redaction_figures(runs: int, seed: int = 27, rounds: int = 3) -> list[Figure
 
 
 async def run_bench(
-    settings: Settings, quick: bool, mix: str = "real", entries: int | None = None
+    settings: Settings,
+    quick: bool,
+    guard_factory: GuardFactory,
+    mix: str = "real",
+    entries: int | None = None,
+    sizes: Sizes | None = None,
 ) -> BenchReport:
     """Every figure; traffic drawn from ``mix`` (a simulate length profile: ``real`` by
     default, ``short`` for the ~30-entry story); ``entries`` replaces the ingest and rebuild
-    sizes."""
-    sizes = QUICK if quick else FULL
+    sizes; ``sizes`` replaces the quick or full sizes altogether (the suite's smaller run)."""
+    if sizes is None:
+        sizes = QUICK if quick else FULL
     if entries is not None:
         sizes = replace(sizes, ingest_entries=entries, rebuild_entries=entries)
     MIX.value = mix
@@ -880,7 +903,7 @@ async def run_bench(
     try:
         d.start_worker("worker")
         await asyncio.to_thread(d.wait_partitions, "worker")
-        report.figures += await hot_path(d, sizes.hot_rate, sizes.hot_seconds)
+        report.figures += await hot_path(d, sizes.hot_rate, sizes.hot_seconds, guard_factory)
     finally:
         d.drop()
     d = await deployment("benchinflight")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.base import Projection
 from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
@@ -28,7 +29,6 @@ from schemas.models import LedgerEntry
 from streams.bench_long import _NoDeadLetters
 from streams.engine import Engine, SourceRecord, Target, tune_gc
 from streams.simulate import simulate_runs
-from streams.topics import ledger_topic
 
 RUNS = 40
 LENGTH = 300
@@ -63,7 +63,7 @@ def interleaved(runs: Sequence[list[LedgerEntry]], at_once: int) -> list[LedgerE
 
 def records_of(settings: Settings, entries: Sequence[LedgerEntry]) -> list[SourceRecord]:
     """The entries as Kafka records: keyed by run, each run on one of PARTITIONS partitions."""
-    from streams.topics import partition_for
+    from infra.topics import partition_for
 
     codec = LedgerCodec()
     offsets: dict[tuple[str, int], int] = {}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.base import Projection
 from projectors.registry import all_projections
 from projectors.stores import postgres as pg
@@ -28,7 +29,6 @@ from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
 from streams.engine import Engine, Poison, SourceRecord, Target
 from streams.simulate import simulate_runs
-from streams.topics import ledger_topic
 
 LENGTHS = (30, 300, 3_000, 10_000)
 # Enough runs at each length for about this many entries (at least one run).

@@ -34,26 +34,26 @@ from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 
+from infra.errors import is_retriable
 from infra.settings import Settings
-from projectors.registry import selected
-from projectors.stores.postgres import use_documents
-from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
-from streams.topics import (
+from infra.topics import (
     change_schema_topic,
     change_topic,
     change_topic_specs,
     ensure_topics,
     partition_for,
 )
+from projectors.registry import selected
+from projectors.stores import outbox
+from projectors.stores.outbox import OutboxRow
+from projectors.stores.postgres import use_documents
+from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
 
 logger = logging.getLogger(__name__)
 
-RELAY_LOCK = 0x616C6368616E6765  # pg advisory lock key: one relay at a time
 CHANGE_ID_HEADER = "agentledger-change-id"
 _KINDS: dict[str, ChangeKind] = {"state": "STATE", "removed": "REMOVED", "build": "BUILD_CHANGED"}
-_RETRIABLE = (KafkaError, psycopg.OperationalError, OSError)
 
 
 def stream_projections(settings: Settings) -> list[str]:
@@ -110,7 +110,9 @@ class ChangeRelay:
                 await self._session(stop)
             except asyncio.CancelledError:
                 raise
-            except _RETRIABLE as exc:
+            except Exception as exc:
+                if not is_retriable(exc):
+                    raise
                 logger.warning("change relay: %s; starting again in 1 s", exc)
             self.active.clear()
             await _wait(stop, 1.0)
@@ -119,10 +121,7 @@ class ChangeRelay:
         dsn = self.settings.pg_address
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as lock:
             while not stop.is_set():
-                row = await (
-                    await lock.execute("SELECT pg_try_advisory_lock(%s)", (RELAY_LOCK,))
-                ).fetchone()
-                if row and row[0]:
+                if await outbox.try_relay_lock(lock):
                     break
                 await _wait(stop, 1.0)  # another relay has it
             if stop.is_set():
@@ -143,7 +142,7 @@ class ChangeRelay:
                     use_documents(conn)
                     await self._register_schema(producer)
                     await self._recover(conn)
-                    await conn.execute("LISTEN al_changes")
+                    await outbox.listen(conn)
                     self.active.set()
                     await self._relay(conn, lock, producer, stop)
             finally:
@@ -158,15 +157,9 @@ class ChangeRelay:
         stop: asyncio.Event,
     ) -> None:
         while not stop.is_set():
-            rows = await (
-                await conn.execute(
-                    "SELECT id, projection, build, kind, run_id, fleet_id, applied_seq, held, "
-                    "doc, traceparent, previous, committed FROM al_changes ORDER BY id LIMIT %s",
-                    (self.batch,),
-                )
-            ).fetchall()
+            rows = await outbox.pending_changes(conn, self.batch)
             if rows:
-                await lock.execute("SELECT 1")  # the lock's session is still ours
+                await outbox.ping(lock)  # the lock's session is still ours
                 await self._send(conn, producer, rows)
                 continue
             async for _ in conn.notifies(timeout=self.idle_s, stop_after=1):
@@ -176,7 +169,7 @@ class ChangeRelay:
         self,
         conn: psycopg.AsyncConnection[Any],
         producer: AIOKafkaProducer,
-        rows: Sequence[tuple[Any, ...]],
+        rows: Sequence[OutboxRow],
     ) -> None:
         changes = [await self._change(conn, row) for row in rows]
         placed: list[tuple[str, int, ProjectionChange]] = []
@@ -204,16 +197,12 @@ class ChangeRelay:
             key = (meta.topic, meta.partition)
             ends[key] = max(ends.get(key, 0), meta.offset + 1)
         async with conn.transaction():
-            await conn.execute(
-                "DELETE FROM al_changes WHERE id = ANY(%s)", ([c.change_id for c in changes],)
-            )
-            await _save_checked(conn, ends)
+            await outbox.delete_changes(conn, [c.change_id for c in changes])
+            await outbox.save_checked(conn, ends)
         self.stats.sent += len(changes)
         self.stats.batches += 1
 
-    async def _change(
-        self, conn: psycopg.AsyncConnection[Any], row: tuple[Any, ...]
-    ) -> ProjectionChange:
+    async def _change(self, conn: psycopg.AsyncConnection[Any], row: OutboxRow) -> ProjectionChange:
         (cid, projection, build, kind, run_id, fleet_id, seq, held, doc, tp, previous, at) = row
         version, inputs = await self._build(conn, projection, build)
         return ProjectionChange(
@@ -238,13 +227,7 @@ class ChangeRelay:
     ) -> tuple[int, Any]:
         found = self._builds.get((projection, build))
         if found is None:
-            row = await (
-                await conn.execute(
-                    "SELECT version, inputs FROM al_builds WHERE projection = %s AND build = %s",
-                    (projection, build),
-                )
-            ).fetchone()
-            found = (int(row[0]), row[1]) if row else (0, None)
+            found = await outbox.build_version(conn, projection, build) or (0, None)
             self._builds[(projection, build)] = found
         return found
 
@@ -268,18 +251,14 @@ class ChangeRelay:
     async def _recover(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Delete the rows an earlier relay sent but did not delete (found in the topics from
         each partition's checked offset), then note every partition's end as checked."""
-        rows = await (
-            await conn.execute('SELECT topic, "partition", checked FROM al_change_relay')
-        ).fetchall()
-        waiting = await (
-            await conn.execute("SELECT DISTINCT projection FROM al_changes")
-        ).fetchall()
+        rows = await outbox.relay_checked(conn)
+        waiting = await outbox.waiting_projections(conn)
         # every topic this or another relay may have sent to: what is streamed now, what the
         # outbox still holds, and what a relay recorded (settings may differ between workers)
         prefix = self.settings.topic_prefix
         topics = sorted(
             {change_topic(prefix, p) for p in self._streamed()}
-            | {change_topic(prefix, p) for (p,) in waiting}
+            | {change_topic(prefix, p) for p in waiting}
             | {str(t) for t, _p, _o in rows}
         )
         await ensure_topics(
@@ -325,13 +304,14 @@ class ChangeRelay:
                                 found.append(int(value))
             async with conn.transaction():
                 if found:
-                    cur = await conn.execute("DELETE FROM al_changes WHERE id = ANY(%s)", (found,))
-                    self.stats.recovered += cur.rowcount
+                    deleted = await outbox.delete_changes(conn, found)
+                    self.stats.recovered += deleted
                     logger.warning(
                         "change relay: %d changes were sent before a restart; not sent again",
-                        cur.rowcount,
+                        deleted,
                     )
-                await _save_checked(conn, {(tp.topic, tp.partition): ends[tp] for tp in parts})
+                checked_now = {(tp.topic, tp.partition): ends[tp] for tp in parts}
+                await outbox.save_checked(conn, checked_now)
         finally:
             await consumer.stop()
 
@@ -342,18 +322,6 @@ class ChangeRelay:
 async def _parts(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     await consumer._client.force_metadata_update()
     return consumer.partitions_for_topic(topic) or set()
-
-
-async def _save_checked(
-    conn: psycopg.AsyncConnection[Any], ends: dict[tuple[str, int], int]
-) -> None:
-    for (topic, partition), end in sorted(ends.items()):
-        await conn.execute(
-            'INSERT INTO al_change_relay (topic, "partition", checked) VALUES (%s, %s, %s) '
-            'ON CONFLICT (topic, "partition") DO UPDATE SET '
-            "checked = GREATEST(al_change_relay.checked, EXCLUDED.checked)",
-            (topic, partition, end),
-        )
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -13,13 +13,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psycopg
-import redis
-
+from infra.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
+from infra.clients import redis_sync_client
+from infra.databases import create_database, drop_database
 from infra.migrate import migrate
 from infra.settings import Settings
 from projectors.stores.redis import delete_matching
-from streams.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
 from streams.changes import ensure_change_topics
 
 
@@ -50,8 +49,7 @@ class PrivateDeployment:
         self.workers: list[subprocess.Popen[bytes]] = []
 
     async def create(self) -> None:
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db}"')
+        create_database(self.admin_dsn, self.db)
         migrate(self.settings.pg_address)
         await create_fleet_topics(self.settings, self.fleets)
         await ensure_change_topics(self.settings)
@@ -60,13 +58,12 @@ class PrivateDeployment:
         """Stop its processes, drop its database and delete its topics and Redis keys."""
         for worker in self.workers:
             self.stop_worker(worker)
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+        drop_database(self.admin_dsn, self.db)
         # drop() is also called from inside running event loops (the bench): a thread of its own.
         with ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, delete_fleet_topics(self.settings, self.fleets)).result()
             pool.submit(asyncio.run, delete_change_topics(self.settings)).result()
-        client = redis.Redis.from_url(self.settings.redis_address)
+        client = redis_sync_client(self.settings)
         try:
             delete_matching(client, f"{self.settings.redis_prefix}:*")
         finally:
@@ -90,7 +87,7 @@ class PrivateDeployment:
 
     def start_worker(self, name: str, projections: str = "all") -> subprocess.Popen[bytes]:
         """A detached ``agentledger worker`` process of this deployment, logging to its file."""
-        command = ["-m", "consumers.cli", "worker", "--loglevel", "info"]
+        command = ["-m", "infra.main", "worker", "--loglevel", "info"]
         return self.start_process(name, [*command, "--projections", projections])
 
     def start_process(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:

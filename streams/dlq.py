@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
 from infra.settings import Settings
+from infra.topics import dead_letter_topic
 from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import BadArgumentError, LedgerDecodeError
@@ -27,7 +28,6 @@ from schemas.secret_scan import default_detector
 from streams.contract import fleet_of as ledger_fleet
 from streams.engine import Poison
 from streams.source import topic_partitions
-from streams.topics import dead_letter_topic
 
 SOURCE_TOPIC = "al.source.topic"
 SOURCE_PARTITION = "al.source.partition"

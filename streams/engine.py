@@ -21,10 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-import psycopg
-import redis.exceptions
-from aiokafka.errors import KafkaError
-
+from infra.errors import is_retriable
 from projectors.base import HistoryRow, Projection, projection_inputs, refold
 from projectors.ordering import missing_ranges, plan_run
 from projectors.stores import contract as pg
@@ -48,15 +45,6 @@ CHECKPOINT_RATIO = 4
 # An entry further than this ahead of its run's applied position is dead-lettered, not held:
 # a run holds at most this many entries behind a gap (each batch of the run loads them all).
 MAX_AHEAD = 10_000
-
-RETRIABLE: tuple[type[BaseException], ...] = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    KafkaError,
-    OSError,
-)
 
 
 @dataclass(frozen=True)
@@ -779,7 +767,9 @@ class Engine:
         while True:
             try:
                 return await step()
-            except RETRIABLE as exc:
+            except Exception as exc:
+                if not is_retriable(exc):
+                    raise
                 logger.warning(
                     "%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay
                 )

@@ -5,13 +5,13 @@ rebalances), decides from it whether it is *stalled* (partitions with lag, nothi
 ``stall_s``; or one batch running for longer than that) and then exits non-zero rather than
 staying alive and idle, and reports it to PostgreSQL every few seconds (``al_worker_health``),
 where ``infra status`` reads it from any host. The decisions are pure functions of the record
-and a clock, tested without services; the row I/O is at the end of the module.
+and a clock, tested without services; the reporting is at the end of the module, its SQL in
+``projectors/stores/worker_health.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -21,6 +21,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+
+from projectors.stores import worker_health as store
 
 TP = tuple[str, int]
 
@@ -147,32 +149,21 @@ async def report(
     supervision: Supervision,
 ) -> None:
     """Upsert this process's row (autocommit connection)."""
-    await conn.execute(
-        """
-        INSERT INTO al_worker_health (worker_id, host, pid, grp, projections, started_at,
-            reported_at, last_applied_at, batches, records, lag, topics, restarts, last_exit)
-        VALUES (%s, %s, %s, %s, %s, %s, now(), %s, %s, %s, %s, %s, %s, %s)
-        ON CONFLICT (worker_id) DO UPDATE SET reported_at = now(), pid = EXCLUDED.pid,
-            grp = EXCLUDED.grp, projections = EXCLUDED.projections,
-            started_at = EXCLUDED.started_at, last_applied_at = EXCLUDED.last_applied_at,
-            batches = EXCLUDED.batches, records = EXCLUDED.records, lag = EXCLUDED.lag,
-            topics = EXCLUDED.topics, restarts = EXCLUDED.restarts, last_exit = EXCLUDED.last_exit
-        """,
-        (
-            worker_id(),
-            socket.gethostname(),
-            os.getpid(),
-            group,
-            projections,
-            _wall(health.started),
-            _wall(health.last_applied),
-            health.batches,
-            health.records,
-            json.dumps({tp_key(tp): n for tp, n in sorted(lag.items())}),
-            topics,
-            supervision.restarts,
-            supervision.last_exit,
-        ),
+    await store.save_report(
+        conn,
+        worker_id=worker_id(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        group=group,
+        projections=projections,
+        started_at=_wall(health.started),
+        last_applied_at=_wall(health.last_applied),
+        batches=health.batches,
+        records=health.records,
+        lag={tp_key(tp): n for tp, n in sorted(lag.items())},
+        topics=topics,
+        restarts=supervision.restarts,
+        last_exit=supervision.last_exit,
     )
 
 
@@ -180,7 +171,7 @@ async def forget(conn: psycopg.AsyncConnection[Any]) -> None:
     """A clean exit of an unsupervised worker: its row goes (a supervisor's row is the
     supervisor's to update or delete)."""
     if _supervisor_pid() is None:
-        await conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(),))
+        await store.delete_row(conn, worker_id())
 
 
 def restarting(dsn: str, supervisor_pid: int, restarts: int, last_exit: str) -> None:
@@ -190,14 +181,7 @@ def restarting(dsn: str, supervisor_pid: int, restarts: int, last_exit: str) -> 
         contextlib.suppress(Exception),
         psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn,
     ):
-        conn.execute(
-            """
-            UPDATE al_worker_health SET reported_at = now(), started_at = now(),
-                last_applied_at = NULL, lag = '{}'::jsonb, restarts = %s, last_exit = %s
-            WHERE worker_id = %s
-            """,
-            (restarts, last_exit, worker_id(supervisor_pid)),
-        )
+        store.note_restart(conn, worker_id(supervisor_pid), restarts, last_exit)
 
 
 def forget_worker(dsn: str, pid: int) -> None:
@@ -206,7 +190,7 @@ def forget_worker(dsn: str, pid: int) -> None:
         contextlib.suppress(Exception),
         psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn,
     ):
-        conn.execute("DELETE FROM al_worker_health WHERE worker_id = %s", (worker_id(pid),))
+        store.delete_row_sync(conn, worker_id(pid))
 
 
 # A row not refreshed for this long belongs to a process that is gone (killed, host lost).
@@ -274,22 +258,7 @@ class WorkerHealth:
 def read_health(dsn: str) -> list[WorkerHealth]:
     """Every worker's row (rows gone for long are deleted); empty before the first worker."""
     with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-        exists = conn.execute("SELECT to_regclass('al_worker_health')").fetchone()
-        if exists is None or exists[0] is None:
-            return []
-        conn.execute(
-            "DELETE FROM al_worker_health WHERE reported_at < now() - make_interval(secs => %s)",
-            (FORGET_AFTER_S,),
-        )
-        rows = conn.execute(
-            """
-            SELECT worker_id, pid, grp, projections, started_at,
-                   extract(epoch FROM now() - reported_at)::float8,
-                   extract(epoch FROM now() - last_applied_at)::float8,
-                   batches, records, lag, topics, restarts, last_exit
-            FROM al_worker_health ORDER BY grp, worker_id
-            """
-        ).fetchall()
+        found = store.read_rows(conn, FORGET_AFTER_S)
     return [
         WorkerHealth(
             str(r[0]),
@@ -306,7 +275,7 @@ def read_health(dsn: str) -> list[WorkerHealth]:
             int(r[11]),
             None if r[12] is None else str(r[12]),
         )
-        for r in rows
+        for r in found
     ]
 
 

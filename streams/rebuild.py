@@ -25,19 +25,18 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-import redis
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
+from infra.admin import existing_ledger_topics
+from infra.clients import redis_client
 from infra.settings import Settings
 from projectors.base import Projection, projection_inputs
 from projectors.stores import postgres_ops as ops
 from projectors.stores.postgres import current_documents
-from projectors.stores.redis import RedisViewStore, delete_matching
+from projectors.stores.redis import RedisViewStore
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.times import parse_moment
-from streams.admin import existing_ledger_topics
 from streams.changes import stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target
@@ -315,14 +314,14 @@ async def _write_views(settings: Settings, projection: Projection[Any], build: s
 
 
 async def _mirror_live(settings: Settings, projection: str, build: str) -> None:
-    client = aioredis.Redis.from_url(settings.redis_address)
+    client = redis_client(settings)
     try:
         await RedisViewStore(client, settings.redis_prefix).set_live(projection, build)
     finally:
         await client.aclose()
 
 
-def drop(settings: Settings, projection: str, build: str) -> None:
+async def drop(settings: Settings, projection: str, build: str) -> None:
     """Delete a build that is not live: rows, offsets, held entries, history, Redis views."""
     info = build_info(settings, projection, build)
     if info.live:
@@ -330,11 +329,11 @@ def drop(settings: Settings, projection: str, build: str) -> None:
     with ops.connect(settings.pg_address) as conn:
         ops.delete_build(conn, projection, build)
 
-    client = redis.Redis.from_url(settings.redis_address)
+    views = RedisViewStore.connect(settings.redis_address, settings.redis_prefix)
     try:
-        delete_matching(client, f"{settings.redis_prefix}:{projection}:{build}:*")
+        await views.drop_build(projection, build)
     finally:
-        client.close()
+        await views.close()
 
 
 def list_builds(settings: Settings, projection: str | None = None) -> list[BuildInfo]:
@@ -436,7 +435,7 @@ async def verify(
             f"in {max_rounds} rounds"
         )
     finally:
-        drop(settings, projection.name, scratch)
+        await drop(settings, projection.name, scratch)
 
 
 def _compare_if_level(

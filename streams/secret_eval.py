@@ -22,6 +22,7 @@ rule examples (the tuning source) and Kingfisher's (held out: measured once, aft
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from streams.redaction import SecretInIdentifierError, redact_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ROOT / "tests" / "data" / "secrets"
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("AGENTLEDGER_SHARED") or ROOT.parent / "shared")  # as tests/packs.py
 # The importers that read each folder of the two sample packs (as the integration tests import
 # them; pack 2's swebench-eval reports and truth files are no agent logs).
 PACKS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -79,7 +80,8 @@ def load(source: str) -> list[Case]:
     cases = []
     for line in (CORPORA / f"{source}.jsonl").read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
-        prefix = literal_prefix(patterns.get(row["rule"], ""))
+        # secretlint's rows carry the literal their format starts with (no patterns stored)
+        prefix = row.get("prefix") or literal_prefix(patterns.get(row["rule"], ""))
         prefixed = len(prefix) >= 3 and row["secret"].lower().startswith(prefix.lower())
         cases.append(Case(source, row["rule"], row["example"], row["secret"], prefixed))
     return cases

@@ -124,7 +124,7 @@ class Supervisor:
             "AGENTLEDGER_WORKER_EXIT_FILE": str(exit_file),
         }
         return subprocess.Popen(
-            [sys.executable, "-m", "consumers.cli", "worker", "--no-restart", *self.child_args],
+            [sys.executable, "-m", "infra.main", "worker", "--no-restart", *self.child_args],
             env=env,
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,  # only a prctl call between fork and exec

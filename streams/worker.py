@@ -30,18 +30,18 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode import Service
 
+from infra.admin import existing_ledger_topics
 from infra.local import register_worker
 from infra.migrate import migrate
 from infra.settings import Settings
+from infra.topics import fleet_of_ledger_topic, ledger_topic
 from projectors.registry import selected
-from streams.admin import existing_ledger_topics
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord, tune_gc
 from streams.health import Health, Supervision, forget, report, stall
 from streams.telemetry import telemetry_from_setting
-from streams.topics import fleet_of_ledger_topic, ledger_topic
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
     """The faust app for these settings; its engine is built when the worker starts.
 
     It subscribes to the configured fleets' ledger topics and the ``existing`` ones (every
-    fleet's on the cluster: :func:`streams.admin.existing_ledger_topics`). A fleet's topic made
+    fleet's on the cluster: :func:`infra.admin.existing_ledger_topics`). A fleet's topic made
     later is found by a scan and the process restarts onto it (``EXIT_RESTART``): faust's own
     resubscription crashed its Fetcher under a backlog and lost topics (issue 25).
     """

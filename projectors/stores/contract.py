@@ -258,4 +258,7 @@ class ViewStore(Protocol):
 
     async def read_live(self, projection: str, run_id: str) -> tuple[int, Any] | None: ...
 
+    async def drop_build(self, projection: str, build: str) -> int:
+        """Delete a build's views and its ready mark (not a live pointer); how many views."""
+
     async def close(self) -> None: ...

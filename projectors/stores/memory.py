@@ -335,6 +335,13 @@ class MemoryViewStore:
         build = self.live.get(projection)
         return None if build is None else await self.read(projection, build, run_id)
 
+    async def drop_build(self, projection: str, build: str) -> int:
+        gone = [k for k in self.views if k[:2] == (projection, build)]
+        for key in gone:
+            del self.views[key]
+        self.ready.discard((projection, build))
+        return len(gone)
+
     async def close(self) -> None:
         return None
 

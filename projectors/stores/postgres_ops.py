@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, RECORD_BUILD, use_documents
+from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
 
 TopicPartition = tuple[str, int]
 
@@ -620,6 +621,22 @@ def runs_with_prefix(conn: psycopg.Connection[Any], prefix: str, limit: int = 6)
     ).fetchall()
     found = [str(r) for (r,) in rows]
     return [prefix] if prefix in found else found
+
+
+def resolve_run(conn: psycopg.Connection[Any], prefix: str) -> str:
+    """The run id that is ``prefix`` or the only one starting with it (live builds)."""
+    if not prefix:
+        raise BadArgumentError("give a run id (or a unique prefix of one)")
+    found = runs_with_prefix(conn, prefix)
+    if not found:
+        raise NotFoundError(f"no run id is or starts with {prefix!r} in the live build")
+    if len(found) > 1:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise AmbiguousRunError(
+            f"{prefix!r} is the start of {'more than 5' if len(found) > 5 else len(found)} "
+            f"run ids ({shown}); give more of it"
+        )
+    return found[0]
 
 
 async def dismissed_sources(

@@ -133,3 +133,16 @@ class RedisViewStore:
             return None
         name = build.decode() if isinstance(build, bytes) else str(build)
         return await self.read(projection, name, run_id)
+
+    async def drop_build(self, projection: str, build: str, chunk: int = 1000) -> int:
+        """Delete the build's views (SCAN, then DEL in chunks) and its ready key."""
+        views = [
+            key
+            async for key in self.client.scan_iter(
+                match=view_key(self.prefix, projection, build, "*"), count=chunk
+            )
+        ]
+        for start in range(0, len(views), chunk):
+            await self.client.delete(*views[start : start + chunk])
+        await self.client.delete(ready_key(self.prefix, projection, build))
+        return len(views)

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from schemas.models import EntryKind, ModelCallStatus, ModelUsagePart, TextPart
-from streams.importers.base import ImportedRun, Summary, discover_files
+from schemas.models import EntryKind, ModelCallStatus, TextPart
+from streams.importers.base import ImportedRun, Summary, Usage, discover_files
 
 FORMAT = "aider"
 _SESSION = re.compile(r"^# aider chat started at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -94,19 +94,19 @@ def import_file(
             received, rounded_out = _count(tokens.group(2))
             cost = float(tokens.group(3)) if tokens.group(3) else None
             provider, name = model.split("/", 1) if "/" in model else (_provider(model), model)
-            part = ModelUsagePart(
+            part = Usage(
+                input_tokens=sent,
+                cached_input_tokens=None,  # aider's line does not say
+                cache_write_input_tokens=None,
+                output_tokens=received,
+                reasoning_tokens=None,
+                cost_usd=cost,
+            ).part(
                 provider=provider,
                 model=name,
                 purpose="chat",
-                input_tokens=sent,
-                cached_input_tokens=0,
-                output_tokens=received,
-                reasoning_tokens=0,
-                latency_ms=0,
                 status=ModelCallStatus.OK,
-                provider_reported_cost_usd=cost,
                 raw_usage_json="null",
-                unknown_fields=("cached_input_tokens", "reasoning_tokens", "latency_ms"),
             )
             meta = {"aider.rounded": "true"} if rounded_in or rounded_out else {}
             run.add(EntryKind.MODEL_CALL, at, f"line-{n}", [part], metadata=meta)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -165,6 +165,16 @@ class ImportedRun:
             finished_at=finished_at,
         )
         return self.add(EntryKind.TOOL_CALL_REQUEST, at, source_id, [part], tool_call_id=call_id)
+
+
+class FileImporter:
+    """An importer whose logs are the files whose name ends with ``SUFFIX``."""
+
+    SUFFIX: ClassVar[str]
+
+    @classmethod
+    def discover(cls, paths: Iterable[Path]) -> list[Path]:
+        return discover_files(paths, cls.SUFFIX)
 
 
 def discover_files(paths: Iterable[Path], suffix: str) -> list[Path]:
@@ -377,6 +387,15 @@ def _patch_path(text: str) -> str | None:
 # -- provider usage, as real providers report it ------------------------------------------------
 
 
+_USAGE_FIELDS: tuple[UsageField, ...] = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "latency_ms",
+)
+
+
 @dataclass(frozen=True)
 class Usage:
     """One call's usage normalized from an OpenAI-style ``usage`` object (OpenAI, litellm,
@@ -395,16 +414,16 @@ class Usage:
 
     @property
     def unknown(self) -> tuple[UsageField, ...]:
-        fields: list[UsageField] = [] if self.latency_ms is not None else ["latency_ms"]
-        if self.input_tokens is None:
-            fields += ["input_tokens", "cached_input_tokens"]
-        elif self.cached_input_tokens is None:
-            fields.append("cached_input_tokens")
-        if self.output_tokens is None:
-            fields += ["output_tokens", "reasoning_tokens"]
-        elif self.reasoning_tokens is None:
-            fields.append("reasoning_tokens")
-        return tuple(fields)
+        """The counts the source did not report, in the part's field order (a total unknown
+        makes its part unknown too)."""
+        unknown = {
+            "input_tokens": self.input_tokens is None,
+            "cached_input_tokens": self.input_tokens is None or self.cached_input_tokens is None,
+            "output_tokens": self.output_tokens is None,
+            "reasoning_tokens": self.output_tokens is None or self.reasoning_tokens is None,
+            "latency_ms": self.latency_ms is None,
+        }
+        return tuple(f for f in _USAGE_FIELDS if unknown[f])
 
     def part(self, **fields: Any) -> ModelUsagePart:
         """The ledger's usage part: unknown counts written as 0 and named in ``unknown_fields``."""

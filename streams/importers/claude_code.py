@@ -34,16 +34,15 @@ from schemas.models import (
     EntryKind,
     FileChangeStatus,
     ModelCallStatus,
-    ModelUsagePart,
     TextPart,
     ToolResultPart,
     ToolResultStatus,
-    UsageField,
 )
 from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    Usage,
     classify,
     discover_files,
     obj,
@@ -52,7 +51,6 @@ from streams.importers.base import (
 )
 
 FORMAT = "claude-code"
-_UNKNOWN: tuple[UsageField, ...] = ("reasoning_tokens", "latency_ms")
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
@@ -240,23 +238,23 @@ def _model_call(
         _int(usage.get("cache_creation_input_tokens")),
     )
     read, output = _int(usage.get("cache_read_input_tokens")), _int(usage.get("output_tokens"))
-    part = ModelUsagePart(
+    part = Usage(
+        input_tokens=uncached + written + read,
+        cached_input_tokens=read,
+        cache_write_input_tokens=written,
+        output_tokens=output,
+        reasoning_tokens=None,  # Claude Code's logs do not say
+        cost_usd=None,
+    ).part(
         provider="anthropic",
         model=str(message.get("model") or "unknown"),
         purpose="compaction"
         if run.run_id.endswith("acompact") or "-acompact" in run.run_id
         else "agent",
         provider_response_id=mid,
-        input_tokens=uncached + written + read,
-        cached_input_tokens=read,
-        cache_write_input_tokens=written,
-        output_tokens=output,
-        reasoning_tokens=0,
-        latency_ms=0,
         finish_reason=stop or None,
         status=ModelCallStatus.OK,
         raw_usage_json=json.dumps(usage),
-        unknown_fields=_UNKNOWN,
     )
     run.add(EntryKind.MODEL_CALL, at, f"call-{mid}", [part])
     summary.calls += 1

@@ -32,7 +32,6 @@ from schemas.models import (
     EntryKind,
     FileChangeStatus,
     ModelCallStatus,
-    ModelUsagePart,
     TextPart,
     ToolResultPart,
     ToolResultStatus,
@@ -41,6 +40,7 @@ from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
     Summary,
+    Usage,
     classify,
     discover_files,
     obj,
@@ -230,18 +230,19 @@ def _token_count(
         return before
     delta = {k: total[k] - (before or {}).get(k, 0) for k in _FIELDS}
     raw = info.get("last_token_usage") if isinstance(info.get("last_token_usage"), dict) else delta
-    part = ModelUsagePart(
+    part = Usage(
+        input_tokens=delta["input_tokens"],
+        cached_input_tokens=delta["cached_input_tokens"],
+        cache_write_input_tokens=None,
+        output_tokens=delta["output_tokens"],
+        reasoning_tokens=delta["reasoning_output_tokens"],
+        cost_usd=None,
+    ).part(
         provider="openai",
         model=model,
         purpose="agent",
-        input_tokens=delta["input_tokens"],
-        cached_input_tokens=delta["cached_input_tokens"],
-        output_tokens=delta["output_tokens"],
-        reasoning_tokens=delta["reasoning_output_tokens"],
-        latency_ms=0,
         status=ModelCallStatus.OK,
         raw_usage_json=json.dumps(raw),
-        unknown_fields=("latency_ms",),
     )
     run.add(EntryKind.MODEL_CALL, at, sid, [part])
     summary.calls += 1

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -53,11 +52,11 @@ from schemas.models import (
     ToolResultStatus,
 )
 from streams.importers.base import (
+    FileImporter,
     ImportedRun,
     ImportFormatError,
     Summary,
     count,
-    discover_files,
     load_json,
     model_id,
     obj,
@@ -122,24 +121,27 @@ def _finish(run: ImportedRun, info: dict[str, Any], at: datetime, summary: Summa
     run.add(EntryKind.RUN_FINISHED, at, "finish", parts, run_status=status, metadata=meta)
 
 
+def _listed(path: Path, key: str, what: str) -> tuple[dict[str, Any], list[Any]]:
+    """The trajectory's document and its ``key`` list (without one it is no ``what``)."""
+    doc = _load(path)
+    found = doc.get(key)
+    if not isinstance(found, list):
+        raise ImportFormatError(f"{path}: no {key!r} list; not a {what}")
+    return doc, found
+
+
 # -- mini-swe-agent -------------------------------------------------------------------------
 
 
-class MiniSweAgent:
+class MiniSweAgent(FileImporter):
+    SUFFIX = ".traj.json"
     FORMAT = "mini-swe-agent"
-
-    @staticmethod
-    def discover(paths: Iterable[Path]) -> list[Path]:
-        return discover_files(paths, ".traj.json")
 
     @staticmethod
     def import_file(
         path: Path, fleet_id: str, settled: bool = False
     ) -> tuple[list[ImportedRun], Summary]:
-        doc = _load(path)
-        messages = doc.get("messages")
-        if not isinstance(messages, list):
-            raise ImportFormatError(f"{path}: no 'messages' list; not a mini-swe-agent trajectory")
+        doc, messages = _listed(path, "messages", "mini-swe-agent trajectory")
         summary = Summary(str(path))
         named = doc.get("instance_id")
         instance = safe_id(
@@ -357,21 +359,15 @@ def _mini_call(
 # -- SWE-agent ------------------------------------------------------------------------------
 
 
-class SweAgent:
+class SweAgent(FileImporter):
+    SUFFIX = ".traj"
     FORMAT = "swe-agent"
-
-    @staticmethod
-    def discover(paths: Iterable[Path]) -> list[Path]:
-        return discover_files(paths, ".traj")
 
     @staticmethod
     def import_file(
         path: Path, fleet_id: str, settled: bool = False
     ) -> tuple[list[ImportedRun], Summary]:
-        doc = _load(path)
-        steps = doc.get("trajectory")
-        if not isinstance(steps, list):
-            raise ImportFormatError(f"{path}: no 'trajectory' list; not a SWE-agent trajectory")
+        doc, steps = _listed(path, "trajectory", "SWE-agent trajectory")
         summary = Summary(str(path))
         summary.notes.append(
             "SWE-agent .traj has no timestamps: every entry is given the file's modification "

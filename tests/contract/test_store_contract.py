@@ -267,6 +267,22 @@ class ViewContract:
         live = await views.read_live(projection, "r1")
         assert live is not None and live[0] == 2
 
+    async def test_drop_build_deletes_its_views_and_ready_mark_only(
+        self, views: ViewStore, names: tuple[str, str]
+    ) -> None:
+        projection, build = names
+        await views.write(projection, build, [_view("r1", 1), _view("r2", 3)])
+        await views.write(projection, build + "k", [_view("r1", 2)])  # another build: kept
+        await views.mark_ready(projection, build)
+        await views.set_live(projection, build + "k")
+        assert await views.drop_build(projection, build) == 2
+        assert await views.read(projection, build, "r1") is None
+        assert await views.read(projection, build, "r2") is None
+        assert not await views.is_ready(projection, build)
+        assert await views.read(projection, build + "k", "r1") is not None
+        assert await views.read_live(projection, "r1") is not None
+        assert await views.drop_build(projection, build) == 0
+
 
 class TestMemoryViews(ViewContract):
     @pytest.fixture

@@ -22,8 +22,9 @@ import pytest_asyncio
 from typer.testing import CliRunner, Result
 
 from consumers.analytics import run_timeline
-from consumers.cli import app
+from infra.main import app
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.pricing import PriceTable
 from projectors.registry import selected
 from schemas.models import EntryKind, LedgerEntry, ModelUsagePart
@@ -34,7 +35,6 @@ from streams.engine import Engine
 from streams.publisher import AsyncPublisher
 from streams.simulate import OUTCOMES, simulate
 from streams.source import drain
-from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
 

@@ -30,6 +30,7 @@ from consumers.examples.budget_guard import BudgetGuard, Crossing
 from consumers.examples.mirror import CostMirror
 from consumers.subscribe import Subscriber, changes
 from infra.settings import Settings
+from infra.topics import change_topic
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.pricing import LayeredPrices, PriceTable
 from projectors.registry import NAMES
@@ -41,7 +42,6 @@ from streams.deployment import PrivateDeployment
 from streams.publisher import AsyncPublisher
 from streams.rebuild import Start, create_build, swap
 from streams.simulate import simulate_runs
-from streams.topics import change_topic
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +176,7 @@ def test_from_the_beginning_every_runs_current_state_equals_postgresql(
     }
     assert synced == d.heads("failure-classifications")
     # the CLI: one JSON object per change, and a line of words for a person
-    command = [sys.executable, "-m", "consumers.cli", "subscribe", "cost-metrics"]
+    command = [sys.executable, "-m", "infra.main", "subscribe", "cost-metrics"]
     out = subprocess.run(
         [*command, "--from-beginning", "--json", "--idle-exit", "2"],
         env=d.env(),

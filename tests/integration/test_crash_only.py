@@ -28,7 +28,7 @@ from streams.publisher import AsyncPublisher
 
 pytestmark = pytest.mark.integration
 
-CLI = [sys.executable, "-m", "consumers.cli"]
+CLI = [sys.executable, "-m", "infra.main"]
 
 
 def _app(mode: str, watchdog_s: float = 600) -> subprocess.Popen[str]:

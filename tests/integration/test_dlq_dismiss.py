@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from consumers.cli import app
+from infra.main import app
 from infra.settings import Settings
 from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder

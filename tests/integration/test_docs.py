@@ -1,4 +1,4 @@
-"""Docs as tests: every code block of the README and of schemas/JSON_FORM.md runs, or (for the
+"""Docs as tests: every code block of the README, docs/ and schemas/JSON_FORM.md runs, or (for the
 few that cannot run inside a test) is checked against what it names.
 
 - ``jsonl``: written to the file the text names, published with the block that publishes it.
@@ -33,9 +33,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from consumers.cli import app
 from consumers.views import live_states
 from infra.local import running_workers, stop_worker
+from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, from_json_text
 from streams.deployment import PrivateDeployment
@@ -43,7 +43,10 @@ from streams.deployment import PrivateDeployment
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "schemas" / "JSON_FORM.md"]
+# The README (the front door), the manual under docs/ (ANALYTICS.md's sql blocks run in
+# test_runs_cli.py) and the JSON form.
+MANUAL = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [*(p for p in MANUAL if p.name != "ANALYTICS.md"), ROOT / "schemas" / "JSON_FORM.md"]
 LANGUAGES = {"bash", "python", "json", "jsonl", "sql", "text"}
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.M | re.S)
 BIN = Path(sys.executable).parent
@@ -53,6 +56,11 @@ def blocks(path: Path, language: str | None = None) -> list[str]:
     """The fenced blocks of a Markdown file (of one language)."""
     found = FENCE.findall(path.read_text(encoding="utf-8"))
     return [body for lang, body in found if language is None or lang.strip() == language]
+
+
+def manual_blocks(language: str) -> list[str]:
+    """The blocks of one language in the README and docs/."""
+    return [b for path in MANUAL for b in blocks(path, language)]
 
 
 def commands(block: str) -> list[str]:
@@ -66,9 +74,9 @@ def commands(block: str) -> list[str]:
 
 
 def test_every_block_names_a_language_this_file_handles() -> None:
-    for path in [*DOCS, ROOT / "docs" / "ANALYTICS.md"]:
+    for path in [*DOCS, ROOT / "docs" / "ANALYTICS.md"]:  # (ANALYTICS.md: sql blocks)
         langs = [lang.strip() for lang, _ in FENCE.findall(path.read_text(encoding="utf-8"))]
-        assert langs, path
+        assert langs or path.parent.name == "docs", path  # (a page of prose only)
         assert set(langs) <= LANGUAGES, (path, sorted(set(langs) - LANGUAGES))
 
 
@@ -233,12 +241,12 @@ def test_the_json_form_examples_hold(deployment: PrivateDeployment) -> None:
 
 
 def test_the_readme_publisher_example_runs(deployment: PrivateDeployment, tmp_path: Path) -> None:
+    from infra.topics import ledger_topic
     from streams.simulate import simulate
     from streams.source import read_all
-    from streams.topics import ledger_topic
 
     d = deployment
-    [block] = [b for b in blocks(ROOT / "README.md", "python") if "Publisher" in b]
+    [block] = [b for b in manual_blocks("python") if "Publisher" in b]
     run = simulate(1, 1, seed=77)
     _python(block, "README.md", _env(d, tmp_path), tmp_path, entries=run)
     records = asyncio.run(
@@ -262,7 +270,7 @@ def test_the_readme_rebuild_block_runs(own_deployment: PrivateDeployment, tmp_pa
     build, the swap, verify, and dropping the old build."""
     d = own_deployment
     env = _env(d, tmp_path)
-    [block] = [b for b in blocks(ROOT / "README.md", "bash") if "rebuild swap" in b]
+    [block] = [b for b in manual_blocks("bash") if "rebuild swap" in b]
     table = json.loads((ROOT / "projectors" / "data" / "prices.v1.json").read_text())
     table["version"] = "2026-12-01"
     (tmp_path / "prices-2026-12.json").write_text(json.dumps(table))
@@ -286,7 +294,7 @@ def test_the_quick_start_demo_runs(own_deployment: PrivateDeployment, tmp_path: 
     deployment (its services are external to it, so it starts none)."""
     d = own_deployment
     env = _env(d, tmp_path)
-    [quick] = [b for b in blocks(ROOT / "README.md", "bash") if "make demo" in b]
+    [quick] = [b for b in manual_blocks("bash") if "make demo" in b]
     assert (
         "make demo" in quick
         and "demo: $(STAMP)\n\t$(BIN)/agentledger demo" in (ROOT / "Makefile").read_text()
@@ -307,3 +315,17 @@ def test_the_quick_start_demo_runs(own_deployment: PrivateDeployment, tmp_path: 
         settings = d.settings.model_copy(update={"state_dir": tmp_path / ".agentledger"})
         stop_worker(settings, Console(file=io.StringIO()))
         assert not running_workers(settings)
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    """The README links into docs/; a moved or renamed page breaks no link."""
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    broken = [
+        f"{path.relative_to(ROOT)} -> {target}"
+        for path in [*MANUAL, ROOT / "schemas" / "JSON_FORM.md"]
+        for target in link.findall(path.read_text(encoding="utf-8"))
+        if "://" not in target and not (path.parent / target).exists()
+    ]
+    assert broken == []
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert all(f"(docs/{p.name})" in readme for p in (ROOT / "docs").glob("*.md"))

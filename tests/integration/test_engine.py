@@ -16,6 +16,7 @@ from rich.console import Console
 
 from infra.services import PostgresService
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.run_stats import RunStats, RunStatsProjection
 from schemas.catalog import AVSC_DIR, CATALOG
@@ -26,7 +27,6 @@ from streams.dlq import KafkaDeadLetterSink, read_dead_letters, redrive
 from streams.engine import Engine, SourceRecord, Target
 from streams.simulate import simulate
 from streams.source import drain, read_all
-from streams.topics import ledger_topic
 from tests.integration.engine_support import (
     CODEC,
     Env,

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from projectors.run_stats import RunStats, RunStatsProjection
 from projectors.stores.redis import RedisViewStore
@@ -36,7 +37,6 @@ from streams.publish_file import publish_file
 from streams.publisher import SequenceBook, prepare
 from streams.simulate import simulate
 from streams.source import drain
-from streams.topics import ledger_topic
 from tests.integration.engine_support import Env, current_states, make_env, produce_raw, run_rows
 
 pytestmark = pytest.mark.integration

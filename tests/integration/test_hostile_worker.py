@@ -29,6 +29,7 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from projectors.stores.redis import delete_matching, view_key
 from schemas.codec import LedgerCodec
@@ -38,7 +39,6 @@ from streams.contract import check_record
 from streams.deployment import PrivateDeployment
 from streams.dlq import read_dead_letters
 from streams.simulate import simulate
-from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
 
@@ -262,7 +262,7 @@ def test_adversarial_records_never_stop_or_stall_a_worker(deployment: PrivateDep
         assert len(truncated) >= 2, "the records near 1 MiB keep a bounded copy"
 
         verify = subprocess.run(
-            [sys.executable, "-m", "consumers.cli", "verify", "--all"],
+            [sys.executable, "-m", "infra.main", "verify", "--all"],
             env=d.env(),
             capture_output=True,
             timeout=600,

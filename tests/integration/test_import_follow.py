@@ -14,21 +14,15 @@ import pytest
 
 from consumers.views import live_states
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.importers import claude_code
 from streams.source import read_all
-from streams.topics import ledger_topic
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SAMPLE = (
-    Path(__file__).resolve().parents[3]
-    / "shared"
-    / "samples"
-    / "claude-code"
-    / "codemie-incremental-subagents"
-    / "turn-2.jsonl"
-)
+SAMPLE = SHARED / "samples" / "claude-code" / "codemie-incremental-subagents" / "turn-2.jsonl"
 FLEET = "follow"
 
 
@@ -61,7 +55,7 @@ def test_follow_publishes_new_lines_within_2_s_and_survives_a_kill(
     folder = tmp_path / "projects" / "p"
     folder.mkdir(parents=True)
     session = folder / SAMPLE.name
-    args = ["-m", "consumers.cli", "import", "claude-code", str(tmp_path / "projects")]
+    args = ["-m", "infra.main", "import", "claude-code", str(tmp_path / "projects")]
     args += ["--fleet", FLEET, "--follow", "--poll-s", "0.2"]
     try:
         d.start_worker("w")

@@ -18,10 +18,10 @@ import pytest
 from infra.settings import Settings
 from streams.bench_import import write_trajectories
 from streams.deployment import PrivateDeployment
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 PACK_LOGS = {
     "samples": [
         "claude-code",
@@ -56,7 +56,7 @@ FOLDER_FORMAT = {
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "200"},
         capture_output=True,
         text=True,

@@ -24,10 +24,11 @@ import pytest
 from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
+SAMPLES = SHARED / "samples"
 FLEET = "imports"
 
 
@@ -128,7 +129,7 @@ OTEL: dict[str, dict[str, int]] = {
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "200"},
         capture_output=True,
         text=True,

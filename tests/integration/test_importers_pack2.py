@@ -22,10 +22,10 @@ import pytest
 from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 PACK2 = SHARED / "samples2"
 FLEET = "pack2"
 # Pack 1's django-11039 trajectory: the pack-2 report for it joins it (README "Joins").
@@ -46,7 +46,7 @@ def _truth() -> dict[str, Any]:
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "200"},
         capture_output=True,
         text=True,
@@ -345,7 +345,7 @@ def test_a_long_tool_output_is_kept_whole_as_an_artifact(pack2: Any, tmp_path: P
     sizes = set()
     for ref in included:
         got = subprocess.run(  # bytes: the output's CRLF line ends are kept as they were
-            [sys.executable, "-m", "consumers.cli", "artifact", "get", ref["sha256"]],
+            [sys.executable, "-m", "infra.main", "artifact", "get", ref["sha256"]],
             env=d.env(),
             capture_output=True,
             timeout=120,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from infra.settings import Settings
+from infra.topics import ledger_topic, partition_for
 from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry
@@ -17,7 +18,6 @@ from streams.importers.publish import send_new
 from streams.ledger_position import LedgerPositions, last_sequence_nos
 from streams.publisher import AsyncPublisher
 from streams.source import read_all
-from streams.topics import ledger_topic, partition_for
 from tests.integration.engine_support import make_env, produce_raw
 
 pytestmark = pytest.mark.integration

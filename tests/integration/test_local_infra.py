@@ -18,8 +18,8 @@ from infra import local
 from infra.errors import PortInUseError
 from infra.process import is_alive, port_free
 from infra.settings import Settings, load_settings
+from infra.topics import TopicSpec, ensure_topics
 from streams.source import read_all
-from streams.topics import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from consumers.views import live_states
+from infra.admin import create_fleet_topics
 from infra.settings import Settings
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry, RunStatus
-from streams.admin import create_fleet_topics
 from streams.deployment import PrivateDeployment
 from streams.publisher import AsyncPublisher
 
@@ -98,7 +98,7 @@ def test_a_first_publish_to_a_fleet_without_topics_is_a_clear_error_and_sends_no
 
         path = tmp_path / "newco.jsonl"
         path.write_text("".join(to_json_text(e) + "\n" for e in b.entries))
-        cli = [sys.executable, "-m", "consumers.cli"]
+        cli = [sys.executable, "-m", "infra.main"]
         sent = subprocess.run(
             [*cli, "publish", str(path)], env=d.env(), capture_output=True, text=True, timeout=120
         )
@@ -134,7 +134,7 @@ def test_rebuild_verify_dlq_and_topics_see_a_fleet_made_after_start_up(
     after the worker started, not named by AGENTLEDGER_FLEETS, is rebuilt, verified, listed."""
     d = PrivateDeployment(services, "fleetsee", ["fleet-01"], tmp_path)
     asyncio.run(d.create())
-    cli = [sys.executable, "-m", "consumers.cli"]
+    cli = [sys.executable, "-m", "infra.main"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

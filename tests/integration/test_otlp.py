@@ -23,10 +23,11 @@ from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
 from streams.importers.base import stable_id
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "otel-genai"
+SAMPLES = SHARED / "samples" / "otel-genai"
 FLEET = "otel"
 
 
@@ -79,9 +80,7 @@ def test_spans_from_a_real_sdk_exporter_and_the_samples_become_runs(
     try:
         d.start_worker("w")
         d.wait_partitions("w")
-        d.start_process(
-            "otlp", ["-m", "consumers.cli", "otlp", "--port", str(port), "--fleet", FLEET]
-        )
+        d.start_process("otlp", ["-m", "infra.main", "otlp", "--port", str(port), "--fleet", FLEET])
         _wait_port(port)
 
         provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))

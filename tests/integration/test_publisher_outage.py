@@ -29,17 +29,17 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 
+from infra.admin import create_fleet_topics
 from infra.process import is_alive, port_free, read_pid, stop_pid, wait_until
 from infra.services import KafkaService
 from infra.settings import Settings, load_settings
+from infra.topics import ledger_topic
 from schemas.json_form import to_json_text
 from schemas.models import LedgerEntry
-from streams.admin import create_fleet_topics
 from streams.publish_file import BATCH
 from streams.publisher import AsyncPublisher, BrokerUnavailableError, Publisher
 from streams.simulate import simulate
 from streams.source import topic_partitions
-from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
 
@@ -275,7 +275,7 @@ async def _wait_for_records(
 def _run_cli(
     broker: Broker, path: Path, tmp_path: Path, kill_when_sending: bool
 ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """``python -m consumers.cli publish FILE`` against the private broker; optionally kill the
+    """``python -m infra.main publish FILE`` against the private broker; optionally kill the
     broker once records arrive. Returns the process and its run time after the kill (or start)."""
     env = {
         **os.environ,
@@ -284,7 +284,7 @@ def _run_cli(
         "AGENTLEDGER_STATE_DIR": str(tmp_path / "cli-state"),
         "AGENTLEDGER_TOPIC_PARTITIONS": str(broker.settings.topic_partitions),
     }
-    argv = [sys.executable, "-m", "consumers.cli", "publish", str(path)]
+    argv = [sys.executable, "-m", "infra.main", "publish", str(path)]
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as proc:

@@ -393,7 +393,7 @@ def test_drill_1_schema_change_rebuild_shows_v2_behaviour_for_v1_entries(
 
 def _cli(d: Deployment, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env=d.env(),
         cwd=cwd,
         capture_output=True,

@@ -17,20 +17,21 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from consumers.cli import app
-from consumers.views import AmbiguousRunError, NotFoundError, find_runs, resolve_run
+from consumers.views import find_runs, resolve_run
+from infra.main import app
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.base import fold_all
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.failure_classifications import FailureClassifications
 from projectors.working_memory import WorkingMemoryProjection
 from schemas.codec import LedgerCodec
+from schemas.errors import AmbiguousRunError, NotFoundError
 from schemas.models import LedgerEntry
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.engine import Engine, SourceRecord
 from streams.simulate import simulate
-from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
 

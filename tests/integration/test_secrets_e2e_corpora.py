@@ -2,7 +2,7 @@
 their values repeated in names, on the real stack.
 
 Every example of ``tests/data/secrets/noseyparker.jsonl`` that :mod:`streams.secret_eval` finds
-redacted in context (the whole tuning corpus, not a sample: 284 of 299) is written, as its
+redacted in context (the whole tuning corpus, not a sample: 288 of 299) is written, as its
 authors wrote it, into the free text of eight entries (user task, tool call request and result,
 diff, verifier result, error, approval request, memory proposal), and its value alone into the
 names of the same entries: ``actor.id``, ``tool_name``, a diff's file path, ``check_id``,
@@ -16,28 +16,44 @@ the publisher's output, the worker's log, and the read commands (``runs``, ``tim
 ``memory``, ``context``, ``context --render``, ``costs``, ``failures``, ``replay-package``).
 Secrets in ids are refused by design (``test_secrets_e2e``), so none is put in an id here.
 
+Also searched, on disk: **PostgreSQL's data files** (after a ``CHECKPOINT``: every file of the
+deployment's database directory, heap, indexes and TOAST relations, and the WAL segments written
+during the test), with every text, jsonb and bytea column of its tables set to ``STORAGE
+EXTERNAL`` before anything is written, so a stored value is its own bytes rather than pglz/lz4
+output (the test checks that no stored value is compressed), and each TOAST relation read back
+chunk by chunk and joined, so a value cut at a chunk's edge is found too; **Kafka's log
+segments** (every file of the deployment's topic-partition directories but the offset and time
+indexes, raw, and every record batch in them decompressed: the topics are zstd, so raw bytes
+alone would prove nothing); and the **services' own logs** (Kafka's, PostgreSQL's, Redis's),
+from where they stood when the test began. Redis keeps nothing on disk here (no RDB, no
+AOF): its keys are read instead.
+
 Three examples are written only in free text, not in names: their Nosey Parker capture is part
 of what the detector matched (the hex after Mailgun's ``key-``, a WireGuard key without its
 ``=``, a JWT's first segment), and the copy pass redacts the value it found, so the part alone in
 another field is not recognised. The test checks that exactly these are the ones.
-
-PostgreSQL's data files are not searched (as in ``test_secrets_e2e``): ``pg_dump`` is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import struct
 import time
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import cramjam
 import psycopg
 import pytest
 import redis
+from psycopg import sql
 
 from infra.settings import Settings
+from infra.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
 from projectors.registry import GROUPS, NAMES
 from schemas.factory import digest, sample_entry
 from schemas.json_form import to_json
@@ -64,7 +80,6 @@ from schemas.models import (
 from streams.redaction import redact_entry
 from streams.secret_eval import Case, as_text, as_tool_output, load, strings, survives
 from streams.source import read_all
-from streams.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
 from tests.integration.test_secrets_e2e import (
     MARKER,
     OUTCOMES,
@@ -259,6 +274,127 @@ def build(cases: list[Case], partial: set[str]) -> Corpus:
     return corpus
 
 
+# --------------------------------------------------------------------------- on disk
+
+
+def _uncompressed_storage(dsn: str) -> list[tuple[str, str]]:
+    """Store every text, jsonb and bytea column of the database's tables uncompressed
+    (``STORAGE EXTERNAL``: inline or TOASTed, never pglz/lz4), so the data files hold each
+    value's own bytes. Returns the (table, column) pairs, all of the database's varlena columns."""
+    query = (
+        "SELECT c.oid::regclass::text, a.attname FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+        "AND n.nspname NOT LIKE 'pg_toast%' AND a.attnum > 0 AND NOT a.attisdropped "
+        "AND a.attlen = -1 ORDER BY 1, 2"
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        columns = [(str(t), str(c)) for t, c in conn.execute(query).fetchall()]
+        for table, column in columns:
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE EXTERNAL").format(
+                    sql.SQL(table), sql.Identifier(column)
+                )
+            )
+    return columns
+
+
+def _compressed_values(dsn: str, columns: list[tuple[str, str]]) -> int:
+    """Stored values PostgreSQL compressed anyway (0 means the raw search saw plain bytes)."""
+    total = 0
+    with psycopg.connect(dsn) as conn:
+        for table, column in columns:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT count(*) FROM {} WHERE pg_column_compression({}) IS NOT NULL"
+                ).format(sql.SQL(table), sql.Identifier(column))
+            ).fetchone()
+            total += int(row[0]) if row else 0
+    return total
+
+
+def _pg_files(admin_dsn: str, db: str, since: float) -> tuple[Path, list[Path]]:
+    """After a CHECKPOINT: every file of the database's directory and the WAL written since."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        (wal_compression,) = conn.execute("SHOW wal_compression").fetchone() or ("",)
+        assert wal_compression == "off", "full-page images in the WAL would be compressed"
+        (data,) = conn.execute("SHOW data_directory").fetchone() or ("",)
+        row = conn.execute("SELECT oid FROM pg_database WHERE datname = %s", (db,)).fetchone()
+    assert row is not None
+    root = Path(str(data))
+    files = [p for p in sorted((root / "base" / str(row[0])).rglob("*")) if p.is_file()]
+    wal = [p for p in sorted((root / "pg_wal").glob("0*")) if p.stat().st_mtime >= since - 1]
+    return root, files + wal
+
+
+def _toast_values(dsn: str) -> Iterator[tuple[str, bytes]]:
+    """Each TOAST relation of the database read back and each value's chunks joined."""
+    query = (
+        "SELECT c.oid::regclass::text, c.reltoastrelid::regclass::text FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.reltoastrelid <> 0 "
+        "AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+    )
+    with psycopg.connect(dsn) as conn:
+        for table, toast in conn.execute(query).fetchall():
+            rows = conn.execute(
+                sql.SQL("SELECT chunk_id, chunk_data FROM {} ORDER BY chunk_id, chunk_seq").format(
+                    sql.SQL(str(toast))
+                )
+            ).fetchall()
+            values: dict[int, list[bytes]] = {}
+            for chunk_id, data in rows:
+                values.setdefault(int(chunk_id), []).append(bytes(data))
+            yield f"{table} ({toast})", b"\n\x00\n".join(b"".join(v) for v in values.values())
+
+
+_CODECS = {
+    1: lambda b: zlib.decompress(b, 16 + zlib.MAX_WBITS),
+    2: lambda b: bytes(cramjam.snappy.decompress_raw(b)),
+    3: lambda b: bytes(cramjam.lz4.decompress(b)),
+    4: lambda b: bytes(cramjam.zstd.decompress(b)),
+}
+
+
+def _segment_batches(segment: bytes) -> Iterator[bytes]:
+    """The records of each batch of a Kafka log segment (format v2), decompressed."""
+    pos = 0
+    while pos + 61 <= len(segment):
+        (length,) = struct.unpack_from(">i", segment, pos + 8)
+        end = pos + 12 + length
+        if length < 49 or end > len(segment):
+            break
+        (attributes,) = struct.unpack_from(">h", segment, pos + 21)
+        assert segment[pos + 16] == 2, "a log segment batch of an old format"
+        payload = segment[pos + 61 : end]
+        codec = attributes & 7
+        yield _CODECS[codec](payload) if codec else payload
+        pos = end
+
+
+def _kafka_segments(data: Path, prefix: str) -> list[Path]:
+    """Every file of the deployment's topic-partition directories but the offset and time
+    indexes (offsets and file positions only, preallocated to 10 MiB each)."""
+    dirs = [d for d in sorted(data.iterdir()) if d.is_dir() and d.name.startswith(f"{prefix}.")]
+    skip = {".index", ".timeindex"}
+    return [f for d in dirs for f in sorted(d.iterdir()) if f.is_file() and f.suffix not in skip]
+
+
+def _service_logs(state: Path) -> dict[Path, int]:
+    """The services' log files and their sizes now (searched later from there on)."""
+    paths = [state / "kafka" / "kafka.log", state / "postgres" / "postgres.log"]
+    paths += [state / "redis" / "redis.log", *sorted((state / "kafka" / "logs").glob("*"))]
+    return {p: p.stat().st_size for p in paths if p.is_file()}
+
+
+def _local(path: Path) -> bool:
+    """Whether the services run here (their files can be read); in CI they must."""
+    if path.is_dir():
+        return True
+    assert not os.environ.get("CI"), f"{path} is not on this machine"
+    return False
+
+
 @pytest.fixture
 def deployment(services: Settings, tmp_path: Path) -> Iterator[Deployment]:
     env = {
@@ -283,6 +419,10 @@ def test_no_caught_example_or_its_copies_in_names_reaches_any_store_or_output(
 ) -> None:
     d = deployment
     started = time.monotonic()
+    began = time.time()
+    logs_before = _service_logs(d.settings.state_dir)
+    columns = _uncompressed_storage(d.settings.pg_address)
+    assert len(columns) >= 20, "the deployment's text and jsonb columns"
     cases, partial = caught_cases()
     assert len(cases) >= 280, "the detector's in-context recall on its tuning corpus"
     assert partial == PARTIAL, "the values alone in names that a copy does not catch"
@@ -391,11 +531,55 @@ def test_no_caught_example_or_its_copies_in_names_reaches_any_store_or_output(
     assert any(marker in p.read_bytes() for p in stored)
     assert any(marker in (r.value or b"") for r in changed)
 
+    # 6. on disk: PostgreSQL's data files (and TOAST values joined), Kafka's log segments (raw
+    # and decompressed), the services' logs since the test began
+    on_disk: dict[str, int] = {}
+    assert _compressed_values(d.settings.pg_address, columns) == 0, "values stored compressed"
+    root, pg_files = _pg_files(d.admin_dsn, d.db, began)
+    if _local(root):
+        for path in pg_files:
+            leaks += searcher.search("pg-files", str(path.relative_to(root)), path.read_bytes())
+        joined = b"".join(p.read_bytes() for p in pg_files)
+        assert marker in joined, "the data files hold the redacted entries"
+        on_disk["pg_files"] = len(pg_files)
+    toasted = 0
+    toast_marker = False
+    for where, blob in _toast_values(d.settings.pg_address):
+        toasted += blob.count(b"\n\x00\n") + 1 if blob else 0
+        toast_marker |= marker in blob
+        leaks += searcher.search("pg-toast", where, blob)
+    assert toasted and toast_marker, "TOASTed values hold redacted entries"
+    on_disk["toast_values"] = toasted
+    kafka_data = d.settings.state_dir / "kafka" / "data"
+    if _local(kafka_data):
+        segments = _kafka_segments(kafka_data, prefix)
+        batches = 0
+        decoded_marker = False
+        for path in segments:
+            raw = path.read_bytes()
+            where = f"{path.parent.name}/{path.name}"
+            leaks += searcher.search("kafka-files", where, raw)
+            if path.suffix == ".log":
+                for batch in _segment_batches(raw):
+                    batches += 1
+                    decoded_marker |= marker in batch
+                    leaks += searcher.search("kafka-files", f"{where} (decompressed)", batch)
+        assert decoded_marker and batches >= len(ledger), "the segments were decoded"
+        on_disk |= {"kafka_files": len(segments), "kafka_batches": batches}
+    logs_after = _service_logs(d.settings.state_dir)
+    for path, size in sorted(logs_after.items()):
+        start = logs_before.get(path, 0)
+        with path.open("rb") as log:
+            log.seek(start if size >= start else 0)  # a rotated log: all of it
+            leaks += searcher.search("service-logs", path.name, log.read())
+    on_disk["service_logs"] = len(logs_after)
+
     elapsed = time.monotonic() - started
     print(
         f"\nNosey Parker e2e: {len(cases)} examples ({len(cases) - len(partial)} also in names) "
         f"in {sum(expected.values())} entries of {len(expected)} runs; {len(stored)} artifacts; "
         f"{len(records)} ledger and {len(changed)} change records; bytes searched: "
-        f"{dict(searcher.bytes_searched)}; applied {applied_s:.1f} s, total {elapsed:.1f} s"
+        f"{dict(searcher.bytes_searched)}; on disk {on_disk}; applied {applied_s:.1f} s, "
+        f"total {elapsed:.1f} s"
     )
     assert not leaks, f"{len(set(leaks))} hits (rule @ where): {sorted(set(leaks))[:60]}"

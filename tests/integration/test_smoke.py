@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from infra.roundtrip import kafka_roundtrip, postgres_roundtrip, redis_roundtrip
 from infra.settings import Settings
+from streams.roundtrip import kafka_roundtrip, postgres_roundtrip, redis_roundtrip
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,13 +24,13 @@ from schemas.factory import BASE_TIME, EntryBuilder, model_usage, sample_run
 from schemas.json_form import to_json_text
 from schemas.models import EntryKind, LedgerEntry, ModelUsagePart
 from streams.deployment import PrivateDeployment
+from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
 
 FLEET = "unknowns"
 CODEX = (
-    Path(__file__).resolve().parents[3]
-    / "shared"
+    SHARED
     / "samples2"
     / "codex"
     / "codemie-rollout-2026-05-11T13-28-45-019e1695-0522-7c83-8b39-0dd379793f80.jsonl"
@@ -109,7 +108,7 @@ def _runs() -> dict[str, list[LedgerEntry]]:
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "250"},
         capture_output=True,
         text=True,

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
 from streams.deployment import PrivateDeployment
@@ -24,7 +25,6 @@ from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target
 from streams.simulate import simulate
 from streams.source import drain
-from streams.topics import ledger_topic
 from tests.integration.engine_support import current_states
 
 pytestmark = pytest.mark.integration

@@ -23,14 +23,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from consumers.views import live_states
+from infra.admin import create_fleet_topics
 from infra.settings import Settings
+from infra.topics import ledger_topic
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
-from streams.admin import create_fleet_topics
 from streams.deployment import PrivateDeployment
 from streams.health import read_health
 from streams.simulate import simulate_runs
-from streams.topics import ledger_topic
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +180,7 @@ def test_workers_never_stall_while_fleets_appear_and_workers_come_and_go(
     print(f"{len(restarted)} restarts of the faust processes, e.g. {restarted[:1]}")
 
     # Every analytics projection caught up too, and each equals a replay.
-    cli = [sys.executable, "-m", "consumers.cli"]
+    cli = [sys.executable, "-m", "infra.main"]
     verify = subprocess.run(
         [*cli, "verify", "--all", "--json"],
         env=d.env(),

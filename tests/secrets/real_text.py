@@ -14,23 +14,12 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.packs import SAMPLES as PACK_SAMPLES
+
 __all__ = ["SAMPLES", "real_texts", "sample_texts", "stdlib_texts"]
 
 
-def _samples() -> Path:
-    """The shared agent logs: ``AGENTLEDGER_SAMPLES``, else ``../shared/samples`` beside the
-    repository (or beside any folder above it, for a clone kept deeper), else /work's."""
-    if os.environ.get("AGENTLEDGER_SAMPLES"):
-        return Path(os.environ["AGENTLEDGER_SAMPLES"])
-    here = Path(__file__).resolve()
-    for folder in here.parents[2:]:
-        candidate = folder.parent / "shared" / "samples"
-        if candidate.is_dir():
-            return candidate
-    return Path("/work/shared/samples")
-
-
-SAMPLES = _samples()
+SAMPLES = Path(os.environ.get("AGENTLEDGER_SAMPLES") or PACK_SAMPLES)
 MIN_STRING = 8
 CHUNK_CHARS = 4000
 _RECORD_KEYS = {"trajectory", "history", "messages", "events", "spans"}

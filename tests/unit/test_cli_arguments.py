@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import typer
 
-from consumers.cli import app
+from infra.main import app
 
 BAD: dict[str, list[str]] = {
     "infra up": ["infra", "up", "--bogus"],
@@ -76,7 +76,7 @@ def test_a_bad_argument_is_one_line_and_exit_2(name: str, tmp_path: Path) -> Non
         "COLUMNS": "80",
     }
     done = subprocess.run(
-        [sys.executable, "-c", "from consumers.cli import main; main()", *BAD[name]],
+        [sys.executable, "-c", "from infra.main import main; main()", *BAD[name]],
         cwd=tmp_path,
         env=env,
         capture_output=True,

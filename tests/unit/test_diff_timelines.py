@@ -657,7 +657,7 @@ def test_doc_round_trip() -> None:
 
 def test_projection_identity() -> None:
     projection = DiffTimelinesProjection()
-    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 3, False)
+    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 4, False)
 
 
 # --- simulator runs -----------------------------------------------------------------------------

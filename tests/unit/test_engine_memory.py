@@ -16,6 +16,7 @@ import orjson
 import psycopg
 import pytest
 
+from infra.topics import ledger_topic
 from projectors.base import Projection, fold_all, refold
 from projectors.registry import all_projections
 from projectors.run_stats import RunStatsProjection
@@ -25,7 +26,6 @@ from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry
 from streams.engine import Engine, Poison, SourceRecord, Target
 from streams.simulate import simulate
-from streams.topics import ledger_topic
 
 CODEC = LedgerCodec()
 BUILD = "b1"

@@ -14,8 +14,8 @@ import pytest
 
 from streams.importers import FORMATS
 from streams.importers.base import ImportFormatError
+from tests.packs import SHARED
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 CASES = [
     ("mini-swe-agent", "samples2/mini-swe-agent/pr814-django__django-13660.traj.json"),
     ("mini-swe-agent", "samples/mini-swe-agent/pr814-django__django-11039.traj.json"),

@@ -22,8 +22,9 @@ from schemas.models import (
 )
 from streams.importers import FORMATS
 from streams.importers.base import ImportedRun, patch_files, patch_numstat
+from tests.packs import SHARED
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples"
+SAMPLES = SHARED / "samples"
 
 PATCH = (
     "diff --git a/app.py b/app.py\n"
@@ -154,10 +155,10 @@ def test_unreported_usage_is_unknown_never_zero() -> None:
     assert {"input_tokens", "cached_input_tokens", "reasoning_tokens"} <= set(part.unknown_fields)
     assert part.output_tokens == 7 and part.known("output_tokens")
     assert openai_usage({"prompt_tokens": 3.0, "completion_tokens": -1}).unknown == (
-        "latency_ms",
-        "cached_input_tokens",
+        "cached_input_tokens",  # (the part's field order)
         "output_tokens",
         "reasoning_tokens",
+        "latency_ms",
     )
 
 
@@ -211,7 +212,7 @@ def test_mini_swe_agent_times_come_from_the_response_when_messages_have_none(
 def test_import_help_names_every_format() -> None:
     from typer.testing import CliRunner
 
-    from consumers.cli import app
+    from infra.main import app
 
     shown = CliRunner().invoke(app, ["import", "--help"], env={"COLUMNS": "300"})
     assert shown.exit_code == 0

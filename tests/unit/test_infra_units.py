@@ -80,3 +80,24 @@ def test_kafka_config_is_single_node_kraft_without_inline_comments(tmp_path: Pat
     assert props["controller.quorum.voters"] == "1@127.0.0.1:30002"
     assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:30001"
     assert not any("#" in v for v in props.values())
+
+
+def test_one_answer_for_what_is_retried() -> None:
+    """infra.errors.is_retriable: drivers' transient errors and our errors marked retriable."""
+    import psycopg
+    import redis
+    from aiokafka.errors import KafkaConnectionError
+
+    from infra.errors import ServiceUnreachableError, is_retriable
+    from schemas.errors import BadArgumentError, LedgerDecodeError
+
+    for transient in (
+        psycopg.OperationalError("gone"),
+        redis.exceptions.ConnectionError("gone"),
+        KafkaConnectionError(),
+        ConnectionResetError(),
+        ServiceUnreachableError("later"),
+    ):
+        assert is_retriable(transient), transient
+    for final in (LedgerDecodeError("bad bytes"), BadArgumentError("no"), ValueError("x")):
+        assert not is_retriable(final), final

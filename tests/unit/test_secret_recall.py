@@ -47,11 +47,27 @@ def test_the_corpora_are_what_their_summaries_say() -> None:
     assert sum(c.prefixed for c in load("noseyparker")) == 126
 
 
+def test_the_third_source_is_what_its_summary_says() -> None:
+    """secretlint's snapshot tests (tuning): 61 examples kept, 40 of them prefixed."""
+    cases = load("secretlint")
+    summary = json.loads((CORPORA / "secretlint.dropped.json").read_text())
+    assert len(cases) == summary["kept"] == 61
+    assert sum(c.prefixed for c in cases) == summary["prefixed"] == 40
+    assert all(c.secret in c.example and len(c.secret) >= 8 for c in cases)
+    assert len({c.rule for c in cases}) == 17  # rule packages
+
+
+def test_tuning_source_secretlint_in_context_and_bare() -> None:
+    r = _recall("secretlint")
+    assert r.in_context == r.cases == 61, r.as_dict()  # 61/61 before tuning too
+    assert r.prefixed_bare == 40, r.as_dict()  # measured 37/40 before tuning on it
+
+
 def test_tuning_source_nosey_parker_in_context_and_bare() -> None:
     r = _recall("noseyparker")
     assert r.cases == 299
-    assert r.in_context >= 282, r.as_dict()  # measured 284/299 (95.0 %)
-    assert r.prefixed_bare >= 120, r.as_dict()  # measured 121/126 (96.0 %)
+    assert r.in_context >= 286, r.as_dict()  # measured 288/299 (96.3 %); 284 before round 3
+    assert r.prefixed_bare >= 125, r.as_dict()  # measured 126/126 (100 %); 121 before round 3
     # measured 159/299 (53.2 %), then 155/299 (51.8 %) after the rules stopped taking dotted
     # code names and CamelCase identifiers for tokens (the false positives on code, README)
     assert r.bare >= 152, r.as_dict()
@@ -66,10 +82,12 @@ def test_our_corpus_in_context_and_bare() -> None:
 def test_held_out_kingfisher_stays_at_its_measured_floor() -> None:
     measured = json.loads((CORPORA / "kingfisher.measured.json").read_text())
     r = _recall("kingfisher")
+    # counts only in the messages: which held-out rules miss is never shown (nor tuned on)
+    counts = (r.in_context, r.bare, r.prefixed_bare)
     assert r.cases == measured["cases"] == 73
-    assert r.in_context >= measured["in_context"], r.as_dict()  # 53/73, measured once
-    assert r.bare >= measured["bare"], r.as_dict()  # 24/73
-    assert r.prefixed_bare >= measured["prefixed_bare"], r.as_dict()  # 14/20
+    assert r.in_context >= measured["in_context"], counts  # 53/73, measured once
+    assert r.bare >= measured["bare"], counts  # 24/73
+    assert r.prefixed_bare >= measured["prefixed_bare"], counts  # 14/20
 
 
 def test_false_positives_on_both_packs_real_logs_at_most_1_per_10000_entries() -> None:
@@ -101,7 +119,7 @@ def test_the_false_positive_measure_fails_for_a_detector_that_flags_long_words()
     assert fp.per_10k > 1.0
 
 
-@pytest.mark.parametrize("source", ["noseyparker", "kingfisher"])
+@pytest.mark.parametrize("source", ["noseyparker", "kingfisher", "secretlint"])
 def test_cases_are_plain_data(source: str) -> None:
     case = load(source)[0]
     assert isinstance(case, Case) and case.source == source

@@ -10,8 +10,9 @@ import pytest
 
 from streams.importers.base import ImportFormatError
 from streams.importers.verdicts import index_runs, match, read_report
+from tests.packs import SHARED
 
-EVAL = Path(__file__).resolve().parents[3] / "shared" / "samples2" / "swebench-eval"
+EVAL = SHARED / "samples2" / "swebench-eval"
 
 
 def test_a_report_keyed_by_instance_gives_its_verdict_and_test_counts() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from infra.topics import fleet_of_ledger_topic, fleets_among
 from streams.health import Health, Supervision, WorkerHealth, stall
 from streams.supervisor import EXIT_RESTART, describe_exit, next_delay
-from streams.topics import fleet_of_ledger_topic, fleets_among
 from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
 
 A = ("p.ledger.a", 0)

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("noseyparker", "kingfisher")
+SOURCES = ("noseyparker", "kingfisher", "secretlint")
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
 NOT_SECRET = frozenset(
@@ -241,6 +241,98 @@ def write(source: str) -> None:
     print(source, json.dumps(summary))
 
 
+# secretlint (the third source, tuning): its snapshot tests' ``output.json`` give the text
+# (``sourceContent``) and what the rule found (``messages[].data``), copied into
+# ``secretlint-snapshots.jsonl`` (path, commit, rule package, found values, source text).
+SECRETLINT_REPO = "secretlint/secretlint"
+# The literal each secretlint format starts with (its documented token format): the value is
+# "prefixed" when it starts with one (as Nosey Parker's and Kingfisher's capture literals).
+SECRETLINT_PREFIXES = (
+    "dapi", "ops_eyJ", "sk-ant-api0", "AKIA", "cfat_", "cfut_", "cfk_", "dckr_pat_", "figd_",
+    "ghp_", "ghs_", "github_pat_", "glpat-", "glc_", "glsa_", "gsk_", "hvs.", "hvb.", "hvr.",
+    "hf_", "lin_api_", "ntn_", "sk-proj-", "sk-svcacct-", "sk-admin-", "npm_", "SG.", "shpss_",
+    "shpat_", "shpca_", "shppa_", "sk_live_", "sk_test_", "rk_live_", "rk_test_", "xoxa-",
+    "xoxb-", "xoxo-", "xoxp-", "xapp-", "tskey-", "vcp_", "vci_", "vca_", "vcr_", "vck_",
+    "https://hooks.slack.com/services/", "sk-",
+)  # fmt: skip
+_URL_PASSWORD = re.compile(r"://([^:/\s@]+):(.*)@([^@/\s]+)")
+
+
+def secretlint_value(found: str) -> str:
+    """The secret in what a secretlint rule reported: a URL's password for the basic-auth and
+    connection-string rules (``scheme://user:password@host``, the password possibly holding
+    ``@``), else the reported value (Slack webhooks: the whole URL)."""
+    found = found.rstrip("\"';)")
+    m = _URL_PASSWORD.search(found)
+    if m and "hooks.slack.com" not in found:
+        return m.group(2)
+    return found
+
+
+def build_secretlint() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    for line in (HERE / "secretlint-snapshots.jsonl").read_text(encoding="utf-8").splitlines():
+        snap = json.loads(line)
+        if not snap["found"]:
+            dropped["no-message (the snapshot reports nothing)"] += 1
+            continue
+        rule = "sl." + snap["rule"].removeprefix("secretlint-rule-")
+        lines = snap["source"].splitlines()
+        for found in snap["found"]:
+            secret = secretlint_value(found)
+            example = next(text for text in lines if found.rstrip("\"';)") in text)
+            if (rule, example) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((rule, example))
+            if len(secret) < 8:
+                dropped["short"] += 1
+            elif placeholder(secret):
+                dropped["placeholder"] += 1
+            else:
+                prefix = next((p for p in SECRETLINT_PREFIXES if secret.startswith(p)), "")
+                rows.append(
+                    {
+                        "source": "secretlint",
+                        "rule": rule,
+                        "name": snap["rule"],
+                        "example": example,
+                        "secret": secret,
+                        "how": "reported",
+                        "prefix": prefix,
+                        "file": snap["path"],
+                        "commit": snap["commit"],
+                    }
+                )
+    return rows, dropped
+
+
+def write_secretlint() -> None:
+    rows, dropped = build_secretlint()
+    with (HERE / "secretlint.jsonl").open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
+    summary["prefixed"] = sum(1 for r in rows if r["prefix"])
+    (HERE / "secretlint.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("secretlint", json.dumps(summary))
+
+
+def fetch_secretlint() -> None:
+    """Download each snapshot's output.json at its commit and check the stored copy."""
+    path = HERE / "secretlint-snapshots.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        snap = json.loads(line)
+        url = f"https://raw.githubusercontent.com/{SECRETLINT_REPO}/{snap['commit']}/{snap['path']}"
+        with urllib.request.urlopen(url.replace(" ", "%20"), timeout=30) as response:
+            doc = json.loads(response.read().decode("utf-8"))
+        found = [next(iter(m["data"].values())) for m in doc["messages"] if m.get("data")]
+        assert doc["sourceContent"] == snap["source"], snap["path"]
+        assert [f for f in found if f in snap["source"]] == snap["found"], snap["path"]
+
+
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -259,10 +351,12 @@ def fetch(source: str) -> None:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["fetch"]:
         for source in argv[1:] or SOURCES:
-            fetch(source)
+            fetch_secretlint() if source == "secretlint" else fetch(source)
     elif argv[:1] == ["build"]:
         for source in argv[1:] or SOURCES:
-            if (HERE / f"{source}-rules.yml").exists():
+            if source == "secretlint":
+                write_secretlint()
+            elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
     else:
         print(__doc__)

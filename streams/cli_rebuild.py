@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -142,7 +143,7 @@ def register(app: typer.Typer) -> None:
                     raise RebuildError(f"rebuild {what} needs a BUILD (see `rebuild list`)")
                 info = find_build(settings, build)
                 if what == "drop":
-                    drop(settings, info.projection, info.build)
+                    asyncio.run(drop(settings, info.projection, info.build))
                     console.print(f"dropped {info.projection} build {info.build}")
                     return
                 p = projection(info.projection, settings)
@@ -231,10 +232,11 @@ def register(app: typer.Typer) -> None:
         """Write a run's replay package (entries, offsets, schemas, versions, artifact refs and
         the artifacts the store holds), or `replay-package load DIR`: fold one back into every
         projection offline (prints JSON)."""
-        from consumers.views import NotFoundError, resolve_run
+        from infra.topics import ledger_topic
+        from projectors.stores import postgres_ops as ops
+        from schemas.errors import NotFoundError
         from streams import replay_package as rp
         from streams.artifacts import FileArtifactStore
-        from streams.topics import ledger_topic
 
         settings = load_settings()
         projections = all_projections(settings)
@@ -246,7 +248,8 @@ def register(app: typer.Typer) -> None:
                 print(json.dumps({"run_id": manifest["run_id"], "views": docs}, indent=2))
                 return
             try:
-                what = resolve_run(settings, what)  # an id, or a prefix only one id starts with
+                with ops.connect(settings.pg_address) as conn:  # an id, or a unique prefix
+                    what = ops.resolve_run(conn, what)
             except NotFoundError as exc:
                 raise rp.ReplayPackageError(str(exc)) from None
             located = asyncio.run(rp.locate(settings, what))
@@ -280,15 +283,4 @@ def _artifact_note(package: Path) -> str:
 
 
 def _as_dict(b: BuildInfo) -> dict[str, object]:
-    return {
-        "projection": b.projection,
-        "build": b.build,
-        "live": b.live,
-        "version": b.version,
-        "created_at": b.created_at,
-        "origin": b.origin,
-        "start": b.start,
-        "runs": b.runs,
-        "inputs": b.inputs,
-        "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()},
-    }
+    return {**asdict(b), "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from infra.settings import Settings
-from streams.topics import (
+from infra.topics import (
     check_fleet_id,
     dead_letter_topic,
     ensure_topics,

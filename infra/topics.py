@@ -6,7 +6,6 @@ their order inside one partition, kept forever (``retention.ms=-1``), compressed
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -14,7 +13,27 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
 from aiokafka.partitioner import murmur2
 
-from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
+from schemas.topics import (
+    FLEET_ID_RE,
+    change_schema_topic,
+    change_topic,
+    check_fleet_id,
+    dead_letter_topic,
+    fleet_of_ledger_topic,
+    fleets_among,
+    ledger_topic,
+)
+
+__all__ = [  # the names are schemas.topics' (re-exported for the write side's convenience)
+    "FLEET_ID_RE",
+    "change_schema_topic",
+    "change_topic",
+    "check_fleet_id",
+    "dead_letter_topic",
+    "fleet_of_ledger_topic",
+    "fleets_among",
+    "ledger_topic",
+]
 
 TOPIC_ALREADY_EXISTS = 36
 
@@ -29,14 +48,6 @@ LEDGER_TOPIC_CONFIG: Mapping[str, str] = {
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner (murmur2 of the key), as producers place keyed records."""
     return int(murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-def ledger_topic(prefix: str, fleet_id: str) -> str:
-    return f"{prefix}.ledger.{fleet_id}"
-
-
-def dead_letter_topic(prefix: str, fleet_id: str) -> str:
-    return f"{prefix}.dlq.{fleet_id}"
 
 
 @dataclass(frozen=True)
@@ -92,16 +103,6 @@ def fleet_topic_specs(
     ]
 
 
-FLEET_ID_RE = re.compile(FLEET_ID_PATTERN)
-
-
-def check_fleet_id(fleet_id: str) -> str:
-    """Fleet ids become topic names: letters, digits, ``_`` and ``-`` only."""
-    if not FLEET_ID_RE.match(fleet_id):
-        raise ValueError(f"fleet id {fleet_id!r} is not valid: {FLEET_ID_RULE}")
-    return fleet_id
-
-
 # Change streams (issue 18): one compacted topic per projection, across fleets (a record names
 # its fleet), keyed per run, so compaction keeps every run's latest state; and one compacted
 # topic where the relay registers each writer schema by fingerprint (readers of an older schema
@@ -111,14 +112,6 @@ CHANGE_TOPIC_CONFIG: Mapping[str, str] = {
     "compression.type": "zstd",
     "retention.ms": "-1",
 }
-
-
-def change_topic(prefix: str, projection: str) -> str:
-    return f"{prefix}.changes.{projection}"
-
-
-def change_schema_topic(prefix: str) -> str:
-    return f"{prefix}.changes._schemas"
 
 
 def change_topic_specs(
@@ -133,15 +126,6 @@ def change_topic_specs(
     return specs
 
 
-def fleet_of_ledger_topic(prefix: str, topic: str) -> str | None:
-    """The fleet a ``<prefix>.ledger.<fleet>`` topic belongs to, or None for any other topic."""
-    head = f"{prefix}.ledger."
-    if not topic.startswith(head):
-        return None
-    fleet = topic[len(head) :]
-    return fleet if FLEET_ID_RE.fullmatch(fleet) else None
-
-
 async def listed_topics(bootstrap: str) -> list[str]:
     """Every topic the cluster has."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
@@ -150,13 +134,3 @@ async def listed_topics(bootstrap: str) -> list[str]:
         return list(await admin.list_topics())
     finally:
         await admin.close()
-
-
-def fleets_among(prefix: str, topics: Iterable[str]) -> list[str]:
-    """The fleets that exist: one per ``<prefix>.ledger.<fleet>`` topic.
-
-    One notion for workers, rebuild, verify, ``dlq`` and ``topics``: a fleet made by ``topics
-    create --fleet X`` or ``import --fleet X`` exists as soon as its ledger topic does, whatever
-    ``AGENTLEDGER_FLEETS`` says (that setting only names the fleets ``infra up`` creates).
-    """
-    return sorted({f for t in topics if (f := fleet_of_ledger_topic(prefix, t)) is not None})

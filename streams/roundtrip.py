@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg
-import redis
 from aiokafka import AIOKafkaProducer
 
+from infra import databases
+from infra.clients import redis_sync_client
 from infra.errors import InfraError
 from infra.settings import Settings
+from infra.topics import TopicSpec, ensure_topics
 from streams.source import read_all
-from streams.topics import TopicSpec, ensure_topics
 
 
 async def kafka_roundtrip(settings: Settings, topic: str, count: int) -> int:
@@ -39,10 +39,7 @@ async def kafka_roundtrip(settings: Settings, topic: str, count: int) -> int:
 
 def postgres_roundtrip(settings: Settings) -> str:
     token = str(uuid.uuid4())
-    with psycopg.connect(settings.pg_address) as conn:
-        conn.execute("CREATE TEMP TABLE roundtrip (token text)")
-        conn.execute("INSERT INTO roundtrip VALUES (%s)", (token,))
-        row = conn.execute("SELECT token, version() FROM roundtrip").fetchone()
+    row = databases.roundtrip(settings.pg_address, token)
     if row is None or row[0] != token:
         raise InfraError("postgres round trip returned something else")
     return str(row[1]).split(",")[0]
@@ -50,7 +47,7 @@ def postgres_roundtrip(settings: Settings) -> str:
 
 def redis_roundtrip(settings: Settings) -> str:
     key = f"agentledger:roundtrip:{uuid.uuid4()}"
-    client = redis.Redis.from_url(settings.redis_address)
+    client = redis_sync_client(settings)
     try:
         client.set(key, "ok", ex=60)
         value = client.get(key)

@@ -1,0 +1,238 @@
+"""``agentledger``: the product's single entry point, and the composition root: the one module
+that may import every layer (nothing imports it). It assembles the command line from
+``streams.cli`` (writes), ``streams.cli_rebuild`` (rebuild, verify, replay packages) and
+``consumers.cli`` (reads), and holds what composes several layers: ``infra`` (services up,
+down and status with the workers' health), ``bench`` and ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from consumers import cli as read_commands
+from consumers.examples.budget_guard import BudgetGuard
+from infra import local
+from infra.cli_support import console, err, merge
+from infra.cli_support import settings as _settings
+from infra.services import ServiceStatus
+from infra.settings import Settings
+from schemas.errors import AgentLedgerError, BadArgumentError
+from streams import cli as write_commands
+from streams.cli_rebuild import register as register_rebuild
+
+app = typer.Typer(
+    no_args_is_help=True, help="AgentLedger: the event-sourced ledger for agent fleets."
+)
+infra_app = typer.Typer(no_args_is_help=True, help="Local Kafka, PostgreSQL and Redis.")
+app.add_typer(infra_app, name="infra")
+
+
+def _print_status(rows: list[ServiceStatus], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({r.name: r.as_dict() for r in rows}, indent=2))
+        return
+    table = Table("service", "state", "address", "pid", "managed")
+    for r in rows:
+        state = "[green]running[/]" if r.running else "[red]stopped[/]"
+        table.add_row(
+            r.name, state, r.address, str(r.pid or "-"), "local" if r.managed else "external"
+        )
+    console.print(table)
+
+
+@infra_app.command("up")
+def infra_up() -> None:
+    """Start local Kafka, PostgreSQL and Redis (idempotent; external ones are left alone)."""
+    rows = local.up(_settings(), console)
+    _print_status(rows, as_json=False)
+
+
+@infra_app.command("down")
+def infra_down(
+    purge: Annotated[bool, typer.Option("--purge", help="also delete their data")] = False,
+) -> None:
+    """Stop the local services cleanly; data is kept unless --purge."""
+    local.down(_settings(), console, purge=purge)
+
+
+@infra_app.command("status")
+def infra_status(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Say what runs where: the services, the project's running workers (found from any
+    folder inside the project) with their restarts, and every worker's health from
+    PostgreSQL (lag per partition, last applied batch). Exit 1 when a worker has applied
+    nothing for longer than AGENTLEDGER_WORKER_STALL_S while its partitions have lag."""
+    from streams.health import WorkerHealth, read_health, stalled_workers
+
+    settings = _settings()
+    rows = local.status(settings, console)
+    workers = local.running_workers(settings)
+    health: list[WorkerHealth] = []
+    pg = next((r for r in rows if r.name == "postgres"), None)
+    if pg is not None and pg.running:
+        try:
+            health = read_health(settings.pg_address)
+        except Exception as exc:  # status reports; it does not fail on a table it cannot read
+            err.print(f"worker health unreadable: {escape(type(exc).__name__)}")
+    stall_s = settings.worker_stall_s
+    stalled = stalled_workers(health, stall_s)
+    if as_json:
+        doc: dict[str, object] = {r.name: r.as_dict() for r in rows}
+        doc["workers"] = workers
+        doc["worker_health"] = [w.as_dict(stall_s) for w in health]
+        doc["stalled"] = [w.worker_id for w in stalled]
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_status(rows, as_json=False)
+        if not workers:
+            console.print(f"no workers running here (state: {settings.state_dir})")
+        else:
+            table = Table("worker pid", "faust pid", "projections", "restarts", "last exit")
+            for w in workers:
+                table.add_row(
+                    str(w["pid"]),
+                    str(w.get("child_pid") or "-"),
+                    str(w["projections"]),
+                    str(w.get("restarts", 0)),
+                    str(w.get("last_exit") or "-"),
+                )
+            console.print(table)
+        if health:
+            table = Table("worker", "group", "state", "behind", "partitions", "last batch")
+            for h in health:
+                d = h.as_dict(stall_s)
+                ago = h.last_applied_s_ago
+                table.add_row(
+                    h.worker_id,
+                    h.group,
+                    d["state"],
+                    f"{h.behind:,}" if h.lag else "unknown",
+                    str(len(h.lag)),
+                    "never" if ago is None else f"{ago:.0f}s ago",
+                )
+            console.print(table)
+    if stalled:
+        for bad in stalled:
+            err.print(
+                f"[red]stalled:[/] worker {bad.worker_id} (faust pid {bad.pid}) has applied "
+                f"nothing for over "
+                f"{stall_s:g}s while {bad.behind:,} entries wait on its partitions"
+            )
+        raise typer.Exit(code=1)
+
+
+merge(app, write_commands.commands)
+
+
+@app.command("bench")
+def bench(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="small N: exercises the code only")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    mix: Annotated[
+        str, typer.Option(help="run lengths of the traffic: 'real' (as real agents') or 'short'")
+    ] = "real",
+    entries: Annotated[
+        int | None, typer.Option(help="entries for the ingest and rebuild figures")
+    ] = None,
+) -> None:
+    """Measure throughput and latency, each beside a baseline measured in the same run."""
+    from streams.bench import run_bench
+    from streams.simulate import LENGTH_PROFILES
+
+    if mix not in LENGTH_PROFILES:
+        raise typer.BadParameter(f"known mixes: {', '.join(LENGTH_PROFILES)}")
+    if entries is not None and entries < 1000:
+        raise typer.BadParameter("--entries takes at least 1,000")
+    settings = _settings()
+    local.up(settings, Console(quiet=True))
+    report = asyncio.run(run_bench(settings, quick, _budget_guard, mix, entries))
+    if as_json:
+        print(report.as_json())
+        return
+    table = Table("figure", "value", "baseline (same run)", "ratio")
+    for f in report.figures:
+        base = f"{f.baseline:,.1f} {f.unit}  ({f.baseline_name})" if f.baseline is not None else "-"
+        ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
+        table.add_row(f.name, f"{f.value:,.1f} {f.unit}", base, ratio)
+    console.print(table)
+    console.print(json.dumps(report.machine))
+
+
+def _budget_guard(settings: Settings) -> BudgetGuard:
+    """The bench's budget guard: the example consumer, following changes from now on."""
+    return BudgetGuard(settings, start="now", idle_timeout_s=0.5)
+
+
+merge(app, read_commands.commands)
+
+
+@app.command("demo")
+def demo() -> None:
+    """Bring the stack up and run the demo pipeline end to end."""
+    from consumers.demo import show
+    from streams.demo import publish_demo
+
+    settings = _settings()
+    local.up(settings, console)
+    local.start_worker(settings, console)
+    entries, published_at = publish_demo(settings, console)
+    show(settings, entries, published_at, console)
+
+
+register_rebuild(app)
+
+
+def main() -> None:
+    """Every error is one line on stderr: exit 2 for a bad argument, 1 for anything else (set
+    AGENTLEDGER_DEBUG=1 to get an unexpected error's traceback)."""
+
+    # typer carries its own copy of click: its usage errors are BadParameter's bases
+    bases = typer.BadParameter.__mro__
+    usage_error: type[Exception] = next(c for c in bases if c.__name__ == "UsageError")
+    click_error: type[Exception] = next(c for c in bases if c.__name__ == "ClickException")
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as exc:  # a bad or missing argument or option, an unknown command
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "agentledger"
+        message = exc.format_message()  # type: ignore[attr-defined]
+        if message:  # (a command group given no command has printed its help)
+            err.print(f"[red]error:[/] {escape(message)} (see {where} --help)", soft_wrap=True)
+        raise SystemExit(2) from None
+    except click_error as exc:
+        err.print(f"[red]error:[/] {escape(exc.format_message())}", soft_wrap=True)  # type: ignore[attr-defined]
+        raise SystemExit(exc.exit_code) from None  # type: ignore[attr-defined]
+    except typer.Abort:
+        err.print("[red]aborted[/]")
+        raise SystemExit(1) from None
+    except BadArgumentError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(2) from None
+    except AgentLedgerError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(1) from None
+    except Exception as exc:
+        if os.environ.get("AGENTLEDGER_DEBUG"):
+            raise
+        err.print(
+            f"[red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))} "
+            "(AGENTLEDGER_DEBUG=1 shows where)",
+            soft_wrap=True,
+        )
+        raise SystemExit(1) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

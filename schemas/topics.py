@@ -1,0 +1,65 @@
+"""Topic names: the one place that says what a fleet's ledger, dead-letter and change topics are
+called, for publishers, workers, readers and ops alike (creating them is ``infra.topics``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
+
+__all__ = [
+    "FLEET_ID_RE",
+    "change_schema_topic",
+    "change_topic",
+    "check_fleet_id",
+    "dead_letter_topic",
+    "fleet_of_ledger_topic",
+    "fleets_among",
+    "ledger_topic",
+]
+
+
+def ledger_topic(prefix: str, fleet_id: str) -> str:
+    return f"{prefix}.ledger.{fleet_id}"
+
+
+def dead_letter_topic(prefix: str, fleet_id: str) -> str:
+    return f"{prefix}.dlq.{fleet_id}"
+
+
+FLEET_ID_RE = re.compile(FLEET_ID_PATTERN)
+
+
+def check_fleet_id(fleet_id: str) -> str:
+    """Fleet ids become topic names: letters, digits, ``_`` and ``-`` only."""
+    if not FLEET_ID_RE.match(fleet_id):
+        raise ValueError(f"fleet id {fleet_id!r} is not valid: {FLEET_ID_RULE}")
+    return fleet_id
+
+
+def change_topic(prefix: str, projection: str) -> str:
+    return f"{prefix}.changes.{projection}"
+
+
+def change_schema_topic(prefix: str) -> str:
+    return f"{prefix}.changes._schemas"
+
+
+def fleet_of_ledger_topic(prefix: str, topic: str) -> str | None:
+    """The fleet a ``<prefix>.ledger.<fleet>`` topic belongs to, or None for any other topic."""
+    head = f"{prefix}.ledger."
+    if not topic.startswith(head):
+        return None
+    fleet = topic[len(head) :]
+    return fleet if FLEET_ID_RE.fullmatch(fleet) else None
+
+
+def fleets_among(prefix: str, topics: Iterable[str]) -> list[str]:
+    """The fleets that exist: one per ``<prefix>.ledger.<fleet>`` topic.
+
+    One notion for workers, rebuild, verify, ``dlq`` and ``topics``: a fleet made by ``topics
+    create --fleet X`` or ``import --fleet X`` exists as soon as its ledger topic does, whatever
+    ``AGENTLEDGER_FLEETS`` says (that setting only names the fleets ``infra up`` creates).
+    """
+    return sorted({f for t in topics if (f := fleet_of_ledger_topic(prefix, t)) is not None})
