@@ -49,7 +49,7 @@ FLEETS = ["fleet-01", "fleet-02"]
 Runs = list[list[LedgerEntry]]
 # From the beginning after this many runs of real lengths (40: 11,802 entries in CI); the
 # issue's 100k entries is `AGENTLEDGER_TEST_CHANGE_RUNS=270` (105,746 entries).
-RUNS = int(os.environ.get("AGENTLEDGER_TEST_CHANGE_RUNS", "40"))
+RUNS = int(os.environ.get("AGENTLEDGER_TEST_CHANGE_RUNS", "20"))
 
 
 class Deployment(PrivateDeployment):
