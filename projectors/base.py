@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 import orjson
 from pydantic import BaseModel
 
-from schemas.models import JsonPart, LedgerEntry
+from schemas.models import JsonPart, LedgerEntry, ModelUsagePart
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -57,6 +57,32 @@ def json_object(entry: LedgerEntry) -> dict[str, object]:
             if isinstance(value, dict):
                 return value
     return {}
+
+
+def call_key(entry: LedgerEntry, index: int, part: ModelUsagePart) -> str:
+    """What a provider response is counted once by: its provider response id, else the entry's
+    id (``#i`` for the entry's i-th usage part after the first)."""
+    if part.provider_response_id:
+        return part.provider_response_id
+    return entry.entry_id if index == 0 else f"{entry.entry_id}#{index}"
+
+
+def new_calls(entry: LedgerEntry, seen: Container[str]) -> list[tuple[str, ModelUsagePart]]:
+    """The entry's model calls a run has not counted yet, with their keys: one rule for every
+    projection that counts responses ("a provider response counts once"). A usage part whose
+    :func:`call_key` is in ``seen`` (the run's counted keys, or the newest of them a projection
+    keeps) or earlier in the same entry is the same response reported again."""
+    found: list[tuple[str, ModelUsagePart]] = []
+    keys: set[str] = set()
+    index = 0
+    for part in entry.parts:
+        if isinstance(part, ModelUsagePart):
+            key = call_key(entry, index, part)
+            index += 1
+            if key not in seen and key not in keys:
+                keys.add(key)
+                found.append((key, part))
+    return found
 
 
 REJECTIONS = frozenset({"REJECTED", "DENIED"})

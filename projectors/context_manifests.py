@@ -54,7 +54,14 @@ from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, assert
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy, capped, metadata_count
+from projectors.base import (
+    HistoryRow,
+    ModelProjection,
+    QuickCopy,
+    capped,
+    metadata_count,
+    new_calls,
+)
 from projectors.trust import INSTRUCTION_TRUST, may_instruct, model_visible, offered
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.context_delta import positions_delta, resolve
@@ -433,7 +440,9 @@ class ContextManifest(_Frozen):
     # instructions, and the end of the prefix shared with the last model call's next turn.
     cache_breakpoints: tuple[int, ...] = ()
     compaction_due: bool = False
-    call_fingerprint: str | None = None  # a recorded call without a response id: its usage
+    # (until version 6, a recorded call without a response id: its usage; no longer set, kept so
+    # that documents written before load)
+    call_fingerprint: str | None = None
 
 
 # An item's identity and size, all a stable-prefix comparison needs: (item kind, source entry
@@ -502,7 +511,9 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # sanitization, cache breakpoints, compaction signal, error lines kept by placeholders
     # 4: the memory's retired items bounded (long runs)
     # 5: manifest rows carry their violations as a delta too, whole every 64th row
-    version = 5
+    version = (
+        6  # 6: a response counts once by the one rule (no usage fingerprint for id-less calls)
+    )
     hot = True
     state_type = ContextState
     # what grows with the run (recorded manifests are history rows) or with the compaction
@@ -991,23 +1002,19 @@ _TRUST_VALUES: dict[str, str] = {t: t.value for t in TrustLevel}
 def _bind_model_call(state: ContextState, entry: LedgerEntry) -> dict[str, Any]:
     """The changes a model call makes: its manifest bound to it (or counted)."""
     parent = entry.causation.parent_entry_id
-    response = next((p.provider_response_id for p in _usage(entry)), None)
-    fingerprint = None if response is not None else _call_fingerprint(entry)
     bound = [m for m in state.manifests if m.context_entry_id == parent and parent is not None]
     if not bound:
         missing = (*state.model_calls_without_context, entry.entry_id)
         return {"model_calls_without_context": missing}
-    if any(
-        (m.provider_response_id == response and response is not None)
-        or (fingerprint is not None and m.call_fingerprint == fingerprint)
-        for m in bound
-    ):  # the same response reported again (by its id, or without one by its usage)
+    seen = {m.provider_response_id for m in bound if m.provider_response_id is not None}
+    fresh = new_calls(entry, seen)
+    if _usage(entry) and not fresh:  # the same response reported again (projectors.base rule)
         return {"duplicate_model_calls": state.duplicate_model_calls + 1}
+    response = fresh[0][1].provider_response_id if fresh else None
     call = {
         "manifest_id": entry.entry_id,
         "model_call_entry_id": entry.entry_id,
         "provider_response_id": response,
-        "call_fingerprint": fingerprint,
     }
     first = bound[0]
     if first.model_call_entry_id is None:
@@ -1019,18 +1026,6 @@ def _bind_model_call(state: ContextState, entry: LedgerEntry) -> dict[str, Any]:
 
 def _usage(entry: LedgerEntry) -> list[ModelUsagePart]:
     return [p for p in entry.parts if isinstance(p, ModelUsagePart)]
-
-
-def _call_fingerprint(entry: LedgerEntry) -> str | None:
-    """A call without a provider response id, told apart by what it reported."""
-    usage = _usage(entry)
-    if not usage:
-        return None
-    return "|".join(
-        f"{u.provider}/{u.model}:{u.input_tokens}/{u.cached_input_tokens}/{u.output_tokens}/"
-        f"{u.reasoning_tokens}/{u.latency_ms}"
-        for u in usage
-    )
 
 
 def _admit(state: ContextState, entry: LedgerEntry, budget: ContextBudget) -> dict[str, Any]:

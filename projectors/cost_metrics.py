@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
-from projectors.base import BIGINT_MAX, HistoryRow, ModelProjection, QuickCopy
+from projectors.base import BIGINT_MAX, HistoryRow, ModelProjection, QuickCopy, new_calls
 from projectors.pricing import (
     ENTRY_FIELDS,
     NORMALIZER_VERSION,
@@ -284,17 +284,11 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
         ]
 
     def _model_call(self, state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
-        seen, fresh, calls, duplicates = state.seen_keys, set(), [], 0
-        usages = [p for p in entry.parts if isinstance(p, ModelUsagePart)]
-        for i, part in enumerate(usages):
-            key = part.provider_response_id or (
-                entry.entry_id if i == 0 else f"{entry.entry_id}#{i}"
-            )
-            if key in seen or key in fresh:
-                duplicates += 1
-                continue
-            fresh.add(key)
-            calls.append(self._call(part, entry, key))
+        seen = state.seen_keys
+        fresh = new_calls(entry, seen)
+        usages = sum(1 for p in entry.parts if isinstance(p, ModelUsagePart))
+        duplicates = usages - len(fresh)
+        calls = [self._call(part, entry, key) for key, part in fresh]
         if not calls:
             if not duplicates:
                 return state
@@ -302,7 +296,7 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
                 update={"duplicate_reports": state.duplicate_reports + duplicates}
             )
         update = _counted(state, calls, duplicates, entry.occurred_at)
-        update["seen_keys"] = seen | fresh
+        update["seen_keys"] = seen | {key for key, _ in fresh}
         return self._judged(state, update)
 
     def _call(self, part: ModelUsagePart, entry: LedgerEntry, key: str) -> CallCost:

@@ -61,6 +61,7 @@ from projectors.base import (
     approval_decision,
     json_object,
     metadata_count,
+    new_calls,
     parse_json,
     storable,
 )
@@ -915,13 +916,9 @@ def _after_test_tool(
 def _model_called(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     rows: list[TimelineRow] = []
     seen = state.model_responses
-    for part in entry.parts:
-        if not isinstance(part, ModelUsagePart):
-            continue
+    for _, part in new_calls(entry, seen):  # a response reported again adds no row
         response = part.provider_response_id
-        if response is not None and response in seen:
-            continue  # the same response reported again (once per content block)
-        if response is not None:
+        if response is not None:  # (an entry's own id never comes again: not kept)
             seen = {**seen, response: entry.sequence_no}
             if len(seen) > KEEP_RESPONSES:  # the newest by seq, not by key order (jsonb
                 # reorders object keys, so a reloaded state's order is not its insertion order)

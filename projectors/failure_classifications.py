@@ -79,7 +79,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from projectors.base import HistoryRow, ModelProjection, QuickCopy, approval_decision
+from projectors.base import HistoryRow, ModelProjection, QuickCopy, approval_decision, new_calls
 from schemas.errors import AgentLedgerError
 from schemas.models import (
     DiffPart,
@@ -87,7 +87,6 @@ from schemas.models import (
     ErrorPart,
     LedgerEntry,
     ModelCallStatus,
-    ModelUsagePart,
     RunStatus,
     ToolCallPart,
     ToolResultPart,
@@ -364,7 +363,7 @@ class FailureClassifications(ModelProjection[RunDiagnosis]):
     """Per run, one failure class of ``taxonomy`` (default: the shipped v1) with its evidence."""
 
     name = "failure-classifications"
-    version = 2  # 2: approval decisions read as every projection reads them (a JSON "decision" too)
+    version = 2  # 2: approvals and model calls read by the rules every projection shares
     hot = False
     state_type = RunDiagnosis
 
@@ -569,26 +568,30 @@ def _error(ev: Evidence, entry: LedgerEntry) -> Observed:
 
 
 def _model_call(ev: Evidence, entry: LedgerEntry) -> Observed:
-    for usage in entry.parts:
-        if isinstance(usage, ModelUsagePart):
-            break
-    else:
+    fresh = new_calls(entry, ev.recent_responses)
+    if not fresh:  # no model call, or only responses reported again
         return ev, False
-    response = usage.provider_response_id
-    if response is not None and response in ev.recent_responses:
-        return ev, False
-    status = usage.status
-    ref = _ref(entry, f"model call {usage.provider}/{usage.model} {status}")
-    update: dict[str, Any] = {"last_model_status": status, "last_model_call": ref}
-    if response is not None:
-        update["recent_responses"] = (*ev.recent_responses, response)[-_MAX_RESPONSES:]
-    if status is not ModelCallStatus.OK:
-        update["model_calls"] = _bump(ev.model_calls, _TEXT[status], ref)
-    moved = status is not ModelCallStatus.OK or ev.last_model_status not in (
-        None,
-        ModelCallStatus.OK,
-    )
-    return ev.model_copy(update=update), moved
+    moved = False
+    for _, usage in fresh:
+        status = usage.status
+        ref = _ref(entry, f"model call {usage.provider}/{usage.model} {status}")
+        update: dict[str, Any] = {"last_model_status": status, "last_model_call": ref}
+        response = usage.provider_response_id
+        if response is not None:
+            update["recent_responses"] = (*ev.recent_responses, response)[-_MAX_RESPONSES:]
+        if status is not ModelCallStatus.OK:
+            update["model_calls"] = _bump(ev.model_calls, _TEXT[status], ref)
+        moved = (
+            moved
+            or status is not ModelCallStatus.OK
+            or ev.last_model_status
+            not in (
+                None,
+                ModelCallStatus.OK,
+            )
+        )
+        ev = ev.model_copy(update=update)
+    return ev, moved
 
 
 def _verification(ev: Evidence, entry: LedgerEntry) -> Observed:

@@ -317,14 +317,27 @@ def test_7_tool_output_renders_as_data_with_its_flag_and_empty_turns_go() -> Non
     ]
 
 
-def test_7_a_model_call_reported_twice_without_a_response_id_is_one_manifest() -> None:
+def test_7_a_model_call_reported_twice_is_one_manifest_by_its_response_id() -> None:
+    """One rule for every projection (issue 28, ``projectors.base.new_calls``): the same
+    response id again is a repeat; two entries without one are two calls, as cost metrics counts
+    them (context-manifests 6; until 5 it took alike usage for a repeat)."""
     b = _policy_run()
     context = b.add(EntryKind.CONTEXT_PROJECTED)
-    usage = model_usage().model_copy(update={"provider_response_id": None})
+    usage = model_usage()
+    assert usage.provider_response_id
     for _ in range(2):
         b.add(EntryKind.MODEL_CALL, (usage,), causation=Causation(parent_entry_id=context.entry_id))
     state = _state(b.entries)
     assert len(state.manifests) == 1 and state.duplicate_model_calls == 1
+    anonymous = usage.model_copy(update={"provider_response_id": None})
+    for _ in range(2):
+        b.add(
+            EntryKind.MODEL_CALL,
+            (anonymous,),
+            causation=Causation(parent_entry_id=context.entry_id),
+        )
+    state = _state(b.entries)
+    assert len(state.manifests) == 3 and state.duplicate_model_calls == 1
 
 
 # --- the seeds' rules ------------------------------------------------------------------------
