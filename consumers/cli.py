@@ -73,7 +73,8 @@ def context(
     """A run's next-turn context manifest, or the manifest recorded for one model call."""
     from consumers.render import print_manifest
     from consumers.views import history_row, live_state
-    from projectors.context_manifests import ContextManifest, render, resolve_manifest
+    from projectors.context_manifests import ContextManifest, resolve_manifest
+    from projectors.context_render import render
     from schemas.errors import NotFoundError
 
     settings = _settings()

@@ -14,8 +14,8 @@ from projectors.context_manifests import (
     ContextState,
     estimate_tokens,
     memory_text,
-    render,
 )
+from projectors.context_render import render
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.factory import EntryBuilder, model_usage, tool_call
 from schemas.models import (

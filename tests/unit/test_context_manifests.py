@@ -24,9 +24,9 @@ from projectors.context_manifests import (
     ManifestItem,
     estimate_tokens,
     is_data_section,
-    render,
     scan_instruction_like,
 )
+from projectors.context_render import render
 from projectors.registry import all_projections
 from schemas.factory import EntryBuilder, artifact, model_usage, sha256_hex, tool_call
 from schemas.models import (

@@ -37,9 +37,9 @@ from projectors.context_manifests import (
     is_data_section,
     memory_text,
     next_turn,
-    render,
     sha256_hex,
 )
+from projectors.context_render import render
 from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
 from schemas.factory import EntryBuilder, digest, model_usage
 from schemas.models import (
