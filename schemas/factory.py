@@ -13,77 +13,38 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schemas.models import (
-    STEP_ID_MAX,
-    STEP_ID_PATTERN,
-    ActorType,
-    ArtifactRef,
-    ArtifactRefPart,
-    Causation,
-    ContextItem,
-    ContextItemKind,
-    ContextItemsPart,
-    DiffFile,
-    DiffPart,
-    EntryKind,
-    ErrorPart,
-    FileChangeStatus,
-    FileClassification,
-    FileSnippetPart,
-    JsonPart,
-    LedgerEntry,
-    MemoryProposalPart,
-    ModelCallStatus,
-    ModelUsagePart,
-    Part,
-    PermissionClass,
-    ProposedDecision,
-    ProposedFact,
-    ProposedProblem,
-    Redaction,
-    RedactionLevel,
-    RedactionType,
-    RunStatus,
-    TextPart,
-    ToolCallPart,
-    ToolResultPart,
-    ToolResultStatus,
-    TrustLevel,
-    VerificationPart,
-    VerificationStatus,
-    Visibility,
-)
+from schemas import models as m
 
 BASE_TIME = datetime(2026, 7, 4, 3, 0, 0, 123456, tzinfo=UTC)
-A, T, V = ActorType, TrustLevel, Visibility
+A, T, V = m.ActorType, m.TrustLevel, m.Visibility
 # Who typically publishes each kind, with which trust label and visibility.
-PROFILES: dict[EntryKind, tuple[ActorType, TrustLevel, Visibility]] = {
-    EntryKind.SYSTEM_INSTRUCTION: (A.SYSTEM, T.PLATFORM_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.DEVELOPER_INSTRUCTION: (A.SYSTEM, T.PLATFORM_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.ORG_POLICY: (A.SYSTEM, T.ORG_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.REPOSITORY_INSTRUCTION: (A.TOOL, T.REPOSITORY_UNTRUSTED, V.MODEL_VISIBLE),
-    EntryKind.USER_TASK: (A.USER, T.USER_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.AGENT_THOUGHT_SUMMARY: (A.AGENT, T.MODEL_GENERATED, V.AUDIT_ONLY),
-    EntryKind.ASSISTANT_RESPONSE: (A.AGENT, T.MODEL_GENERATED, V.MODEL_VISIBLE),
-    EntryKind.TOOL_CALL_REQUEST: (A.AGENT, T.MODEL_GENERATED, V.MODEL_VISIBLE),
-    EntryKind.TOOL_CALL_RESULT: (A.TOOL, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.FILE_OBSERVATION: (A.TOOL, T.REPOSITORY_UNTRUSTED, V.MODEL_VISIBLE),
-    EntryKind.DIFF_OBSERVATION: (A.TOOL, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.VERIFIER_RESULT: (A.VERIFIER, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.JUDGE_RESULT: (A.JUDGE, T.MODEL_GENERATED, V.HUMAN_VISIBLE),
-    EntryKind.APPROVAL_REQUEST: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.HUMAN_VISIBLE),
-    EntryKind.APPROVAL_DECISION: (A.HUMAN_REVIEWER, T.USER_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.RUN_SUMMARY: (A.AGENT, T.MODEL_GENERATED, V.HUMAN_VISIBLE),
-    EntryKind.ERROR_EVENT: (A.SYSTEM, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.RUN_STARTED: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.INTERNAL_ONLY),
-    EntryKind.RUN_FINISHED: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.INTERNAL_ONLY),
-    EntryKind.MODEL_CALL: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.AUDIT_ONLY),
-    EntryKind.CONTEXT_PROJECTED: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.AUDIT_ONLY),
-    EntryKind.DIFF_SNAPSHOT: (A.ORCHESTRATOR, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
-    EntryKind.MEMORY_UPDATE_PROPOSED: (A.AGENT, T.MODEL_GENERATED, V.MODEL_VISIBLE),
-    EntryKind.COMPACTION: (A.ORCHESTRATOR, T.MODEL_GENERATED, V.MODEL_VISIBLE),
-    EntryKind.ARTIFACT_STORED: (A.SYSTEM, T.TOOL_TRUSTED, V.AUDIT_ONLY),
-    EntryKind.UNKNOWN: (A.UNKNOWN, T.UNKNOWN, V.INTERNAL_ONLY),
+PROFILES: dict[m.EntryKind, tuple[m.ActorType, m.TrustLevel, m.Visibility]] = {
+    m.EntryKind.SYSTEM_INSTRUCTION: (A.SYSTEM, T.PLATFORM_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.DEVELOPER_INSTRUCTION: (A.SYSTEM, T.PLATFORM_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.ORG_POLICY: (A.SYSTEM, T.ORG_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.REPOSITORY_INSTRUCTION: (A.TOOL, T.REPOSITORY_UNTRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.USER_TASK: (A.USER, T.USER_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.AGENT_THOUGHT_SUMMARY: (A.AGENT, T.MODEL_GENERATED, V.AUDIT_ONLY),
+    m.EntryKind.ASSISTANT_RESPONSE: (A.AGENT, T.MODEL_GENERATED, V.MODEL_VISIBLE),
+    m.EntryKind.TOOL_CALL_REQUEST: (A.AGENT, T.MODEL_GENERATED, V.MODEL_VISIBLE),
+    m.EntryKind.TOOL_CALL_RESULT: (A.TOOL, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.FILE_OBSERVATION: (A.TOOL, T.REPOSITORY_UNTRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.DIFF_OBSERVATION: (A.TOOL, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.VERIFIER_RESULT: (A.VERIFIER, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.JUDGE_RESULT: (A.JUDGE, T.MODEL_GENERATED, V.HUMAN_VISIBLE),
+    m.EntryKind.APPROVAL_REQUEST: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.HUMAN_VISIBLE),
+    m.EntryKind.APPROVAL_DECISION: (A.HUMAN_REVIEWER, T.USER_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.RUN_SUMMARY: (A.AGENT, T.MODEL_GENERATED, V.HUMAN_VISIBLE),
+    m.EntryKind.ERROR_EVENT: (A.SYSTEM, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.RUN_STARTED: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.INTERNAL_ONLY),
+    m.EntryKind.RUN_FINISHED: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.INTERNAL_ONLY),
+    m.EntryKind.MODEL_CALL: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.AUDIT_ONLY),
+    m.EntryKind.CONTEXT_PROJECTED: (A.ORCHESTRATOR, T.PLATFORM_TRUSTED, V.AUDIT_ONLY),
+    m.EntryKind.DIFF_SNAPSHOT: (A.ORCHESTRATOR, T.TOOL_TRUSTED, V.MODEL_VISIBLE),
+    m.EntryKind.MEMORY_UPDATE_PROPOSED: (A.AGENT, T.MODEL_GENERATED, V.MODEL_VISIBLE),
+    m.EntryKind.COMPACTION: (A.ORCHESTRATOR, T.MODEL_GENERATED, V.MODEL_VISIBLE),
+    m.EntryKind.ARTIFACT_STORED: (A.SYSTEM, T.TOOL_TRUSTED, V.AUDIT_ONLY),
+    m.EntryKind.UNKNOWN: (A.UNKNOWN, T.UNKNOWN, V.INTERNAL_ONLY),
 }
 
 
@@ -97,31 +58,31 @@ def digest(text: str) -> str:
     return f"sha256:{sha256_hex(text)}"
 
 
-def artifact(name: str, content_type: str = "text/plain", size: int = 2048) -> ArtifactRef:
+def artifact(name: str, content_type: str = "text/plain", size: int = 2048) -> m.ArtifactRef:
     """A reference to an artifact named `name`."""
-    return ArtifactRef(
+    return m.ArtifactRef(
         artifact_id=f"art-{name}",
         sha256=sha256_hex(name),
         size_bytes=size,
         content_type=content_type,
-        redaction_level=RedactionLevel.REVIEW,
+        redaction_level=m.RedactionLevel.REVIEW,
     )
 
 
-def artifact_part(name: str, content_type: str = "text/plain") -> ArtifactRefPart:
+def artifact_part(name: str, content_type: str = "text/plain") -> m.ArtifactRefPart:
     """An artifact reference as a part."""
-    return ArtifactRefPart(**artifact(name, content_type).model_dump())
+    return m.ArtifactRefPart(**artifact(name, content_type).model_dump())
 
 
-def json_part(value: Any, schema_ref: str | None = None) -> JsonPart:
+def json_part(value: Any, schema_ref: str | None = None) -> m.JsonPart:
     """A JSON part holding `value`."""
-    return JsonPart(json_text=json.dumps(value, sort_keys=True), schema_ref=schema_ref)
+    return m.JsonPart(json_text=json.dumps(value, sort_keys=True), schema_ref=schema_ref)
 
 
-def file_snippet(path: str = "src/app/OrderService.java") -> FileSnippetPart:
+def file_snippet(path: str = "src/app/OrderService.java") -> m.FileSnippetPart:
     """A 3-line slice of `path`, inlined."""
     text = "class OrderService {\n  // ...\n}\n"
-    return FileSnippetPart(
+    return m.FileSnippetPart(
         path=path,
         line_start=20,
         line_end=22,
@@ -131,53 +92,53 @@ def file_snippet(path: str = "src/app/OrderService.java") -> FileSnippetPart:
     )
 
 
-def diff(with_artifact: bool = True) -> DiffPart:
+def diff(with_artifact: bool = True) -> m.DiffPart:
     """A diff touching a source file, a test and a renamed config file."""
     files = (
-        _diff_file("src/app/OrderService.java", FileClassification.SOURCE, 8, 3),
-        _diff_file("src/test/app/OrderServiceTest.java", FileClassification.TEST, 2, 2),
-        DiffFile(
+        _diff_file("src/app/OrderService.java", m.FileClassification.SOURCE, 8, 3),
+        _diff_file("src/test/app/OrderServiceTest.java", m.FileClassification.TEST, 2, 2),
+        m.DiffFile(
             path="config/app.yaml",
-            status=FileChangeStatus.RENAMED,
+            status=m.FileChangeStatus.RENAMED,
             lines_added=0,
             lines_deleted=0,
-            classification=FileClassification.CONFIG,
+            classification=m.FileClassification.CONFIG,
             old_path="config/app.yml",
         ),
     )
     patch = artifact("patch", "text/x-diff") if with_artifact else None
-    return DiffPart(
+    return m.DiffPart(
         files=files, diff_artifact=patch, base_sha="f9a0c1d", workspace_tree_hash="a91b2c3"
     )
 
 
-def _diff_file(path: str, kind: FileClassification, added: int, deleted: int) -> DiffFile:
-    return DiffFile(
+def _diff_file(path: str, kind: m.FileClassification, added: int, deleted: int) -> m.DiffFile:
+    return m.DiffFile(
         path=path,
-        status=FileChangeStatus.MODIFIED,
+        status=m.FileChangeStatus.MODIFIED,
         lines_added=added,
         lines_deleted=deleted,
         classification=kind,
     )
 
 
-def tool_call(tool_call_id: str = "call-1", at: datetime = BASE_TIME) -> ToolCallPart:
+def tool_call(tool_call_id: str = "call-1", at: datetime = BASE_TIME) -> m.ToolCallPart:
     """A finished read-only repository search."""
-    return ToolCallPart(
+    return m.ToolCallPart(
         tool_call_id=tool_call_id,
         tool_name="repo.search",
-        permission_class=PermissionClass.READ_ONLY,
+        permission_class=m.PermissionClass.READ_ONLY,
         arguments_hash=digest('{"query":"OrderService"}'),
         started_at=at,
         finished_at=at + timedelta(milliseconds=1500, microseconds=7),
     )
 
 
-def tool_result(tool_call_id: str = "call-1") -> ToolResultPart:
+def tool_result(tool_call_id: str = "call-1") -> m.ToolResultPart:
     """A successful result with its full output as an artifact."""
-    return ToolResultPart(
+    return m.ToolResultPart(
         tool_call_id=tool_call_id,
-        status=ToolResultStatus.SUCCEEDED,
+        status=m.ToolResultStatus.SUCCEEDED,
         exit_code=0,
         timed_out=False,
         summary="Found 2 matches in src/app.",
@@ -185,9 +146,9 @@ def tool_result(tool_call_id: str = "call-1") -> ToolResultPart:
     )
 
 
-def verification(status: VerificationStatus = VerificationStatus.FAILED) -> VerificationPart:
+def verification(status: m.VerificationStatus = m.VerificationStatus.FAILED) -> m.VerificationPart:
     """A verifier result with a diagnostics artifact."""
-    return VerificationPart(
+    return m.VerificationPart(
         verifier="maven@3.9",
         profile="maven-compile-unit",
         status=status,
@@ -196,17 +157,17 @@ def verification(status: VerificationStatus = VerificationStatus.FAILED) -> Veri
     )
 
 
-def error(category: str = "verifier.test_failure") -> ErrorPart:
+def error(category: str = "verifier.test_failure") -> m.ErrorPart:
     """An error with a grouping signature."""
-    return ErrorPart(
+    return m.ErrorPart(
         category=category, message="1 test failed", signature="OrderServiceTest#totals"
     )
 
 
-def model_usage(response_id: str = "resp-1") -> ModelUsagePart:
+def model_usage(response_id: str = "resp-1") -> m.ModelUsagePart:
     """One successful provider call with cached and reasoning tokens."""
     raw = {"input_tokens": 18420, "output_tokens": 1350, "input_tokens_details": {"cached": 12000}}
-    return ModelUsagePart(
+    return m.ModelUsagePart(
         provider="openai",
         model="gpt-5.1-codex",
         purpose="planning",
@@ -217,20 +178,20 @@ def model_usage(response_id: str = "resp-1") -> ModelUsagePart:
         reasoning_tokens=600,
         latency_ms=18450,
         finish_reason="tool_calls",
-        status=ModelCallStatus.OK,
+        status=m.ModelCallStatus.OK,
         provider_reported_cost_usd=0.0421,
         raw_usage_json=json.dumps(raw),
     )
 
 
-def context_items(*source_entry_ids: str) -> ContextItemsPart:
+def context_items(*source_entry_ids: str) -> m.ContextItemsPart:
     """A manifest with one item per source entry plus a file slice."""
     items = [_context_item(entry_id) for entry_id in source_entry_ids]
     items.append(
-        ContextItem(
-            item_kind=ContextItemKind.FILE_SLICE,
-            trust_level=TrustLevel.REPOSITORY_UNTRUSTED,
-            visibility=Visibility.MODEL_VISIBLE,
+        m.ContextItem(
+            item_kind=m.ContextItemKind.FILE_SLICE,
+            trust_level=m.TrustLevel.REPOSITORY_UNTRUSTED,
+            visibility=m.Visibility.MODEL_VISIBLE,
             sha256=sha256_hex("slice"),
             tokens=2100,
             path="src/app/OrderService.java",
@@ -239,39 +200,39 @@ def context_items(*source_entry_ids: str) -> ContextItemsPart:
             section="repository_data",
         )
     )
-    return ContextItemsPart(items=tuple(items))
+    return m.ContextItemsPart(items=tuple(items))
 
 
-def _context_item(entry_id: str) -> ContextItem:
-    return ContextItem(
-        item_kind=ContextItemKind.CONVERSATION_TURN,
+def _context_item(entry_id: str) -> m.ContextItem:
+    return m.ContextItem(
+        item_kind=m.ContextItemKind.CONVERSATION_TURN,
         source_entry_id=entry_id,
-        trust_level=TrustLevel.PLATFORM_TRUSTED,
-        visibility=Visibility.MODEL_VISIBLE,
+        trust_level=m.TrustLevel.PLATFORM_TRUSTED,
+        visibility=m.Visibility.MODEL_VISIBLE,
         sha256=sha256_hex(entry_id),
         tokens=120,
         section="recent_events",
     )
 
 
-def memory_proposal(*evidence_refs: str) -> MemoryProposalPart:
+def memory_proposal(*evidence_refs: str) -> m.MemoryProposalPart:
     """One fact, problem and decision, each citing `evidence_refs`."""
     refs = evidence_refs or ("entry:run-1-e1",)
-    return MemoryProposalPart(
-        facts=(ProposedFact(fact="The repository uses Maven.", evidence_refs=refs),),
-        problems=(ProposedProblem(problem="OrderServiceTest fails.", evidence_refs=refs),),
+    return m.MemoryProposalPart(
+        facts=(m.ProposedFact(fact="The repository uses Maven.", evidence_refs=refs),),
+        problems=(m.ProposedProblem(problem="OrderServiceTest fails.", evidence_refs=refs),),
         decisions=(
-            ProposedDecision(
+            m.ProposedDecision(
                 decision="Limit changes to service-a.", reason="Task scope.", evidence_refs=refs
             ),
         ),
     )
 
 
-def every_part() -> tuple[Part, ...]:
+def every_part() -> tuple[m.Part, ...]:
     """One part of every part type, in Avro union order."""
     return (
-        TextPart(text="hello"),
+        m.TextPart(text="hello"),
         json_part({"a": 1}, "sample@1"),
         artifact_part("log"),
         file_snippet(),
@@ -286,32 +247,35 @@ def every_part() -> tuple[Part, ...]:
     )
 
 
-def parts_for(kind: EntryKind, tool_call_id: str = "call-1") -> tuple[Part, ...]:
+def parts_for(kind: m.EntryKind, tool_call_id: str = "call-1") -> tuple[m.Part, ...]:
     """Typical parts of an entry of `kind`."""
-    special: dict[EntryKind, tuple[Part, ...]] = {
-        EntryKind.REPOSITORY_INSTRUCTION: (file_snippet("AGENTS.md"),),
-        EntryKind.AGENT_THOUGHT_SUMMARY: (TextPart(text="Inspect Maven modules first."),),
-        EntryKind.TOOL_CALL_REQUEST: (tool_call(tool_call_id),),
-        EntryKind.TOOL_CALL_RESULT: (tool_result(tool_call_id),),
-        EntryKind.FILE_OBSERVATION: (file_snippet(),),
-        EntryKind.DIFF_OBSERVATION: (diff(with_artifact=False),),
-        EntryKind.VERIFIER_RESULT: (verification(),),
-        EntryKind.JUDGE_RESULT: (
-            verification(VerificationStatus.PASSED),
-            TextPart(text="In scope."),
+    special: dict[m.EntryKind, tuple[m.Part, ...]] = {
+        m.EntryKind.REPOSITORY_INSTRUCTION: (file_snippet("AGENTS.md"),),
+        m.EntryKind.AGENT_THOUGHT_SUMMARY: (m.TextPart(text="Inspect Maven modules first."),),
+        m.EntryKind.TOOL_CALL_REQUEST: (tool_call(tool_call_id),),
+        m.EntryKind.TOOL_CALL_RESULT: (tool_result(tool_call_id),),
+        m.EntryKind.FILE_OBSERVATION: (file_snippet(),),
+        m.EntryKind.DIFF_OBSERVATION: (diff(with_artifact=False),),
+        m.EntryKind.VERIFIER_RESULT: (verification(),),
+        m.EntryKind.JUDGE_RESULT: (
+            verification(m.VerificationStatus.PASSED),
+            m.TextPart(text="In scope."),
         ),
-        EntryKind.APPROVAL_REQUEST: (json_part({"action": "open_pr"}, "approval-request@1"),),
-        EntryKind.APPROVAL_DECISION: (json_part({"approved": True}, "approval-decision@1"),),
-        EntryKind.ERROR_EVENT: (error(),),
-        EntryKind.RUN_STARTED: (json_part({"repo": "org/service-a"}, "run-config@1"),),
-        EntryKind.MODEL_CALL: (model_usage(),),
-        EntryKind.CONTEXT_PROJECTED: (context_items(),),
-        EntryKind.DIFF_SNAPSHOT: (diff(),),
-        EntryKind.MEMORY_UPDATE_PROPOSED: (memory_proposal(),),
-        EntryKind.COMPACTION: (TextPart(text="Summary of turns 1-9."), artifact_part("history")),
-        EntryKind.ARTIFACT_STORED: (artifact_part("build-log"),),
+        m.EntryKind.APPROVAL_REQUEST: (json_part({"action": "open_pr"}, "approval-request@1"),),
+        m.EntryKind.APPROVAL_DECISION: (json_part({"approved": True}, "approval-decision@1"),),
+        m.EntryKind.ERROR_EVENT: (error(),),
+        m.EntryKind.RUN_STARTED: (json_part({"repo": "org/service-a"}, "run-config@1"),),
+        m.EntryKind.MODEL_CALL: (model_usage(),),
+        m.EntryKind.CONTEXT_PROJECTED: (context_items(),),
+        m.EntryKind.DIFF_SNAPSHOT: (diff(),),
+        m.EntryKind.MEMORY_UPDATE_PROPOSED: (memory_proposal(),),
+        m.EntryKind.COMPACTION: (
+            m.TextPart(text="Summary of turns 1-9."),
+            artifact_part("history"),
+        ),
+        m.EntryKind.ARTIFACT_STORED: (artifact_part("build-log"),),
     }
-    return special.get(kind, (TextPart(text=f"{kind.value.lower()} text"),))
+    return special.get(kind, (m.TextPart(text=f"{kind.value.lower()} text"),))
 
 
 class EntryBuilder:
@@ -328,7 +292,7 @@ class EntryBuilder:
     ) -> None:
         self.run_id, self.fleet_id, self.session_id = run_id, fleet_id, session_id
         self.attempt_id, self.start = attempt_id, start
-        self.entries: list[LedgerEntry] = []
+        self.entries: list[m.LedgerEntry] = []
 
     def entry_id(self, sequence_no: int) -> str:
         """The id this builder gives the entry with `sequence_no`."""
@@ -338,7 +302,7 @@ class EntryBuilder:
         """The step id this builder gives the entry with `sequence_no`: ``<run id>-step<n>``, or
         ``step-<n>`` for a run id that a step id's format cannot hold (a test's hostile one)."""
         step = f"{self.run_id}-step{sequence_no}"
-        fits = len(step) <= STEP_ID_MAX and re.fullmatch(STEP_ID_PATTERN, step)
+        fits = len(step) <= m.STEP_ID_MAX and re.fullmatch(m.STEP_ID_PATTERN, step)
         return step if fits else f"step-{sequence_no}"
 
     def time(self, sequence_no: int) -> datetime:
@@ -346,17 +310,17 @@ class EntryBuilder:
         return self.start + timedelta(seconds=sequence_no, microseconds=sequence_no)
 
     def add(
-        self, kind: EntryKind, parts: tuple[Part, ...] | None = None, **fields: Any
-    ) -> LedgerEntry:
+        self, kind: m.EntryKind, parts: tuple[m.Part, ...] | None = None, **fields: Any
+    ) -> m.LedgerEntry:
         """Append the next entry of `kind`; `fields` override any envelope field."""
-        entry = LedgerEntry.model_validate({**self._defaults(kind, parts), **fields})
+        entry = m.LedgerEntry.model_validate({**self._defaults(kind, parts), **fields})
         self.entries.append(entry)
         return entry
 
-    def _defaults(self, kind: EntryKind, parts: tuple[Part, ...] | None) -> dict[str, Any]:
+    def _defaults(self, kind: m.EntryKind, parts: tuple[m.Part, ...] | None) -> dict[str, Any]:
         seq = len(self.entries) + 1
         actor, trust, visibility = PROFILES[kind]
-        run_level = kind in (EntryKind.RUN_STARTED, EntryKind.RUN_FINISHED)
+        run_level = kind in (m.EntryKind.RUN_STARTED, m.EntryKind.RUN_FINISHED)
         return {
             "entry_id": self.entry_id(seq),
             "fleet_id": self.fleet_id,
@@ -373,27 +337,27 @@ class EntryBuilder:
             "causation": self._causation(seq),
             "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
             "span_id": f"{seq:016x}",
-            "run_status": RunStatus.SUCCEEDED if kind is EntryKind.RUN_FINISHED else None,
+            "run_status": m.RunStatus.SUCCEEDED if kind is m.EntryKind.RUN_FINISHED else None,
             "parts": parts if parts is not None else parts_for(kind),
             "metadata": {"agent.phase": "sample"},
         }
 
-    def _causation(self, seq: int) -> Causation:
-        return Causation(parent_entry_id=self.entry_id(seq - 1) if seq > 1 else None)
+    def _causation(self, seq: int) -> m.Causation:
+        return m.Causation(parent_entry_id=self.entry_id(seq - 1) if seq > 1 else None)
 
 
-def sample_entry(kind: EntryKind = EntryKind.USER_TASK, **fields: Any) -> LedgerEntry:
+def sample_entry(kind: m.EntryKind = m.EntryKind.USER_TASK, **fields: Any) -> m.LedgerEntry:
     """A valid first entry of `kind` in run-1; `fields` override envelope fields."""
     return EntryBuilder().add(kind, **fields)
 
 
-def entry_with_every_part() -> LedgerEntry:
+def entry_with_every_part() -> m.LedgerEntry:
     """A valid entry carrying every part type and a redaction."""
-    redaction = Redaction(type=RedactionType.SECRET_PATTERN, field="AWS_SECRET_ACCESS_KEY")
-    return sample_entry(EntryKind.RUN_SUMMARY, parts=every_part(), redactions=(redaction,))
+    redaction = m.Redaction(type=m.RedactionType.SECRET_PATTERN, field="AWS_SECRET_ACCESS_KEY")
+    return sample_entry(m.EntryKind.RUN_SUMMARY, parts=every_part(), redactions=(redaction,))
 
 
-def sample_run(run_id: str = "run-1") -> list[LedgerEntry]:
+def sample_run(run_id: str = "run-1") -> list[m.LedgerEntry]:
     """A coherent run using every entry kind (except UNKNOWN), sequence 1..N."""
     builder = EntryBuilder(run_id)
     _instructions(builder)
@@ -403,53 +367,60 @@ def sample_run(run_id: str = "run-1") -> list[LedgerEntry]:
     return builder.entries
 
 
-def _add_all(builder: EntryBuilder, *kinds: EntryKind) -> None:
+def _add_all(builder: EntryBuilder, *kinds: m.EntryKind) -> None:
     for kind in kinds:
         builder.add(kind)
 
 
 def _instructions(b: EntryBuilder) -> None:
     _add_all(
-        b, EntryKind.RUN_STARTED, EntryKind.SYSTEM_INSTRUCTION, EntryKind.DEVELOPER_INSTRUCTION
+        b,
+        m.EntryKind.RUN_STARTED,
+        m.EntryKind.SYSTEM_INSTRUCTION,
+        m.EntryKind.DEVELOPER_INSTRUCTION,
     )
-    _add_all(b, EntryKind.ORG_POLICY, EntryKind.USER_TASK, EntryKind.REPOSITORY_INSTRUCTION)
+    _add_all(b, m.EntryKind.ORG_POLICY, m.EntryKind.USER_TASK, m.EntryKind.REPOSITORY_INSTRUCTION)
 
 
 def _first_turn(b: EntryBuilder) -> None:
-    b.add(EntryKind.CONTEXT_PROJECTED, (context_items(*(e.entry_id for e in b.entries[1:])),))
-    b.add(EntryKind.MODEL_CALL, (model_usage(f"{b.run_id}-resp-1"),))
-    b.add(EntryKind.AGENT_THOUGHT_SUMMARY)
+    b.add(m.EntryKind.CONTEXT_PROJECTED, (context_items(*(e.entry_id for e in b.entries[1:])),))
+    b.add(m.EntryKind.MODEL_CALL, (model_usage(f"{b.run_id}-resp-1"),))
+    b.add(m.EntryKind.AGENT_THOUGHT_SUMMARY)
     _tool_round(b, f"{b.run_id}-call-1")
-    b.add(EntryKind.FILE_OBSERVATION, causation=Causation(tool_call_id=f"{b.run_id}-call-1"))
-    b.add(EntryKind.ARTIFACT_STORED)
+    b.add(m.EntryKind.FILE_OBSERVATION, causation=m.Causation(tool_call_id=f"{b.run_id}-call-1"))
+    b.add(m.EntryKind.ARTIFACT_STORED)
     _tool_round(b, f"{b.run_id}-call-2")
 
 
 def _verification(b: EntryBuilder) -> None:
-    _add_all(b, EntryKind.DIFF_OBSERVATION, EntryKind.DIFF_SNAPSHOT, EntryKind.VERIFIER_RESULT)
+    _add_all(
+        b, m.EntryKind.DIFF_OBSERVATION, m.EntryKind.DIFF_SNAPSHOT, m.EntryKind.VERIFIER_RESULT
+    )
     verifier = b.entries[-1]
-    b.add(EntryKind.ERROR_EVENT)
+    b.add(m.EntryKind.ERROR_EVENT)
     refs = (f"entry:{b.entry_id(1)}", f"tool-call:{b.run_id}-call-1", f"entry:{verifier.entry_id}")
-    b.add(EntryKind.MEMORY_UPDATE_PROPOSED, (memory_proposal(*refs),))
+    b.add(m.EntryKind.MEMORY_UPDATE_PROPOSED, (memory_proposal(*refs),))
 
 
 def _wrap_up(b: EntryBuilder) -> None:
-    _add_all(b, EntryKind.COMPACTION, EntryKind.JUDGE_RESULT, EntryKind.APPROVAL_REQUEST)
-    _add_all(b, EntryKind.APPROVAL_DECISION, EntryKind.ASSISTANT_RESPONSE, EntryKind.RUN_SUMMARY)
-    b.add(EntryKind.RUN_FINISHED)
+    _add_all(b, m.EntryKind.COMPACTION, m.EntryKind.JUDGE_RESULT, m.EntryKind.APPROVAL_REQUEST)
+    _add_all(
+        b, m.EntryKind.APPROVAL_DECISION, m.EntryKind.ASSISTANT_RESPONSE, m.EntryKind.RUN_SUMMARY
+    )
+    b.add(m.EntryKind.RUN_FINISHED)
 
 
 def _tool_round(builder: EntryBuilder, tool_call_id: str) -> None:
     at = builder.time(len(builder.entries) + 1)
     request = builder.add(
-        EntryKind.TOOL_CALL_REQUEST,
+        m.EntryKind.TOOL_CALL_REQUEST,
         (tool_call(tool_call_id, at),),
-        causation=Causation(
+        causation=m.Causation(
             tool_call_id=tool_call_id, parent_entry_id=builder.entries[-1].entry_id
         ),
     )
     builder.add(
-        EntryKind.TOOL_CALL_RESULT,
+        m.EntryKind.TOOL_CALL_RESULT,
         (tool_result(tool_call_id),),
-        causation=Causation(parent_entry_id=request.entry_id, tool_call_id=tool_call_id),
+        causation=m.Causation(parent_entry_id=request.entry_id, tool_call_id=tool_call_id),
     )
