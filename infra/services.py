@@ -299,6 +299,7 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 def resolve_kafka_jars(libs: Path, console: Console) -> Path:
     """Copy Kafka's runtime classpath from Maven Central into ``libs`` once (pinned pom)."""
+    libs = libs.absolute()  # (Maven takes a relative output folder as relative to the pom's)
     pom = resources.files("infra") / "kafka" / "pom.xml"
     pom_bytes = pom.read_bytes()
     stamp = libs / ".pom-sha256"

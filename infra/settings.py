@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 KAFKA_VERSION = "3.9.2"
@@ -52,6 +52,7 @@ class Settings(BaseSettings):
     kafka_libs_dir: Path | None = Field(default=None, description="jar cache; default in state")
     kafka_port: int = 19092
     kafka_controller_port: int = 19093
+
     kafka_heap_mb: int = 768
     pg_port: int = 15432
     redis_port: int = 16379
@@ -135,6 +136,13 @@ class Settings(BaseSettings):
             "merges into the default section budgets (null removes one)"
         ),
     )
+
+    @field_validator("state_dir", "kafka_libs_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        """Folders as absolute paths: the services and tools they are handed to run elsewhere
+        (Maven resolved a relative jar folder against its pom's folder)."""
+        return None if value is None else value.expanduser().absolute()
 
     @property
     def fleet_ids(self) -> list[str]:
