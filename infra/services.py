@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 import redis
@@ -67,6 +68,7 @@ class LocalService(ABC):
     """A service this project runs on loopback, or an external one it only checks."""
 
     name: str
+    setting: ClassVar[str]  # the prefix of this service's settings: kafka, pg or redis
 
     def __init__(self, settings: Settings, console: Console) -> None:
         self.settings = settings
@@ -75,12 +77,13 @@ class LocalService(ABC):
         self._spawned: int | None = None
 
     @property
-    @abstractmethod
-    def external(self) -> bool: ...
+    def external(self) -> bool:
+        """Configured with an address of its own (``AGENTLEDGER_<...>``): only checked."""
+        return bool(getattr(self.settings, f"{self.setting}_external"))
 
     @property
-    @abstractmethod
-    def address(self) -> str: ...
+    def address(self) -> str:
+        return str(getattr(self.settings, f"{self.setting}_address"))
 
     @abstractmethod
     def pid(self) -> int | None:
@@ -163,14 +166,7 @@ class KafkaService(LocalService):
     """Apache Kafka, one node in KRaft combined mode."""
 
     name = "kafka"
-
-    @property
-    def external(self) -> bool:
-        return self.settings.kafka_external
-
-    @property
-    def address(self) -> str:
-        return self.settings.kafka_address
+    setting = "kafka"
 
     @property
     def _pidfile(self) -> Path:
@@ -362,14 +358,7 @@ class PostgresService(LocalService):
     """A private PostgreSQL 15 cluster in the state folder, on its own port."""
 
     name = "postgres"
-
-    @property
-    def external(self) -> bool:
-        return self.settings.pg_external
-
-    @property
-    def address(self) -> str:
-        return self.settings.pg_address
+    setting = "pg"
 
     @property
     def _data(self) -> Path:
@@ -501,14 +490,7 @@ class RedisService(LocalService):
     """redis-server on its own port; views are refillable from PostgreSQL, so no persistence."""
 
     name = "redis"
-
-    @property
-    def external(self) -> bool:
-        return self.settings.redis_external
-
-    @property
-    def address(self) -> str:
-        return self.settings.redis_address
+    setting = "redis"
 
     @property
     def _pidfile(self) -> Path:

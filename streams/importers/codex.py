@@ -26,16 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from schemas.models import (
-    DiffFile,
-    DiffPart,
-    EntryKind,
-    FileChangeStatus,
-    ModelCallStatus,
-    TextPart,
-    ToolResultPart,
-    ToolResultStatus,
-)
+from schemas import models as m
 from streams.importers.base import (
     ImportedRun,
     ImportFormatError,
@@ -101,10 +92,10 @@ def import_file(
                 if git.get("branch"):
                     started["git_branch"] = str(git["branch"])
                 run.add(
-                    EntryKind.RUN_STARTED,
+                    m.EntryKind.RUN_STARTED,
                     at,
                     "start",
-                    [TextPart(text="run imported")],
+                    [m.TextPart(text="run imported")],
                     metadata=started,
                 )
             sid = f"l{n}"  # a line's position: rollouts are append-only
@@ -117,7 +108,7 @@ def import_file(
             if ptype == "token_count":
                 total = _token_count(run, payload, total, model, at, sid, summary)
             elif ptype == "user_message" and str(payload.get("message") or "").strip():
-                run.add(EntryKind.USER_TASK, at, sid, [TextPart(text=payload["message"])])
+                run.add(m.EntryKind.USER_TASK, at, sid, [m.TextPart(text=payload["message"])])
             elif ptype == "message" and payload.get("role") == "assistant":
                 text = "\n".join(
                     str(c.get("text") or "")
@@ -125,7 +116,7 @@ def import_file(
                     if isinstance(c, dict)
                 )
                 if text.strip():
-                    run.add(EntryKind.ASSISTANT_RESPONSE, at, sid, [TextPart(text=text)])
+                    run.add(m.EntryKind.ASSISTANT_RESPONSE, at, sid, [m.TextPart(text=text)])
             elif ptype in ("function_call", "custom_tool_call") and isinstance(
                 payload.get("call_id"), str
             ):
@@ -137,7 +128,7 @@ def import_file(
                     diff = _diff_from_patch_input(str(payload.get("input") or ""))
                     if diff is not None:
                         run.add(
-                            EntryKind.DIFF_SNAPSHOT,
+                            m.EntryKind.DIFF_SNAPSHOT,
                             at,
                             f"{sid}-diff",
                             [diff],
@@ -152,21 +143,21 @@ def import_file(
                 query = (payload.get("action") or {}).get("query")
                 _request(run, call_id, "web_search", query, at)
                 status = (
-                    ToolResultStatus.SUCCEEDED
+                    m.ToolResultStatus.SUCCEEDED
                     if payload.get("status") == "completed"
-                    else ToolResultStatus.FAILED
+                    else m.ToolResultStatus.FAILED
                 )
-                part = ToolResultPart(
+                part = m.ToolResultPart(
                     tool_call_id=call_id, status=status, timed_out=False, summary=str(query or "")
                 )
                 run.add(
-                    EntryKind.TOOL_CALL_RESULT, at, f"{sid}-result", [part], tool_call_id=call_id
+                    m.EntryKind.TOOL_CALL_RESULT, at, f"{sid}-result", [part], tool_call_id=call_id
                 )
             elif ptype == "patch_apply_end":
                 diff = _diff_from_changes(payload.get("changes"))
                 if diff is not None:
                     run.add(
-                        EntryKind.DIFF_SNAPSHOT,
+                        m.EntryKind.DIFF_SNAPSHOT,
                         at,
                         sid,
                         [diff],
@@ -175,10 +166,10 @@ def import_file(
             elif doc.get("type") == "compacted":
                 text = str(payload.get("message") or "conversation compacted")
                 run.add(
-                    EntryKind.COMPACTION,
+                    m.EntryKind.COMPACTION,
                     at,
                     sid,
-                    [TextPart(text=text or "conversation compacted")],
+                    [m.TextPart(text=text or "conversation compacted")],
                     metadata={"replaces_through_seq": str(len(run.entries))},
                 )
             elif ptype == "agent_message":
@@ -241,10 +232,10 @@ def _token_count(
         provider="openai",
         model=model,
         purpose="agent",
-        status=ModelCallStatus.OK,
+        status=m.ModelCallStatus.OK,
         raw_usage_json=json.dumps(raw),
     )
-    run.add(EntryKind.MODEL_CALL, at, sid, [part])
+    run.add(m.EntryKind.MODEL_CALL, at, sid, [part])
     summary.calls += 1
     summary.input_tokens += part.input_tokens
     summary.output_tokens += part.output_tokens
@@ -274,30 +265,30 @@ def _result(
         said = _EXITED.search(text[:2000])
         exit_code = int(said.group(1)) if said else None
     status = (  # a call with no exit code anywhere (an MCP tool) has no recorded outcome
-        ToolResultStatus.UNKNOWN
+        m.ToolResultStatus.UNKNOWN
         if exit_code is None
-        else ToolResultStatus.SUCCEEDED
+        else m.ToolResultStatus.SUCCEEDED
         if exit_code == 0
-        else ToolResultStatus.FAILED
+        else m.ToolResultStatus.FAILED
     )
-    part = ToolResultPart(
+    part = m.ToolResultPart(
         tool_call_id=payload["call_id"],
         status=status,
         exit_code=exit_code,
         timed_out=False,
         summary=text,
     )
-    run.add(EntryKind.TOOL_CALL_RESULT, at, sid, [part], tool_call_id=payload["call_id"])
+    run.add(m.EntryKind.TOOL_CALL_RESULT, at, sid, [part], tool_call_id=payload["call_id"])
 
 
 _STATUS = {
-    "add": FileChangeStatus.ADDED,
-    "delete": FileChangeStatus.DELETED,
-    "update": FileChangeStatus.MODIFIED,
+    "add": m.FileChangeStatus.ADDED,
+    "delete": m.FileChangeStatus.DELETED,
+    "update": m.FileChangeStatus.MODIFIED,
 }
 
 
-def _diff_from_changes(changes: Any) -> DiffPart | None:
+def _diff_from_changes(changes: Any) -> m.DiffPart | None:
     """patch_apply_end's ``changes``: per file its type and unified diff (or content)."""
     if not isinstance(changes, dict) or not changes:
         return None
@@ -315,21 +306,21 @@ def _diff_from_changes(changes: Any) -> DiffPart | None:
             counted = (0, 0)
         target = change.get("move_path") or path
         files.append(
-            DiffFile(
+            m.DiffFile(
                 path=str(target),
-                status=FileChangeStatus.RENAMED
+                status=m.FileChangeStatus.RENAMED
                 if change.get("move_path")
-                else _STATUS.get(kind, FileChangeStatus.MODIFIED),
+                else _STATUS.get(kind, m.FileChangeStatus.MODIFIED),
                 lines_added=counted[0],
                 lines_deleted=counted[1],
                 classification=classify(str(target)),
                 old_path=str(path) if change.get("move_path") else None,
             )
         )
-    return DiffPart(files=tuple(files)) if files else None
+    return m.DiffPart(files=tuple(files)) if files else None
 
 
-def _diff_from_patch_input(text: str) -> DiffPart | None:
+def _diff_from_patch_input(text: str) -> m.DiffPart | None:
     """Codex's own patch format (``*** Begin Patch`` / ``*** Update File: p`` / ``+``/``-``
     lines), as the Desktop client writes it without a patch_apply_end."""
     files: dict[str, list[Any]] = {}
@@ -337,9 +328,9 @@ def _diff_from_patch_input(text: str) -> DiffPart | None:
     for raw in text.splitlines():
         line = raw.rstrip("\r")
         for marker, status in (
-            ("*** Add File: ", FileChangeStatus.ADDED),
-            ("*** Update File: ", FileChangeStatus.MODIFIED),
-            ("*** Delete File: ", FileChangeStatus.DELETED),
+            ("*** Add File: ", m.FileChangeStatus.ADDED),
+            ("*** Update File: ", m.FileChangeStatus.MODIFIED),
+            ("*** Delete File: ", m.FileChangeStatus.DELETED),
         ):
             if line.startswith(marker):
                 current = line[len(marker) :].strip()
@@ -359,13 +350,13 @@ def _diff_from_patch_input(text: str) -> DiffPart | None:
     out = []
     for path, (status, added, deleted, moved) in files.items():
         out.append(
-            DiffFile(
+            m.DiffFile(
                 path=moved or path,
-                status=FileChangeStatus.RENAMED if moved else status,
+                status=m.FileChangeStatus.RENAMED if moved else status,
                 lines_added=added,
                 lines_deleted=deleted,
                 classification=classify(moved or path),
                 old_path=path if moved else None,
             )
         )
-    return DiffPart(files=tuple(out)) if out else None
+    return m.DiffPart(files=tuple(out)) if out else None
