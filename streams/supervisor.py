@@ -48,6 +48,13 @@ def describe_exit(code: int, reason: str | None) -> str:
     return f"exit {code}" + (f": {reason}" if reason else "")
 
 
+def stopped_code(code: int) -> int:
+    """The supervisor's exit code once asked to stop, from its child's (pure): a clean end, the
+    SIGTERM passed on, or a child that was just leaving to restart onto new fleet topics (it
+    will not be restarted: nothing is lost) is 0; anything else is the child's failure."""
+    return 0 if code in (0, -signal.SIGTERM, EXIT_RESTART) else code
+
+
 def next_delay(code: int, ran_s: float, previous: float, max_s: float) -> float:
     """How long to wait before the next start (pure)."""
     if code == EXIT_RESTART:
@@ -96,7 +103,7 @@ class Supervisor:
                 )
                 code = self._wait()
                 if self.stopping is not None:
-                    return 0 if code in (0, -signal.SIGTERM) else code
+                    return stopped_code(code)
                 reason = _read(exit_file)
                 self.restarts += 1
                 self.last_exit = describe_exit(code, reason)

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from infra.topics import fleet_of_ledger_topic, fleets_among
 from streams.health import Health, Supervision, WorkerHealth, stall
-from streams.supervisor import EXIT_RESTART, describe_exit, next_delay
+from streams.supervisor import EXIT_RESTART, describe_exit, next_delay, stopped_code
 from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
 
 A = ("p.ledger.a", 0)
@@ -121,3 +121,15 @@ def test_entry_ids_are_stored_as_spans_of_consecutive_sequence_numbers() -> None
     ids = {3: "c", 1: "a", 2: "b", 7: "g", 8: "h", 10: "j"}
     assert id_spans(ids) == [(1, ["a", "b", "c"]), (7, ["g", "h"]), (10, ["j"])]
     assert id_spans({}) == []
+
+
+def test_a_stopped_supervisor_exits_0_unless_its_child_failed() -> None:
+    """SIGTERM while the faust process was leaving to restart onto new fleet topics (exit 75,
+    seen in the worker drill) is a clean stop; a crash is not hidden."""
+    import signal
+
+    assert stopped_code(0) == 0
+    assert stopped_code(-signal.SIGTERM) == 0
+    assert stopped_code(EXIT_RESTART) == 0
+    assert stopped_code(70) == 70
+    assert stopped_code(-signal.SIGKILL) == -signal.SIGKILL
