@@ -5,15 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from infra.settings import Settings
-from infra.topics import (
-    check_fleet_id,
-    dead_letter_topic,
-    ensure_topics,
-    fleet_topic_specs,
-    fleets_among,
-    ledger_topic,
-    listed_topics,
-)
+from infra.topics import ensure_topics, fleet_topic_specs, listed_topics
+from schemas.topics import check_fleet_id, dead_letter_topic, fleets_among, ledger_topic
 
 
 async def create_fleet_topics(settings: Settings, fleets: list[str]) -> list[str]:

@@ -14,26 +14,11 @@ from aiokafka.errors import for_code
 from aiokafka.partitioner import murmur2
 
 from schemas.topics import (
-    FLEET_ID_RE,
     change_schema_topic,
     change_topic,
-    check_fleet_id,
     dead_letter_topic,
-    fleet_of_ledger_topic,
-    fleets_among,
     ledger_topic,
 )
-
-__all__ = [  # the names are schemas.topics' (re-exported for the write side's convenience)
-    "FLEET_ID_RE",
-    "change_schema_topic",
-    "change_topic",
-    "check_fleet_id",
-    "dead_letter_topic",
-    "fleet_of_ledger_topic",
-    "fleets_among",
-    "ledger_topic",
-]
 
 TOPIC_ALREADY_EXISTS = 36
 

@@ -33,12 +33,12 @@ from aiokafka import AIOKafkaConsumer
 
 from infra.clients import redis_client
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.registry import all_projections, projection
 from projectors.stores import postgres_ops as ops
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams import bench_engine, bench_import, bench_long
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.base import Projection
 from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.bench_long import _NoDeadLetters
 from streams.engine import Engine, SourceRecord, Target, tune_gc
 from streams.simulate import simulate_runs

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.base import Projection
 from projectors.registry import all_projections
 from projectors.stores import postgres as pg
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.engine import Engine, Poison, SourceRecord, Target
 from streams.simulate import simulate_runs
 

@@ -37,18 +37,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from infra.errors import is_retriable
 from infra.settings import Settings
-from infra.topics import (
-    change_schema_topic,
-    change_topic,
-    change_topic_specs,
-    ensure_topics,
-    partition_for,
-)
+from infra.topics import change_topic_specs, ensure_topics, partition_for
 from projectors.registry import selected
 from projectors.stores import outbox
 from projectors.stores.outbox import OutboxRow
 from projectors.stores.postgres import use_documents
 from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
+from schemas.topics import change_schema_topic, change_topic
 
 logger = logging.getLogger(__name__)
 

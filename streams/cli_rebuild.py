@@ -232,9 +232,9 @@ def register(app: typer.Typer) -> None:
         """Write a run's replay package (entries, offsets, schemas, versions, artifact refs and
         the artifacts the store holds), or `replay-package load DIR`: fold one back into every
         projection offline (prints JSON)."""
-        from infra.topics import ledger_topic
         from projectors.stores import postgres_ops as ops
         from schemas.errors import NotFoundError
+        from schemas.topics import ledger_topic
         from streams import replay_package as rp
         from streams.artifacts import FileArtifactStore
 

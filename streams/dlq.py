@@ -20,11 +20,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
 from infra.settings import Settings
-from infra.topics import dead_letter_topic
 from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import BadArgumentError, LedgerDecodeError
 from schemas.secret_scan import default_detector
+from schemas.topics import dead_letter_topic
 from streams.contract import fleet_of as ledger_fleet
 from streams.engine import Poison
 from streams.source import topic_partitions

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.settings import Settings
-from infra.topics import ledger_topic, partition_for
+from infra.topics import partition_for
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
+from schemas.topics import ledger_topic
 
 CHUNK = 2000  # the first step back; each next one is twice as long
 MAX_KEYS = 2_000_000  # runs remembered over all partitions; past it the index starts again

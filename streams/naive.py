@@ -15,9 +15,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from infra.settings import Settings, load_settings
-from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
+from schemas.topics import ledger_topic
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS al_naive_state (projection text, run_id text, state jsonb, "

@@ -26,11 +26,11 @@ from aiokafka.errors import KafkaError
 
 from infra.admin import create_fleet_topics
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from schemas.codec import LedgerCodec
 from schemas.context_delta import Previous, delta_part, resolve
 from schemas.errors import AgentLedgerError, LedgerValidationError
 from schemas.models import ContextItem, ContextItemsPart, EntryKind, LedgerEntry
+from schemas.topics import ledger_topic
 from streams.artifacts import ArtifactStore, FileArtifactStore, offload
 from streams.contract import MAX_CLOCK_AHEAD
 from streams.ledger_position import LedgerPositions

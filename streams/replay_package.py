@@ -29,13 +29,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.settings import Settings
-from infra.topics import ledger_topic, partition_for
+from infra.topics import partition_for
 from projectors.base import Projection, fold_all, projection_inputs
 from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import AgentLedgerError
 from schemas.json_form import from_json_text, to_json_text
 from schemas.models import ArtifactRef, ArtifactRefPart, LedgerEntry, Part
+from schemas.topics import ledger_topic
 from streams.artifacts import SHA256, ArtifactError, ArtifactStore
 from streams.source import topic_partitions
 

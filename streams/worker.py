@@ -34,8 +34,8 @@ from infra.admin import existing_ledger_topics
 from infra.local import register_worker
 from infra.migrate import migrate
 from infra.settings import Settings
-from infra.topics import fleet_of_ledger_topic, ledger_topic
 from projectors.registry import selected
+from schemas.topics import fleet_of_ledger_topic, ledger_topic
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink

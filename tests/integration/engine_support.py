@@ -16,7 +16,6 @@ from aiokafka import AIOKafkaProducer
 from infra.admin import create_fleet_topics
 from infra.migrate import migrate
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors import registry
 from projectors.base import Projection
 from projectors.run_stats import RunStatsProjection
@@ -24,6 +23,7 @@ from projectors.stores.postgres import current_documents, use_documents
 from projectors.stores.redis import RedisViewStore
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target
 

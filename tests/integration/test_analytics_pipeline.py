@@ -24,10 +24,10 @@ from typer.testing import CliRunner, Result
 from consumers.analytics import run_timeline
 from infra.main import app
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.pricing import PriceTable
 from projectors.registry import selected
 from schemas.models import EntryKind, LedgerEntry, ModelUsagePart
+from schemas.topics import ledger_topic
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.dlq import KafkaDeadLetterSink

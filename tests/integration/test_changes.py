@@ -30,13 +30,13 @@ from consumers.examples.budget_guard import BudgetGuard, Crossing
 from consumers.examples.mirror import CostMirror
 from consumers.subscribe import Subscriber, changes
 from infra.settings import Settings
-from infra.topics import change_topic
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.pricing import LayeredPrices, PriceTable
 from projectors.registry import NAMES
 from projectors.stores.postgres import use_documents
 from schemas.changes import CHANGE_CATALOG, ProjectionChange, from_record
 from schemas.models import LedgerEntry
+from schemas.topics import change_topic
 from streams.changes import ensure_change_topics
 from streams.deployment import PrivateDeployment
 from streams.publisher import AsyncPublisher

@@ -20,9 +20,9 @@ from fastavro.schema import to_parsing_canonical_form
 
 from infra.admin import create_fleet_topics
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from schemas.catalog import AVSC_DIR
 from schemas.models import LedgerEntry, to_avro
+from schemas.topics import ledger_topic
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
 from streams.source import read_all

@@ -241,7 +241,7 @@ def test_the_json_form_examples_hold(deployment: PrivateDeployment) -> None:
 
 
 def test_the_readme_publisher_example_runs(deployment: PrivateDeployment, tmp_path: Path) -> None:
-    from infra.topics import ledger_topic
+    from schemas.topics import ledger_topic
     from streams.simulate import simulate
     from streams.source import read_all
 

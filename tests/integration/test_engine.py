@@ -16,13 +16,13 @@ from rich.console import Console
 
 from infra.services import PostgresService
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.run_stats import RunStats, RunStatsProjection
 from schemas.catalog import AVSC_DIR, CATALOG
 from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry, to_avro
+from schemas.topics import ledger_topic
 from streams.dlq import KafkaDeadLetterSink, read_dead_letters, redrive
 from streams.engine import Engine, SourceRecord, Target
 from streams.simulate import simulate

@@ -16,7 +16,6 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from projectors.run_stats import RunStats, RunStatsProjection
 from projectors.stores.redis import RedisViewStore
@@ -25,6 +24,7 @@ from schemas.errors import LedgerValidationError
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, JsonPart, LedgerEntry, TextPart, ToolResultPart
 from schemas.models import ToolResultStatus as Status
+from schemas.topics import ledger_topic
 from streams.dlq import (
     ORIGINAL_SHA256,
     ORIGINAL_SIZE,

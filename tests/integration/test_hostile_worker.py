@@ -29,12 +29,12 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from projectors.stores.redis import delete_matching, view_key
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.contract import check_record
 from streams.deployment import PrivateDeployment
 from streams.dlq import read_dead_letters

@@ -14,7 +14,7 @@ import pytest
 
 from consumers.views import live_states
 from infra.settings import Settings
-from infra.topics import ledger_topic
+from schemas.topics import ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.importers import claude_code
 from streams.source import read_all

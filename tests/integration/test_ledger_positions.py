@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 
 from infra.settings import Settings
-from infra.topics import ledger_topic, partition_for
+from infra.topics import partition_for
 from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry
+from schemas.topics import ledger_topic
 from streams.importers.base import ImportedRun
 from streams.importers.publish import send_new
 from streams.ledger_position import LedgerPositions, last_sequence_nos

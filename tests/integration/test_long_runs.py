@@ -16,11 +16,11 @@ import psycopg
 import pytest
 
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.base import fold_all
 from projectors.registry import all_projections
 from projectors.stores import postgres as pg
 from projectors.stores.postgres import use_documents
+from schemas.topics import ledger_topic
 from streams.engine import CHECKPOINT_RATIO, Engine, SourceRecord, Target
 from streams.simulate import simulate_runs
 from tests.integration.engine_support import CODEC, current_states, make_env

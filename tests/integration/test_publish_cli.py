@@ -14,9 +14,9 @@ import pytest
 
 from infra.admin import create_fleet_topics
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from schemas.codec import LedgerCodec
 from schemas.json_form import to_json, to_json_text
+from schemas.topics import ledger_topic
 from streams.simulate import simulate_runs
 from streams.source import read_all
 

@@ -33,9 +33,9 @@ from infra.admin import create_fleet_topics
 from infra.process import is_alive, port_free, read_pid, stop_pid, wait_until
 from infra.services import KafkaService
 from infra.settings import Settings, load_settings
-from infra.topics import ledger_topic
 from schemas.json_form import to_json_text
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.publish_file import BATCH
 from streams.publisher import AsyncPublisher, BrokerUnavailableError, Publisher
 from streams.simulate import simulate

@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 from consumers.views import find_runs, resolve_run
 from infra.main import app
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.base import fold_all
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.failure_classifications import FailureClassifications
@@ -28,6 +27,7 @@ from projectors.working_memory import WorkingMemoryProjection
 from schemas.codec import LedgerCodec
 from schemas.errors import AmbiguousRunError, NotFoundError
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
 from streams.engine import Engine, SourceRecord

@@ -33,7 +33,6 @@ import re2
 import redis
 
 from infra.settings import Settings
-from infra.topics import dead_letter_topic, ledger_topic
 from projectors.registry import GROUPS, NAMES
 from projectors.stores.redis import view_key
 from schemas.codec import LedgerCodec
@@ -79,6 +78,7 @@ from schemas.models import (
     VerificationStatus,
     Visibility,
 )
+from schemas.topics import dead_letter_topic, ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.engine import SourceRecord
 from streams.source import read_all

@@ -53,7 +53,6 @@ import redis
 from psycopg import sql
 
 from infra.settings import Settings
-from infra.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
 from projectors.registry import GROUPS, NAMES
 from schemas.factory import digest, sample_entry
 from schemas.json_form import to_json
@@ -77,6 +76,7 @@ from schemas.models import (
     VerificationPart,
     VerificationStatus,
 )
+from schemas.topics import change_schema_topic, change_topic, dead_letter_topic, ledger_topic
 from streams.redaction import redact_entry
 from streams.secret_eval import Case, as_text, as_tool_output, load, strings, survives
 from streams.source import read_all

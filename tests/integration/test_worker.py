@@ -17,9 +17,9 @@ import psycopg
 import pytest
 
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from projectors.registry import all_projections
 from schemas.codec import LedgerCodec
+from schemas.topics import ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, Target

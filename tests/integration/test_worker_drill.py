@@ -25,9 +25,9 @@ from aiokafka import AIOKafkaProducer
 from consumers.views import live_states
 from infra.admin import create_fleet_topics
 from infra.settings import Settings
-from infra.topics import ledger_topic
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.health import read_health
 from streams.simulate import simulate_runs

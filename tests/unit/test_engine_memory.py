@@ -16,7 +16,6 @@ import orjson
 import psycopg
 import pytest
 
-from infra.topics import ledger_topic
 from projectors.base import Projection, fold_all, refold
 from projectors.registry import all_projections
 from projectors.run_stats import RunStatsProjection
@@ -24,6 +23,7 @@ from projectors.stores.memory import MemoryStore, MemoryViewStore
 from schemas.codec import LedgerCodec
 from schemas.factory import EntryBuilder
 from schemas.models import EntryKind, LedgerEntry
+from schemas.topics import ledger_topic
 from streams.engine import Engine, Poison, SourceRecord, Target
 from streams.simulate import simulate
 

@@ -45,7 +45,6 @@ from hypothesis.strategies import SearchStrategy
 from pydantic import ValidationError
 
 from infra.settings import load_settings
-from infra.topics import ledger_topic
 from projectors.base import Projection
 from projectors.registry import all_projections
 from projectors.stores.postgres import from_jsonb_text, to_jsonb_text
@@ -55,6 +54,7 @@ from schemas.errors import LedgerDecodeError, LedgerValidationError
 from schemas.factory import EntryBuilder, entry_with_every_part, sample_run
 from schemas.json_form import from_json, from_json_text, to_json
 from schemas.models import EntryKind, LedgerEntry, parse_entry
+from schemas.topics import ledger_topic
 from streams.contract import RecordContractError, check_record
 from streams.publisher import SequenceBook, prepare
 

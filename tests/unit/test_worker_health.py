@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from infra.topics import fleet_of_ledger_topic, fleets_among
+from schemas.topics import fleet_of_ledger_topic, fleets_among
 from streams.health import Health, Supervision, WorkerHealth, stall
 from streams.supervisor import EXIT_RESTART, describe_exit, next_delay, stopped_code
 from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
