@@ -39,7 +39,21 @@ from streams.redaction import SecretInIdentifierError, redact_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ROOT / "tests" / "data" / "secrets"
-SHARED = Path(os.environ.get("AGENTLEDGER_SHARED") or ROOT.parent / "shared")  # as tests/packs.py
+
+
+def shared_packs() -> Path:
+    """Where the shared sample packs are (the tests' answer too, ``tests/packs.py``):
+    ``AGENTLEDGER_SHARED`` if set, else the ``shared`` folder beside the repository or beside any
+    folder above it (a clone kept deeper, e.g. in a temporary folder), else ``/work/shared``."""
+    if os.environ.get("AGENTLEDGER_SHARED"):
+        return Path(os.environ["AGENTLEDGER_SHARED"])
+    for folder in ROOT.parents:
+        if (folder / "shared" / "samples").is_dir():
+            return folder / "shared"
+    return Path("/work/shared")
+
+
+SHARED = shared_packs()
 # The importers that read each folder of the two sample packs (as the integration tests import
 # them; pack 2's swebench-eval reports and truth files are no agent logs).
 PACKS: dict[str, dict[str, tuple[str, ...]]] = {
