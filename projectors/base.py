@@ -147,7 +147,16 @@ class Projection(Protocol, Generic[S]):
         """:meth:`to_doc` as JSON text: what PostgreSQL and Redis store."""
         ...
 
+    def checkpoint_json(self, state: S) -> bytes:
+        """The state as the engine checkpoints it: read back only by :meth:`from_doc`, which
+        takes it and :meth:`to_json`'s document alike (it may say repeats once)."""
+        ...
+
     def from_doc(self, doc: dict[str, Any]) -> S: ...
+
+    def whole_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's document as :meth:`to_json` writes the state (what readers get)."""
+        ...
 
     def head_json(self, state: S) -> bytes:
         """What readers of the current state are given (the SQL views, Redis): the document
@@ -244,8 +253,14 @@ class ModelProjection(Generic[S]):
             return state.__pydantic_serializer__.to_json(state)
         return orjson.dumps(self.to_doc(state))
 
+    def checkpoint_json(self, state: S) -> bytes:
+        return self.to_json(state)
+
     def from_doc(self, doc: dict[str, Any]) -> S:
         return self.state_type.model_validate(doc)
+
+    def whole_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return doc
 
     def head_json(self, state: S) -> bytes:
         if not self.unbounded:

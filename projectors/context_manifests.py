@@ -634,6 +634,52 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             spliced.append((_ITEMS_MARK, self._turn_pieces(state, turn)))
         return _spliced(super().to_json(bare), spliced)
 
+    def checkpoint_json(self, state: ContextState) -> bytes:
+        """The state as a checkpoint (read back only by :meth:`from_doc`): :meth:`to_json`'s
+        document with its repeats said once. A kept recorded manifest after the first is a delta
+        of the one before it (``items_delta``: the positions it drops; its ``items`` are the
+        ones it adds), as its history row is, and a next-turn item that is a pool item is that
+        item's position in the pool: the manifests share ~all their ~200 items and the next
+        turn ~3/4 of its items with the pool, so this halves the bytes a run's checkpoints
+        write (issue 25)."""
+        turn = state.next_turn
+        bare = state.model_copy(
+            update={
+                "pool": (),
+                "manifests": (),
+                "last_context_items": (),
+                "next_turn": None if turn is None else turn.model_copy(update={"items": ()}),
+            }
+        )
+        manifests = []
+        previous: ContextManifest | None = None
+        for m in state.manifests:
+            if previous is None:
+                manifests.append(_manifest_json(m))
+            else:
+                manifests.append(_manifest_delta(previous, m))
+            previous = m
+        spliced = [
+            (_POOL_MARK, list(map(_ITEM_JSON, state.pool))),
+            (_MANIFESTS_MARK, manifests),
+            (_CONTEXT_ITEMS_MARK, list(map(_CONTEXT_ITEM_JSON, state.last_context_items))),
+        ]
+        if turn is not None:
+            position = {id(item): n for n, item in enumerate(state.pool)}
+            pieces = []
+            for item in turn.items:
+                at = position.get(id(item))
+                pieces.append(_ITEM_JSON(item) if at is None else b"%d" % at)
+            spliced.append((_ITEMS_MARK, pieces))
+        return _spliced(super().to_json(bare), spliced)
+
+    def from_doc(self, doc: dict[str, Any]) -> ContextState:
+        """A state from :meth:`to_json`'s document or :meth:`checkpoint_json`'s."""
+        return super().from_doc(_expanded(doc))
+
+    def whole_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return _expanded(doc)
+
     @staticmethod
     def _turn_pieces(state: ContextState, turn: ContextManifest) -> list[bytes]:
         kept = _derived(state.next_turn_json)
@@ -2161,6 +2207,48 @@ def _manifest_json(manifest: ContextManifest) -> bytes:
     bare = manifest.model_copy(update={"items": ()})
     json = bare.__pydantic_serializer__.to_json(bare)
     return _spliced(json, [(_ITEMS_MARK, list(map(_RECORDED_JSON, manifest.items)))])
+
+
+def _manifest_delta(previous: ContextManifest, manifest: ContextManifest) -> bytes:
+    """``manifest`` as :func:`_manifest_json` writes it, but its items a delta of
+    ``previous``'s: ``items_delta`` holds the positions of ``previous``'s items it drops and
+    ``items`` the ones it adds after those it keeps (whole when it keeps none)."""
+    removed, kept = positions_delta(previous.items, manifest.items)
+    if kept == 0:
+        return _manifest_json(manifest)
+    bare = manifest.model_copy(update={"items": ()})
+    json = bare.__pydantic_serializer__.to_json(bare)
+    added = list(map(_RECORDED_JSON, manifest.items[kept:]))
+    json = _spliced(json, [(_ITEMS_MARK, added)])
+    return b'%b,"items_delta":%b}' % (json[:-1], orjson.dumps(removed))
+
+
+def _expanded(doc: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's document (:meth:`ContextManifestsProjection.checkpoint_json`) whole, as
+    :meth:`ContextManifestsProjection.to_json` writes it; a whole document as it is."""
+    manifests = doc.get("manifests") or []
+    turn = doc.get("next_turn")
+    refs = isinstance(turn, dict) and any(isinstance(i, int) for i in turn.get("items") or ())
+    if not refs and not any("items_delta" in m for m in manifests):
+        return doc
+    doc = dict(doc)
+    whole: list[dict[str, Any]] = []
+    for m in manifests:
+        removed = m.get("items_delta")
+        if removed is not None and whole:
+            drop = set(removed)
+            kept = [x for n, x in enumerate(whole[-1]["items"]) if n not in drop]
+            m = {k: v for k, v in m.items() if k != "items_delta"}
+            m["items"] = kept + list(m["items"])
+        whole.append(m)
+    doc["manifests"] = whole
+    if refs and isinstance(turn, dict):
+        pool = doc.get("pool") or []
+        doc["next_turn"] = {
+            **turn,
+            "items": [pool[i] if isinstance(i, int) else i for i in turn["items"]],
+        }
+    return doc
 
 
 def prefix_keys(items: Sequence[ManifestItem]) -> tuple[PrefixKey, ...]:

@@ -154,6 +154,7 @@ class Engine:
         checkpoint_tail_entries: int = 10_000,
         checkpoint_min_bytes: int = 64 * 1024,
         change_streams: Collection[str] = (),
+        analytics_beside_hot: int = 500,
     ) -> None:
         self.targets = list(targets)
         # The projections whose live builds' changes go to their change streams (the outbox).
@@ -187,6 +188,9 @@ class Engine:
         self.defer_analytics = defer_analytics
         self.analytics_interval_s = analytics_interval_s
         self.analytics_max_pending = analytics_max_pending
+        # An analytics batch of at least this many records folds while a hot phase waits on
+        # PostgreSQL (a backlog: throughput); a smaller one waits for the hot phase to end.
+        self.analytics_beside_hot = analytics_beside_hot
         self._pending: list[SourceRecord] = []
         self._pending_decoded: dict[tuple[TopicPartition, int], LedgerEntry | LedgerDecodeError]
         self._pending_decoded = {}
@@ -502,7 +506,10 @@ class Engine:
             wanted, {key: {r: seq for r, (seq, _s) in ks.items()} for key, ks in kept.items()}
         )
         known_ids = await self._stored_entry_ids(tx, arriving_by_target, rows)
-        if lane != "hot":  # folding blocks the loop: never in the middle of a hot phase
+        if lane != "hot" and self._arrivals(arriving_by_target) < self.analytics_beside_hot:
+            # folding blocks the loop: a few records (the hot path's batches) wait for the hot
+            # phase to end, so they never delay its commit; a backlog's batches fold while the
+            # hot phase waits on PostgreSQL, which would otherwise leave the CPU idle
             await self._hot_idle.wait()
         results: dict[Target, _TargetResult] = {}
         with self.telemetry.span("fold", targets=len(arriving_by_target)):
@@ -527,6 +534,11 @@ class Engine:
                     if view is not None:
                         result.views.append(view)
         return results
+
+    @staticmethod
+    def _arrivals(arriving_by_target: dict[Target, dict[str, list[tuple[int, Item]]]]) -> int:
+        """How many records the phase folds for its most fed target."""
+        return max((sum(map(len, a.values())) for a in arriving_by_target.values()), default=0)
 
     @staticmethod
     async def _stored_entry_ids(
@@ -634,7 +646,7 @@ class Engine:
         head: bytes | None = None
         try:
             head = projection.head_json(state) if state is not None else None
-            doc = (projection.to_json(state) if state is not None else b"{}") if due else None
+            doc = _checkpoint(projection, state) if due else None
         except Exception as exc:  # a state no document holds: the batch's entries go, not the run
             if row is not None and due and head is not None:
                 doc = None  # only the checkpoint failed: keep the tail, say so loudly
@@ -642,7 +654,7 @@ class Engine:
             else:
                 state, history, applied = stored, [], {}
                 head = projection.head_json(state) if state is not None else None
-                doc = (projection.to_json(state) if state is not None else b"{}") if due else None
+                doc = _checkpoint(projection, state) if due else None
                 tail_count = row.tail_count if row else 0
                 tail_bytes = row.tail_bytes if row else 0
                 for entry, payload, record in plan.apply:
@@ -856,6 +868,10 @@ class _LiveMoved(Exception):
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error("deferred analytics batch failed", exc_info=task.exception())
+
+
+def _checkpoint(projection: Projection[Any], state: Any) -> bytes:
+    return projection.checkpoint_json(state) if state is not None else b"{}"
 
 
 def _fold_failure(

@@ -621,6 +621,8 @@ def current_documents(
                 state = projection.from_doc(doc) if doc else None
                 state = refold(projection, state, (codec.decode(bytes(p)) for (p,) in tail))
                 doc = orjson.loads(projection.to_json(state)) if state is not None else {}
+            elif doc:
+                doc = projection.whole_doc(doc)  # a checkpoint may say repeats once
             yield run_id, applied_seq, gaps, doc
 
 

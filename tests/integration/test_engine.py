@@ -4,6 +4,7 @@ outages."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 from collections import defaultdict
@@ -352,6 +353,86 @@ async def test_deferred_analytics_coalesce_small_batches_and_apply_everything_on
     assert len(hot) == 5 and sum(hot) == len(records)
     assert len(analytics) == 2, analytics  # the first batch, then the four that waited
     assert sum(analytics) == len(records)
+    assert _analytics_positions(env) == {r: (len(run), []) for r, run in _by_run(entries).items()}
+
+
+class _WatchedCosts(CostMetricsProjection):
+    """cost-metrics that notes, at each fold, whether a hot phase was running, and says it
+    folded (``folded``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: Engine | None = None
+        self.beside_hot: list[bool] = []
+        self.folded = asyncio.Event()
+
+    def fold(self, state: Any, entry: LedgerEntry) -> Any:
+        assert self.engine is not None
+        self.beside_hot.append(not self.engine._hot_idle.is_set())
+        self.folded.set()
+        return super().fold(state, entry)
+
+
+@pytest.mark.parametrize("beside_hot", [True, False])
+async def test_a_backlog_folds_analytics_while_the_hot_phase_waits_on_postgresql(
+    services: Settings, beside_hot: bool
+) -> None:
+    """An analytics batch of at least ``analytics_beside_hot`` records folds while the next
+    batch's hot phase waits on PostgreSQL (here: its write waits until an analytics fold came,
+    at most 0.5 s); a smaller one waits for the hot phase to end. Either way every entry is
+    applied once."""
+    env = await make_env(services)
+    entries = simulate(1, 4, seed=31)
+    records = _records(env, entries, 0)
+    sink = KafkaDeadLetterSink(env.settings)
+    costs = _WatchedCosts()
+    targets = [Target(RunStatsProjection(), env.build), Target(costs, env.build)]
+    threshold = 1 if beside_hot else len(records) + 1
+    engine = Engine(
+        targets,
+        env.settings.pg_address,
+        None,
+        sink,
+        defer_analytics=True,
+        analytics_beside_hot=threshold,
+    )
+    costs.engine = engine
+    waited: list[bool] = []  # per hot write: whether it waited out the 0.5 s
+    transaction = engine.store.transaction
+
+    @contextlib.asynccontextmanager
+    async def watched(lane: str = "hot") -> Any:
+        async with transaction(lane) as tx:
+            if lane == "hot":
+                write = tx.write
+
+                async def slow_write(*args: Any) -> None:
+                    try:
+                        await asyncio.wait_for(costs.folded.wait(), 0.5)
+                        waited.append(False)
+                    except TimeoutError:
+                        waited.append(True)
+                    costs.folded.clear()
+                    await write(*args)
+
+                tx.write = slow_write  # type: ignore[method-assign, assignment]
+            yield tx
+
+    engine.store.transaction = watched  # type: ignore[method-assign]
+    try:
+        await engine.start()
+        half = len(records) // 2
+        await engine.process(records[:half])
+        await engine.process(records[half:])
+        await engine.flush()
+    finally:
+        await engine.close()
+        await sink.close()
+    assert len(waited) == 2 and waited[0]  # the first batch: no analytics yet to fold
+    if beside_hot:
+        assert not waited[1] and any(costs.beside_hot)
+    else:
+        assert waited[1] and not any(costs.beside_hot)
     assert _analytics_positions(env) == {r: (len(run), []) for r, run in _by_run(entries).items()}
 
 

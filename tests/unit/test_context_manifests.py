@@ -722,6 +722,40 @@ def test_head_json_is_the_model_serializers() -> None:
             assert projection.head_json(reloaded) == expected, (run[0].run_id, n)
 
 
+def test_checkpoint_says_repeats_once_and_reads_back_whole() -> None:
+    """A checkpoint keeps recorded manifests as deltas of each other and next-turn items that
+    are pool items as positions: read back, the state equal to the whole document's, which
+    is pydantic's; and smaller than it once the run holds manifests."""
+    projection = ContextManifestsProjection()
+    smaller = 0
+    for run in simulate_runs(1, 3, seed=5, length_profile="real"):
+        state = None
+        for n, entry in enumerate(run, 1):
+            state = projection.fold(state or projection.initial(entry), entry)
+            if n % 13 and n != len(run):
+                continue
+            state = projection.finish(state)
+            whole = projection.to_json(state)
+            compact = projection.checkpoint_json(state)
+            reloaded = projection.from_doc(json.loads(compact))
+            assert reloaded == projection.from_doc(json.loads(whole)) == state, (n, entry)
+            assert projection.to_json(reloaded) == whole
+            assert projection.whole_doc(json.loads(compact)) == json.loads(whole)
+            if len(state.manifests) > 1:
+                assert len(compact) < len(whole) * 0.8
+                assert any("items_delta" in m for m in json.loads(compact)["manifests"])
+                smaller += 1
+            turn = json.loads(compact)["next_turn"]
+            if (
+                state.pool
+                and turn is not None
+                and set(map(id, state.pool))
+                & set(map(id, state.next_turn.items if state.next_turn else ()))
+            ):
+                assert any(isinstance(i, int) for i in turn["items"])
+    assert smaller > 0
+
+
 def test_next_turn_does_not_depend_on_where_batches_fall() -> None:
     projection = ContextManifestsProjection()
     run = next(iter(simulate_runs(1, 1, seed=11)))
