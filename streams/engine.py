@@ -836,7 +836,12 @@ def _admit(
             admitted.append((seq, item))
             continue
         source = source or record.tp
-        if record.tp != source:
+        if record.tp[0] != source[0]:
+            why = (
+                f"the run's entries come from topic {source[0]}, this one from {record.topic}: "
+                "a run id belongs to one fleet (publish another fleet's runs under their own ids)"
+            )
+        elif record.tp != source:
             why = (
                 f"the run's entries come from {source[0]} partition {source[1]}, this one from "
                 f"partition {record.partition}: one run must stay on one partition"

@@ -292,3 +292,22 @@ async def test_a_conflict_with_a_held_entry_is_found_too() -> None:
     await engine.process(topic.records([impostor, run[1]]))
     assert [p.error_class for p in sink.sent] == ["ConflictingDuplicateError"]
     assert "run-h-e3" in sink.sent[0].message
+
+
+async def test_a_run_id_seen_on_another_fleets_topic_is_dead_lettered_saying_so() -> None:
+    """The same run published under a second fleet (an import into two fleets): its entries
+    there are dead-lettered naming both topics, not dropped as duplicates in silence."""
+    run = simulate(1, 1, seed=13)
+    other = [e.model_copy(update={"fleet_id": "fleet-other"}) for e in run]
+    store = MemoryStore()
+    engine, sink = _engine(store)
+    await engine.start(live=True)
+    topic = Topic()
+    await engine.process(topic.records(run))
+    stats = await engine.process(topic.records(other))
+    assert stats.dead_lettered == len(other) and stats.applied == 0
+    first, second = ledger_topic("t", run[0].fleet_id), ledger_topic("t", "fleet-other")
+    assert {p.message for p in sink.sent} == {
+        f"the run's entries come from topic {first}, this one from {second}: a run id belongs "
+        "to one fleet (publish another fleet's runs under their own ids)"
+    }
