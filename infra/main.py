@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from consumers import cli as read_commands
 from consumers.examples.budget_guard import BudgetGuard
+from consumers.web import cli as web_commands
 from infra import local
 from infra.cli_support import console, err, merge
 from infra.cli_support import settings as _settings
@@ -174,6 +176,27 @@ def _budget_guard(settings: Settings) -> BudgetGuard:
 
 
 merge(app, read_commands.commands)
+merge(app, web_commands.commands)
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8700,
+) -> None:
+    """Serve the JSON API (/api/v1) and the web pages over the live builds (read-only)."""
+    import uvicorn
+
+    from consumers.web.app import create_app
+    from streams.dlq import dead_letter_rows
+
+    settings = _settings()
+
+    def dead_letters(fleets: Sequence[str]) -> list[dict[str, Any]]:
+        return asyncio.run(dead_letter_rows(settings, fleets))
+
+    err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
+    uvicorn.run(create_app(settings, dead_letters), host=host, port=port, log_level="warning")
 
 
 @app.command("demo")

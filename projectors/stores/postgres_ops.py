@@ -557,7 +557,7 @@ SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, pric
 FROM known
 {where}
 ORDER BY {order}
-LIMIT %(limit)s
+LIMIT %(limit)s OFFSET %(offset)s
 """
 
 
@@ -573,14 +573,20 @@ def find_runs(
     text: str | None = None,
     sort: str = "last",
     limit: int = 50,
+    offset: int = 0,
+    fleets: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
     run not finished yet; ``text`` matches the task, the failure explanation and open problems
-    (case-insensitive, literally)."""
+    (case-insensitive, literally); ``fleets`` keeps only the runs of those fleets (an API
+    token's scope); ``offset`` skips that many of the sorted runs (a page's start)."""
     clauses: list[sql.Composable] = []
-    params: dict[str, Any] = {"limit": limit}
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
     _common(clauses, params, fleet, since, None, "last_at")
+    if fleets is not None:
+        clauses.append(sql.SQL("fleet_id = ANY(%(fleets)s)"))
+        params["fleets"] = list(fleets)
     if status is not None:
         clauses.append(
             sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")

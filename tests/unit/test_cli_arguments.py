@@ -46,6 +46,11 @@ BAD: dict[str, list[str]] = {
     "subscribe": ["subscribe", "bogus"],
     "artifact get": ["artifact", "get", "not-a-sha"],
     "subscribe --from-time": ["subscribe", "cost-metrics", "--from-time", "last tuesday"],
+    "serve": ["serve", "--port", "99999"],
+    "tokens create": ["tokens", "create", "--fleet", "bad fleet!"],
+    "tokens create --expires": ["tokens", "create", "--fleet", "fleet-01", "--expires", "soon"],
+    "tokens list": ["tokens", "list", "--bogus"],
+    "tokens revoke": ["tokens", "revoke"],
     "(unknown command)": ["bogus"],
 }
 

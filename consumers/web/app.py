@@ -1,0 +1,326 @@
+"""``agentledger serve``: the JSON API (``/api/v1``) and the server-rendered pages over the live
+builds. Read-only: every answer comes from :mod:`consumers.queries` (the CLI's documents); it
+never writes a projection. Every route but ``/health`` needs a token (``Authorization: Bearer``
+or the session cookie that ``/login?token=`` sets), and a token sees only its fleets' runs: a
+run of another fleet is a 404, as if it did not exist.
+
+The pages hold no script at all; the Content-Security-Policy forbids any, so a string from an
+agent or a tool that slipped past escaping still could not run."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader
+
+from consumers import queries
+from consumers.access import Principal, authenticate
+from infra.settings import Settings
+from schemas.errors import BadArgumentError, NotFoundError
+
+DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
+
+COOKIE = "al_session"
+HERE = Path(__file__).parent
+CSP = (
+    "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+ROWS_PER_PAGE = 100
+
+
+class HttpError(Exception):
+    """An answer other than 200: its status and a one-line reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _principal(request: Request) -> Principal:
+    """The request's token (the Authorization header's, else the session cookie's), valid."""
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else None
+    found = authenticate(request.app.state.settings, token or request.cookies.get(COOKIE))
+    if found is None:
+        raise HttpError(401, "a valid token is needed: Authorization: Bearer, or /login?token=")
+    return found
+
+
+Who = Annotated[Principal, Depends(_principal)]
+
+
+def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> FastAPI:
+    app = FastAPI(
+        title="AgentLedger",
+        version="1",
+        description="Read-only API over the live builds of AgentLedger's projections.",
+        openapi_url=None,  # served below, behind a token
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    pages = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
+    pages.filters["usd"] = _usd
+    pages.filters["pretty"] = lambda doc: json.dumps(doc, indent=2, default=str)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        response: Response = await call_next(request)
+        response.headers.update(HEADERS)
+        return response
+
+    @app.exception_handler(HttpError)
+    async def _error(request: Request, exc: HttpError) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": exc.reason}, status_code=exc.status)
+        html = pages.get_template("error.html").render(status=exc.status, reason=exc.reason)
+        return HTMLResponse(html, status_code=exc.status)
+
+    def run_of(who: Principal, run_id: str) -> str:
+        """``run_id`` if it is a run of one of the token's fleets (else 404, whoever has it)."""
+        if queries.run_fleet(settings, run_id) not in who.fleets:
+            raise HttpError(404, f"no run {run_id}")
+        return run_id
+
+    def found(read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except NotFoundError as exc:
+            raise HttpError(404, str(exc)) from None
+        except BadArgumentError as exc:
+            raise HttpError(400, str(exc)) from None
+
+    def runs_page(
+        who: Principal, params: Mapping[str, str | None], cursor: str | None, limit: int
+    ) -> Any:
+        filters = found(lambda: queries.parse_run_filters(**params))
+        if filters.fleet is not None and filters.fleet not in who.fleets:
+            raise HttpError(403, f"this token does not cover fleet {filters.fleet}")
+        start = _offset(cursor)
+        rows = queries.runs(settings, filters, limit + 1, start, who.fleets)
+        more = len(rows) > limit
+        return rows[:limit], (_cursor(start + limit) if more else None)
+
+    # -- API ---------------------------------------------------------------------------------
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        """Whether the server is up (no token needed)."""
+        return {"status": "ok"}
+
+    @app.get("/api/v1/openapi.json", include_in_schema=False)
+    def openapi(who: Who) -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/api/v1/runs")
+    def api_runs(
+        who: Who,
+        fleet: str | None = None,
+        status: str | None = None,
+        failure_class: Annotated[str | None, Query(alias="class")] = None,
+        since: str | None = None,
+        until: str | None = None,
+        cost_above: str | None = None,
+        search: str | None = None,
+        sort: str | None = None,
+        cursor: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> Any:
+        """Runs of the token's fleets, with the filters and sorts of ``agentledger runs``; the
+        next page is ``?cursor=next_cursor`` with the same filters."""
+        params = dict(
+            fleet=fleet,
+            status=status,
+            failure_class=failure_class,
+            since=since,
+            until=until,
+            cost_above=cost_above,
+            search=search,
+            sort=sort,
+        )
+        rows, next_cursor = runs_page(who, params, cursor, limit)
+        return queries.jsonable({"runs": rows, "next_cursor": next_cursor})
+
+    @app.get("/api/v1/runs/{run_id}")
+    def api_run(who: Who, run_id: str) -> Any:
+        """The run's header (``agentledger timeline --json`` without its rows) and row count."""
+        doc = found(lambda: queries.timeline(settings, run_of(who, run_id)))
+        rows = doc.pop("rows")
+        return queries.jsonable({**doc, "row_count": len(rows)})
+
+    @app.get("/api/v1/runs/{run_id}/timeline")
+    def api_timeline(
+        who: Who,
+        run_id: str,
+        cursor: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = ROWS_PER_PAGE,
+    ) -> Any:
+        """The run's timeline rows, a page at a time (``next_cursor``)."""
+        rows = found(lambda: queries.timeline(settings, run_of(who, run_id)))["rows"]
+        start = _offset(cursor)
+        more = len(rows) > start + limit
+        return queries.jsonable(
+            {
+                "rows": rows[start : start + limit],
+                "next_cursor": _cursor(start + limit) if more else None,
+            }
+        )
+
+    @app.get("/api/v1/runs/{run_id}/entries/{seq}")
+    def api_entry(who: Who, run_id: str, seq: int) -> Any:
+        """One row's drill-down: the rows of that sequence number, and for a model call the
+        manifest of what it saw."""
+        return queries.jsonable(found(lambda: queries.entry(settings, run_of(who, run_id), seq)))
+
+    @app.get("/api/v1/runs/{run_id}/memory")
+    def api_memory(who: Who, run_id: str, at: int | None = None) -> Any:
+        """The working memory now, or as it stood after sequence number ``at``."""
+        return queries.jsonable(found(lambda: queries.memory(settings, run_of(who, run_id), at)))
+
+    @app.get("/api/v1/runs/{run_id}/context")
+    def api_context(who: Who, run_id: str, call: str | None = None) -> Any:
+        """The next-turn context manifest, or what model call ``call`` (an entry id) saw."""
+        doc = found(lambda: queries.manifest(settings, run_of(who, run_id), call))
+        if doc is None:
+            raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
+        return queries.jsonable(doc)
+
+    @app.get("/api/v1/runs/{run_id}/costs")
+    def api_costs(who: Who, run_id: str) -> Any:
+        """The run's cost header: calls, tokens, cost (unknown as null, never 0), budget."""
+        doc = found(lambda: queries.timeline(settings, run_of(who, run_id)))
+        return queries.jsonable(doc["cost"])
+
+    @app.get("/api/v1/runs/{run_id}/failure")
+    def api_failure(who: Who, run_id: str, stalled_after: float = 30.0) -> Any:
+        """Why the run failed: class, rule, explanation, evidence."""
+        return queries.jsonable(
+            found(lambda: queries.failure(settings, run_of(who, run_id), stalled_after))
+        )
+
+    @app.get("/api/v1/dead-letters")
+    def api_dead_letters(who: Who, fleet: str | None = None) -> Any:
+        """Dead letters of the token's fleets (``agentledger dlq list --json``)."""
+        return {"dead_letters": letters(who, fleet)}
+
+    def letters(who: Principal, fleet: str | None) -> list[dict[str, Any]]:
+        if fleet and fleet not in who.fleets:
+            raise HttpError(403, f"this token does not cover fleet {fleet}")
+        if dead_letters is None:
+            raise HttpError(501, "this server was started without a dead-letter reader")
+        return dead_letters([fleet] if fleet else list(who.fleets))
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def page(name: str, who: Principal, **values: Any) -> HTMLResponse:
+        return HTMLResponse(pages.get_template(name).render(who=who, **values))
+
+    @app.get("/login", include_in_schema=False)
+    def login(token: str = "") -> Response:
+        who = authenticate(settings, token)
+        if who is None:
+            raise HttpError(401, "this token is not valid (unknown, revoked or expired)")
+        response = RedirectResponse("/runs", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="lax", path="/")
+        return response
+
+    @app.get("/logout", include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    @app.get("/", include_in_schema=False)
+    def home(who: Who) -> Response:
+        return RedirectResponse("/runs", status_code=303)
+
+    @app.get("/runs", include_in_schema=False)
+    def runs_html(request: Request, who: Who, cursor: str | None = None) -> HTMLResponse:
+        q = request.query_params
+        names = ("fleet", "status", "class", "since", "until", "cost_above", "search", "sort")
+        given = {name: q.get(name) or "" for name in names}
+        params = {("failure_class" if k == "class" else k): v for k, v in given.items()}
+        rows, next_cursor = runs_page(who, params, cursor, 50)
+        kept = {k: v for k, v in given.items() if v}
+        return page(
+            "runs.html",
+            who,
+            runs=[{**r, "cost_text": queries.cost_text(r)} for r in rows],
+            given=given,
+            statuses=queries.RUN_STATUSES,
+            sorts=("last", "first", "cost", "entries", "id"),
+            next_url=f"/runs?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None,
+        )
+
+    @app.get("/runs/{run_id}", include_in_schema=False)
+    def run_html(who: Who, run_id: str, cursor: str | None = None) -> HTMLResponse:
+        doc = found(lambda: queries.timeline(settings, run_of(who, run_id)))
+        start = _offset(cursor)
+        rows = doc["rows"][start : start + ROWS_PER_PAGE]
+        more = len(doc["rows"]) > start + ROWS_PER_PAGE
+        return page(
+            "run.html",
+            who,
+            run=doc,
+            rows=rows,
+            first=start + 1,
+            total=len(doc["rows"]),
+            next_url=f"/runs/{run_id}?cursor={_cursor(start + ROWS_PER_PAGE)}" if more else None,
+            prev_url=f"/runs/{run_id}?cursor={_cursor(max(0, start - ROWS_PER_PAGE))}"
+            if start
+            else None,
+        )
+
+    @app.get("/runs/{run_id}/entries/{seq}", include_in_schema=False)
+    def entry_html(who: Who, run_id: str, seq: int) -> HTMLResponse:
+        doc = found(lambda: queries.entry(settings, run_of(who, run_id), seq))
+        return page("entry.html", who, entry=doc)
+
+    @app.get("/dead-letters", include_in_schema=False)
+    def dead_letters_html(who: Who) -> HTMLResponse:
+        return page("dead_letters.html", who, letters=letters(who, None))
+
+    return app
+
+
+def _cursor(offset: int) -> str:
+    """An opaque cursor: where the next page starts."""
+    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def _offset(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        offset = json.loads(raw)["o"]
+    except (ValueError, KeyError, TypeError):
+        raise HttpError(400, "cursor: not a cursor this server gave") from None
+    if not isinstance(offset, int) or offset < 0:
+        raise HttpError(400, "cursor: not a cursor this server gave")
+    return offset
+
+
+def _usd(value: Any) -> str:
+    """A USD figure as shown: ``unknown`` when there is none, never $0."""
+    if value is None:
+        return "unknown"
+    return f"${float(value):.4f}"

@@ -1,0 +1,198 @@
+"""``agentledger serve`` on the real stack: published runs (publisher, Kafka, engine,
+PostgreSQL) read back through the HTTP API and the pages with httpx, against the CLI's
+``--json`` for the same runs; tokens, their fleets, and hostile text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from infra.main import app
+from infra.settings import Settings
+from tests.integration.web_support import (
+    FLEETS,
+    HOSTILE_TASK,
+    HOSTILE_TOOL,
+    MARKER,
+    Web,
+    web_deployment,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def web(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    with web_deployment(services, tmp_path_factory.mktemp("web")) as found:
+        yield found
+
+
+def _cli(web: Web, *args: str) -> Any:
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "200"}
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _api(web: Web, path: str, token: str | None = None, **params: Any) -> Any:
+    response = _get(web, path, token or web.token_a, **params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _get(web: Web, path: str, token: str | None, **params: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(web.base + path, headers=headers, params=params, timeout=30)
+
+
+def _all_rows(web: Web, run_id: str, limit: int) -> list[Any]:
+    rows: list[Any] = []
+    cursor = None
+    while True:
+        page = _api(web, f"/api/v1/runs/{run_id}/timeline", limit=limit, cursor=cursor or "")
+        assert len(page["rows"]) <= limit
+        rows += page["rows"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return rows
+
+
+def test_the_cli_and_the_api_give_the_same_documents(web: Web) -> None:
+    for run_id in web.runs_of(FLEETS[0]):
+        timeline = _cli(web, "timeline", run_id, "--json")
+        header = _api(web, f"/api/v1/runs/{run_id}")
+        assert header.pop("row_count") == len(timeline["rows"])
+        assert {**header, "rows": _all_rows(web, run_id, 7)} == timeline
+        assert _api(web, f"/api/v1/runs/{run_id}/costs") == timeline["cost"]
+        assert _api(web, f"/api/v1/runs/{run_id}/memory") == _cli(web, "memory", run_id, "--json")
+        assert _api(web, f"/api/v1/runs/{run_id}/memory", at=9) == _cli(
+            web, "memory", run_id, "--at", "9", "--json"
+        )
+        assert _api(web, f"/api/v1/runs/{run_id}/context") == _cli(web, "context", run_id, "--json")
+        assert _api(web, f"/api/v1/runs/{run_id}/failure") == _cli(
+            web, "failures", run_id, "--json"
+        )
+        call = next(r for r in timeline["rows"] if r["kind"] == "model-call")["refs"]["entry"]
+        assert _api(web, f"/api/v1/runs/{run_id}/context", call=call) == _cli(
+            web, "context", run_id, "--call", call, "--json"
+        )
+        entry = _api(web, f"/api/v1/runs/{run_id}/entries/{timeline['rows'][0]['seq']}")
+        assert entry["rows"] == [r for r in timeline["rows"] if r["seq"] == entry["seq"]]
+    model_row = next(r for r in timeline["rows"] if r["kind"] == "model-call")
+    entry = _api(web, f"/api/v1/runs/{run_id}/entries/{model_row['seq']}")
+    assert entry["manifests"][model_row["refs"]["entry"]]["items"]  # what that call saw
+
+
+FILTERS: list[dict[str, str]] = [
+    {},
+    {"status": "RUNNING"},
+    {"status": "failed"},
+    {"class": "none"},
+    {"search": MARKER.upper()},
+    {"cost_above": "0.001"},
+    {"since": "2026-11-01", "until": "2030-01-01"},
+    {"sort": "cost"},
+    {"sort": "entries"},
+    {"sort": "id", "fleet": FLEETS[0]},
+]
+
+
+@pytest.mark.parametrize("query", FILTERS, ids=lambda q: ",".join(q) or "none")
+def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None:
+    args = [f"--{'cost-above' if k == 'cost_above' else k}={v}" for k, v in query.items()]
+    cli = [r for r in _cli(web, "runs", "--json", *args) if r["fleet_id"] == FLEETS[0]]
+    assert _api(web, "/api/v1/runs", **query)["runs"] == cli
+    if query.get("search"):
+        assert [r["run_id"] for r in cli] == [web.hostile_run]
+
+
+def test_runs_pages_follow_the_cursor(web: Web) -> None:
+    whole = _api(web, "/api/v1/runs", sort="id")
+    assert whole["next_cursor"] is None and len(whole["runs"]) == len(web.runs_of(FLEETS[0]))
+    paged, cursor = [], ""
+    while True:
+        page = _api(web, "/api/v1/runs", sort="id", limit=2, cursor=cursor)
+        paged += page["runs"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert paged == whole["runs"]
+    assert _get(web, "/api/v1/runs", web.token_a, cursor="not-a-cursor").status_code == 400
+    assert _get(web, "/api/v1/runs", web.token_a, sort="cheapest").status_code == 400
+
+
+def test_a_token_sees_only_its_fleets(web: Web) -> None:
+    other = web.runs_of(FLEETS[1])[0]
+    for path in (
+        f"/api/v1/runs/{other}",
+        f"/api/v1/runs/{other}/timeline",
+        f"/api/v1/runs/{other}/memory",
+        f"/api/v1/runs/{other}/entries/1",
+        f"/runs/{other}",
+        f"/runs/{other}/entries/1",
+        "/api/v1/runs/no-such-run",
+    ):
+        assert _get(web, path, web.token_a).status_code == 404, path
+    assert _get(web, f"/api/v1/runs/{other}", web.token_b).status_code == 200
+    assert _get(web, "/api/v1/runs", web.token_a, fleet=FLEETS[1]).status_code == 403
+    assert _get(web, "/api/v1/dead-letters", web.token_a, fleet=FLEETS[1]).status_code == 403
+    b_runs = _api(web, "/api/v1/runs", web.token_b)["runs"]
+    assert {r["run_id"] for r in b_runs} == set(web.runs_of(FLEETS[1]))
+    letters = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    assert [d["error_class"] for d in letters] == ["LedgerDecodeError"]
+    assert _api(web, "/api/v1/dead-letters", web.token_b)["dead_letters"] == []
+
+
+def test_nothing_answers_without_a_valid_token(web: Web) -> None:
+    assert _get(web, "/health", None).json() == {"status": "ok"}
+    for token in (None, "alt_nope", web.revoked, web.expired, web.token_a + "x"):
+        for path in ("/api/v1/runs", "/api/v1/openapi.json", "/runs", "/dead-letters", "/"):
+            assert _get(web, path, token).status_code == 401, (path, token)
+    spec = _api(web, "/api/v1/openapi.json")
+    assert "/api/v1/runs/{run_id}/timeline" in spec["paths"]
+    login = httpx.get(f"{web.base}/login", params={"token": web.token_a}, follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/runs"
+    page = httpx.get(f"{web.base}/runs", cookies=dict(login.cookies))
+    assert page.status_code == 200 and "HttpOnly" in login.headers["set-cookie"]
+    assert httpx.get(f"{web.base}/login", params={"token": web.revoked}).status_code == 401
+
+
+def test_tokens_are_kept_only_as_hashes(web: Web) -> None:
+    made = _cli(web, "tokens", "create", "--fleet", FLEETS[1], "--expires", "2h", "--json")
+    assert made["token"].startswith("alt_") and made["fleets"] == [FLEETS[1]]
+    listed = {t["token_id"]: t for t in _cli(web, "tokens", "list", "--json")}
+    assert made["token_id"] in listed and made["token"] not in json.dumps(listed)
+    with psycopg.connect(web.settings.pg_address) as conn:
+        dump = conn.execute("SELECT al_api_tokens::text FROM al_api_tokens").fetchall()
+    assert not any(made["token"] in row for (row,) in dump)
+    assert _get(web, "/api/v1/runs", made["token"]).status_code == 200
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address}
+    result = CliRunner().invoke(app, ["tokens", "revoke", made["token_id"]], env=env)
+    assert result.exit_code == 0
+    assert _get(web, "/api/v1/runs", made["token"]).status_code == 401
+
+
+def test_pages_show_hostile_text_as_text(web: Web) -> None:
+    cookies = {"al_session": web.token_a}
+    runs = httpx.get(f"{web.base}/runs", params={"search": MARKER}, cookies=cookies)
+    run = httpx.get(f"{web.base}/runs/{web.hostile_run}", cookies=cookies)
+    for page in (runs, run):
+        assert page.status_code == 200
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'none'" in csp and "default-src 'none'" in csp
+        assert not {"<script", "<img", "<svg", 'href="javascript'} & _tags(page.text)
+        assert "&lt;script&gt;window.__pwned=1" in page.text
+    assert "unknown" in runs.text or "$" in runs.text
+    assert "IGNORE ALL PREVIOUS INSTRUCTIONS" in run.text and "&lt;svg onload=" in run.text
+    assert HOSTILE_TASK not in run.text and HOSTILE_TOOL not in run.text
+
+
+def _tags(html: str) -> set[str]:
+    """The raw markup of the hostile strings that occurs in ``html`` (escaped text is none)."""
+    return {t for t in ("<script", "<img", "<svg", 'href="javascript') if t in html}
