@@ -5,6 +5,11 @@ PostgreSQL) read back through the HTTP API and the pages with httpx, against the
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +26,7 @@ from tests.integration.web_support import (
     HOSTILE_TOOL,
     MARKER,
     Web,
+    free_port,
     web_deployment,
 )
 
@@ -196,3 +202,31 @@ def test_pages_show_hostile_text_as_text(web: Web) -> None:
 def _tags(html: str) -> set[str]:
     """The raw markup of the hostile strings that occurs in ``html`` (escaped text is none)."""
     return {t for t in ("<script", "<img", "<svg", 'href="javascript') if t in html}
+
+
+def test_agentledger_serve_serves_the_app(web: Web) -> None:
+    """The console command itself: ``agentledger serve --port P`` answers, and stops on
+    SIGTERM."""
+    port = free_port()
+    env = {**os.environ, "AGENTLEDGER_PG_DSN": web.settings.pg_address}
+    serve = [sys.executable, "-c", "from infra.main import main; main()", "serve"]
+    server = subprocess.Popen([*serve, "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "serve did not start"
+            time.sleep(0.1)
+        answer = httpx.get(
+            f"{base}/api/v1/runs", headers={"Authorization": f"Bearer {web.token_a}"}
+        )
+        assert len(answer.json()["runs"]) == len(web.runs_of(FLEETS[0]))
+    finally:
+        server.terminate()
+        # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+        assert server.wait(20) in (0, -signal.SIGTERM)

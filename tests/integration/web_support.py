@@ -100,7 +100,7 @@ async def _fill(settings: Settings) -> tuple[list[LedgerEntry], str]:
     return list(sent), hostile
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -114,7 +114,7 @@ def serving(settings: Settings) -> Iterator[str]:
     def dead_letters(fleets: Any) -> list[dict[str, Any]]:
         return asyncio.run(dead_letter_rows(settings, fleets))
 
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(
         create_app(settings, dead_letters), host="127.0.0.1", port=port, log_level="warning"
     )
