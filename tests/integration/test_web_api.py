@@ -4,6 +4,7 @@ PostgreSQL) read back through the HTTP API and the pages with httpx, against the
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
+from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
 from tests.integration.web_support import (
@@ -194,7 +196,9 @@ def test_pages_show_hostile_text_as_text(web: Web) -> None:
         assert "script-src 'none'" in csp and "default-src 'none'" in csp
         assert not {"<script", "<img", "<svg", 'href="javascript'} & _tags(page.text)
         assert "&lt;script&gt;window.__pwned=1" in page.text
-    assert "unknown" in runs.text or "$" in runs.text
+    listed = httpx.get(f"{web.base}/runs", cookies=cookies).text
+    for row in _api(web, "/api/v1/runs")["runs"]:  # each cost in words, as the CLI's table has it
+        assert f'<td class="cost">{html.escape(cost_text(row))}</td>' in listed
     assert "IGNORE ALL PREVIOUS INSTRUCTIONS" in run.text and "&lt;svg onload=" in run.text
     assert HOSTILE_TASK not in run.text and HOSTILE_TOOL not in run.text
 
