@@ -210,6 +210,17 @@ def demo() -> None:
     local.start_worker(settings, console)
     entries, published_at = publish_demo(settings, console)
     show(settings, entries, published_at, console)
+    _demo_web(settings, sorted({e.fleet_id for e in entries}))
+
+
+def _demo_web(settings: Settings, fleets: list[str]) -> None:
+    """The web pages of the demo's runs: a background ``agentledger serve`` and the sign-in URL
+    of a new admin token for the demo's fleets (``infra down`` stops the server)."""
+    from consumers.access import create_token
+
+    port = local.start_server(settings, console)
+    token = create_token(settings, fleets, admin=True)["token"]
+    console.print(f"web: http://127.0.0.1:{port}/login?token={token}", soft_wrap=True)
 
 
 register_rebuild(app)
