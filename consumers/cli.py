@@ -70,8 +70,6 @@ def context(
     """A run's next-turn context manifest, or the manifest recorded for one model call."""
     from consumers import queries
     from consumers.render import print_manifest
-    from projectors.context_manifests import ContextManifest
-    from projectors.context_render import render
     from schemas.errors import NotFoundError
 
     settings = _settings()
@@ -85,7 +83,7 @@ def context(
         err.print(f"[red]error:[/] run {escape(run_id)} has no next-turn manifest yet")
         raise typer.Exit(code=1)
     if render_it:
-        print(render(ContextManifest.model_validate(doc)))
+        print(queries.render_manifest(doc))
     elif as_json:
         print(json.dumps(doc, indent=2, default=str))
     else:

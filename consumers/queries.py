@@ -15,7 +15,8 @@ from typing import Any
 from consumers.analytics import parse_since, run_failure, run_timeline
 from consumers.views import find_runs, history_at, history_row, live_state
 from infra.settings import Settings
-from projectors.context_manifests import resolve_manifest
+from projectors.context_manifests import ContextManifest, resolve_manifest
+from projectors.context_render import render
 from projectors.stores import postgres_ops as ops
 from schemas.errors import BadArgumentError, NotFoundError
 from schemas.models import RunStatus
@@ -120,6 +121,12 @@ def manifest(settings: Settings, run_id: str, call: str | None = None) -> dict[s
         return state
 
     return resolve_manifest(row, fetch)
+
+
+def render_manifest(doc: dict[str, Any]) -> str:
+    """A manifest as the model gets it: sectioned, with the trust wrappers (``agentledger
+    context --render``)."""
+    return render(ContextManifest.model_validate(doc))
 
 
 def failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> dict[str, Any]:

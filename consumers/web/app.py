@@ -23,6 +23,7 @@ from jinja2 import Environment, FileSystemLoader
 
 from consumers import queries
 from consumers.access import Principal, authenticate
+from consumers.render import as_of, memory_sections
 from infra.settings import Settings
 from schemas.errors import BadArgumentError, NotFoundError
 
@@ -203,6 +204,15 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
         return queries.jsonable(doc)
 
+    @app.get("/api/v1/runs/{run_id}/context/rendered")
+    def api_context_rendered(who: Who, run_id: str, call: str | None = None) -> Any:
+        """``{"text": ...}``: the next turn (or what ``call`` saw) as the model gets it,
+        sectioned, trust wrappers included (``agentledger context --render``)."""
+        doc = found(lambda: queries.manifest(settings, run_of(who, run_id), call))
+        if doc is None:
+            raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
+        return {"text": queries.render_manifest(doc)}
+
     @app.get("/api/v1/runs/{run_id}/costs")
     def api_costs(who: Who, run_id: str) -> Any:
         """The run's cost header: calls, tokens, cost (unknown as null, never 0), budget."""
@@ -293,6 +303,37 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
     def entry_html(who: Who, run_id: str, seq: int) -> HTMLResponse:
         doc = found(lambda: queries.entry(settings, run_of(who, run_id), seq))
         return page("entry.html", who, entry=doc)
+
+    @app.get("/runs/{run_id}/memory", include_in_schema=False)
+    def memory_html(who: Who, run_id: str, at: int | None = None) -> HTMLResponse:
+        now = found(lambda: queries.memory(settings, run_of(who, run_id)))
+        view = now if at is None else found(lambda: queries.memory(settings, run_id, at))
+        where = view.get("applied_seq", view.get("seq"))
+        return page(
+            "memory.html",
+            who,
+            run_id=run_id,
+            view=view,
+            memory=view["state"],
+            sections=memory_sections(view["state"]),
+            as_of=as_of(where, view.get("asked_seq")),
+            last=now["applied_seq"],
+            at=at if at is not None else now["applied_seq"],
+        )
+
+    @app.get("/runs/{run_id}/context", include_in_schema=False)
+    def context_html(who: Who, run_id: str, call: str | None = None) -> HTMLResponse:
+        doc = found(lambda: queries.manifest(settings, run_of(who, run_id), call))
+        if doc is None:
+            raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
+        return page(
+            "context.html",
+            who,
+            run_id=run_id,
+            call=call,
+            manifest=doc,
+            text=queries.render_manifest(doc),
+        )
 
     @app.get("/dead-letters", include_in_schema=False)
     def dead_letters_html(who: Who) -> HTMLResponse:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from markupsafe import escape
 from typer.testing import CliRunner
 
 from consumers.queries import cost_text
@@ -92,6 +93,9 @@ def test_the_cli_and_the_api_give_the_same_documents(web: Web) -> None:
         )
         entry = _api(web, f"/api/v1/runs/{run_id}/entries/{timeline['rows'][0]['seq']}")
         assert entry["rows"] == [r for r in timeline["rows"] if r["seq"] == entry["seq"]]
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "200"}
+    rendered = CliRunner().invoke(app, ["context", run_id, "--render"], env=env).stdout
+    assert _api(web, f"/api/v1/runs/{run_id}/context/rendered")["text"] + "\n" == rendered
     model_row = next(r for r in timeline["rows"] if r["kind"] == "model-call")
     entry = _api(web, f"/api/v1/runs/{run_id}/entries/{model_row['seq']}")
     assert entry["manifests"][model_row["refs"]["entry"]]["items"]  # what that call saw
@@ -234,3 +238,19 @@ def test_agentledger_serve_serves_the_app(web: Web) -> None:
         server.terminate()
         # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
         assert server.wait(20) in (0, -signal.SIGTERM)
+
+
+def test_the_memory_and_next_turn_pages_say_what_the_cli_says(web: Web) -> None:
+    cookies = {"al_session": web.token_a}
+    run_id = web.hostile_run
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "500"}
+    at_nine = httpx.get(f"{web.base}/runs/{run_id}/memory", params={"at": 9}, cookies=cookies)
+    assert at_nine.status_code == 200
+    memory = _cli(web, "memory", run_id, "--at", "9", "--json")
+    said = f"as it stood after seq 9: last changed by seq {memory['seq']}"
+    assert (said if memory["seq"] != 9 else "through seq 9") in at_nine.text
+    assert escape(memory["state"]["task_goal"]) in at_nine.text
+    assert 'name="at"' in at_nine.text and "?at=10" in at_nine.text  # the slider, its steps
+    turn = httpx.get(f"{web.base}/runs/{run_id}/context", cookies=cookies)
+    rendered = CliRunner().invoke(app, ["context", run_id, "--render"], env=env).stdout
+    assert escape(rendered.rstrip("\n")) in turn.text  # escaped as the pages escape
