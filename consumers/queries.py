@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from consumers.analytics import parse_since, run_failure, run_timeline
-from consumers.views import find_runs, history_at, history_row, live_state
+from consumers.views import find_runs, history_at, history_row, live_state, run_outcome
 from infra.settings import Settings
 from projectors.context_manifests import ContextManifest, resolve_manifest
 from projectors.context_render import render
@@ -127,6 +127,30 @@ def render_manifest(doc: dict[str, Any]) -> str:
     """A manifest as the model gets it: sectioned, with the trust wrappers (``agentledger
     context --render``)."""
     return render(ContextManifest.model_validate(doc))
+
+
+def compare(settings: Settings, run_ids: Sequence[str]) -> dict[str, Any]:
+    """Runs side by side: each one's header (as ``timeline --json`` has it, with its outcome
+    in words and ``row_count``), the files its working memory says it changed, and its
+    timeline rows."""
+    runs = []
+    for run_id in run_ids:
+        doc = timeline(settings, run_id)
+        status = None if doc["status"] == "RUNNING" else doc["status"]
+        failure_class = (doc["failure"] or {}).get("failure_class")
+        try:
+            files = memory(settings, run_id)["state"].get("changed_files") or []
+        except NotFoundError:
+            files = []
+        runs.append(
+            {
+                **doc,
+                "outcome": run_outcome(status, failure_class),
+                "changed_files": list(files),
+                "row_count": len(doc["rows"]),
+            }
+        )
+    return {"runs": runs}
 
 
 def failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> dict[str, Any]:

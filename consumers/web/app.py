@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Mapping, Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -226,6 +227,13 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             found(lambda: queries.failure(settings, run_of(who, run_id), stalled_after))
         )
 
+    @app.get("/api/v1/compare")
+    def api_compare(who: Who, a: str, b: str) -> Any:
+        """Two runs side by side: header, outcome, cost, changed files, timeline rows."""
+        return queries.jsonable(
+            found(lambda: queries.compare(settings, [run_of(who, a), run_of(who, b)]))
+        )
+
     @app.get("/api/v1/dead-letters")
     def api_dead_letters(who: Who, fleet: str | None = None) -> Any:
         """Dead letters of the token's fleets (``agentledger dlq list --json``)."""
@@ -334,6 +342,15 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             manifest=doc,
             text=queries.render_manifest(doc),
         )
+
+    @app.get("/compare", include_in_schema=False)
+    def compare_html(who: Who, a: str = "", b: str = "") -> HTMLResponse:
+        if not a or not b:
+            return page("compare.html", who, a=a, b=b, runs=None, pairs=[])
+        doc = found(lambda: queries.compare(settings, [run_of(who, a), run_of(who, b)]))
+        left, right = doc["runs"]
+        pairs = list(zip_longest(left["rows"], right["rows"]))
+        return page("compare.html", who, a=a, b=b, runs=doc["runs"], pairs=pairs)
 
     @app.get("/dead-letters", include_in_schema=False)
     def dead_letters_html(who: Who) -> HTMLResponse:

@@ -254,3 +254,22 @@ def test_the_memory_and_next_turn_pages_say_what_the_cli_says(web: Web) -> None:
     turn = httpx.get(f"{web.base}/runs/{run_id}/context", cookies=cookies)
     rendered = CliRunner().invoke(app, ["context", run_id, "--render"], env=env).stdout
     assert escape(rendered.rstrip("\n")) in turn.text  # escaped as the pages escape
+
+
+def test_compare_puts_two_runs_side_by_side_as_the_cli_reads_them(web: Web) -> None:
+    a, b = web.runs_of(FLEETS[0])[:2]
+    doc = _api(web, "/api/v1/compare", a=a, b=b)
+    outcomes = {r["run_id"]: r["outcome"] for r in _cli(web, "runs", "--json", "--limit", "100")}
+    for run_id, shown in zip((a, b), doc["runs"], strict=True):
+        extra = {k: shown.pop(k) for k in ("outcome", "changed_files", "row_count")}
+        assert shown == _cli(web, "timeline", run_id, "--json")
+        assert extra["outcome"] == outcomes[run_id]
+        memory = _cli(web, "memory", run_id, "--json")
+        assert extra["changed_files"] == memory["state"]["changed_files"]
+    other = web.runs_of(FLEETS[1])[0]
+    assert _get(web, "/api/v1/compare", web.token_a, a=a, b=other).status_code == 404
+    page = httpx.get(
+        f"{web.base}/compare", params={"a": a, "b": b}, cookies={"al_session": web.token_a}
+    )
+    assert page.status_code == 200
+    assert all(escape(outcomes[r]) in page.text for r in (a, b))

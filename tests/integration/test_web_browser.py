@@ -100,6 +100,16 @@ def _walk(page: Page, web: Web) -> None:
     page.go_back()
     assert parse_qs(urlparse(page.url).query)["search"] == [MARKER]  # back to the filtered list
 
+    page.goto(f"{web.base}/runs/{web.hostile_run}")
+    page.click("text=compare with another run")
+    other = next(r for r in web.runs_of(FLEETS[0]) if r != web.hostile_run)
+    page.fill("input[name=b]", other)
+    page.click("button[type=submit]")
+    assert parse_qs(urlparse(page.url).query) == {"a": [web.hostile_run], "b": [other]}
+    heads = page.locator("table.compare thead th a")
+    assert heads.all_inner_texts() == [web.hostile_run, other]
+    assert page.locator("table.timelines tbody tr").count() > 10
+
 
 def _line(message: ConsoleMessage) -> str:
     return f"{message.type}: {message.text}"
