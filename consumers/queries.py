@@ -90,6 +90,16 @@ def run_fleet(settings: Settings, run_id: str) -> str | None:
         return ops.live_fleet_of(conn, run_id)
 
 
+TIMELINE_SOURCES = ("run-stats", "diff-timelines", "cost-metrics", "failure-classifications")
+
+
+def applied(settings: Settings, run_id: str) -> int:
+    """Where the run stands in the projections its timeline is built from (the sum of their
+    applied sequence numbers): it grows when a new entry of the run lands in any of them."""
+    with ops.connect(settings.pg_address) as conn:
+        return sum(seq for _, seq in ops.live_applied(conn, TIMELINE_SOURCES, [run_id]))
+
+
 def timeline(settings: Settings, run_id: str) -> dict[str, Any]:
     """The run's header and timeline rows (``agentledger timeline --json``)."""
     return run_timeline(settings, run_id)

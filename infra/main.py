@@ -196,7 +196,9 @@ def serve(
         return asyncio.run(dead_letter_rows(settings, fleets))
 
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
-    uvicorn.run(create_app(settings, dead_letters), host=host, port=port, log_level="warning")
+    # open event streams (a running run's page) get 5 s to end once a stop is asked
+    app = create_app(settings, dead_letters)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 
 @app.command("demo")

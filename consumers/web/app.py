@@ -4,21 +4,30 @@ never writes a projection. Every route but ``/health`` needs a token (``Authoriz
 or the session cookie that ``/login?token=`` sets), and a token sees only its fleets' runs: a
 run of another fleet is a 404, as if it did not exist.
 
-The pages hold no script at all; the Content-Security-Policy forbids any, so a string from an
-agent or a tool that slipped past escaping still could not run."""
+The pages hold no inline script: one file of our own, ``static/live.js`` (a running run's new
+rows, added as text), and the Content-Security-Policy allows no other, so a string from an agent
+or a tool that slipped past escaping still could not run."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader
 
@@ -33,8 +42,8 @@ DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
 COOKIE = "al_session"
 HERE = Path(__file__).parent
 CSP = (
-    "default-src 'none'; script-src 'none'; style-src 'self'; img-src 'self'; "
-    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 HEADERS = {
     "Content-Security-Policy": CSP,
@@ -44,6 +53,8 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 ROWS_PER_PAGE = 100
+POLL_S = 0.25  # how often a live stream looks for new rows
+STREAM_S = 600.0  # a live stream ends after this long; the browser reconnects where it was
 
 
 class HttpError(Exception):
@@ -234,6 +245,21 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             found(lambda: queries.compare(settings, [run_of(who, a), run_of(who, b)]))
         )
 
+    @app.get("/api/v1/runs/{run_id}/events")
+    async def api_events(request: Request, who: Who, run_id: str, after: int = 0) -> Response:
+        """Server-sent events: ``row`` (a timeline row as ``/timeline`` has it, its index as
+        the event id) for each row past the first ``after`` as it lands, then ``end`` (with
+        the run's final ``status``) when the run has finished. A reconnecting browser's
+        ``Last-Event-ID`` takes over from ``after``."""
+        await asyncio.to_thread(run_of, who, run_id)
+        last = request.headers.get("last-event-id", "")
+        start = int(last) + 1 if last.isdigit() else max(after, 0)
+        return StreamingResponse(
+            _live_rows(request, settings, run_id, start),
+            media_type="text/event-stream",
+            headers={"X-Accel-Buffering": "no"},
+        )
+
     @app.get("/api/v1/dead-letters")
     def api_dead_letters(who: Who, fleet: str | None = None) -> Any:
         """Dead letters of the token's fleets (``agentledger dlq list --json``)."""
@@ -302,6 +328,7 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             first=start + 1,
             total=len(doc["rows"]),
             next_url=f"/runs/{run_id}?cursor={_cursor(start + ROWS_PER_PAGE)}" if more else None,
+            live=doc["status"] == "RUNNING" and not more,
             prev_url=f"/runs/{run_id}?cursor={_cursor(max(0, start - ROWS_PER_PAGE))}"
             if start
             else None,
@@ -357,6 +384,27 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
         return page("dead_letters.html", who, letters=letters(who, None))
 
     return app
+
+
+async def _live_rows(
+    request: Request, settings: Settings, run_id: str, seen: int
+) -> AsyncIterator[str]:
+    """The event stream of :func:`api_events`: it looks for new rows only when the run's
+    applied sequence numbers have moved (:func:`consumers.queries.applied`)."""
+    yield "retry: 1000\n\n"
+    version, deadline = None, time.monotonic() + STREAM_S
+    while time.monotonic() < deadline and not await request.is_disconnected():
+        now = await asyncio.to_thread(queries.applied, settings, run_id)
+        if now != version:
+            version = now
+            doc = await asyncio.to_thread(queries.timeline, settings, run_id)
+            for index, row in enumerate(doc["rows"][seen:], start=seen):
+                yield f"id: {index}\nevent: row\ndata: {json.dumps(queries.jsonable(row))}\n\n"
+            seen = max(seen, len(doc["rows"]))
+            if doc["status"] != "RUNNING":
+                yield f"event: end\ndata: {json.dumps({'status': doc['status']})}\n\n"
+                return
+        await asyncio.sleep(POLL_S)
 
 
 def _cursor(offset: int) -> str:

@@ -197,7 +197,7 @@ def test_pages_show_hostile_text_as_text(web: Web) -> None:
     for page in (runs, run):
         assert page.status_code == 200
         csp = page.headers["content-security-policy"]
-        assert "script-src 'none'" in csp and "default-src 'none'" in csp
+        assert "script-src 'self';" in csp and "default-src 'none'" in csp and "unsafe" not in csp
         assert not {"<script", "<img", "<svg", 'href="javascript'} & _tags(page.text)
         assert "&lt;script&gt;window.__pwned=1" in page.text
     listed = httpx.get(f"{web.base}/runs", cookies=cookies).text
@@ -273,3 +273,31 @@ def test_compare_puts_two_runs_side_by_side_as_the_cli_reads_them(web: Web) -> N
     )
     assert page.status_code == 200
     assert all(escape(outcomes[r]) in page.text for r in (a, b))
+
+
+def test_the_event_stream_sends_each_row_once_then_the_end(web: Web) -> None:
+    run_id = web.hostile_run  # finished: the stream sends the rows past `after`, then `end`
+    rows = _cli(web, "timeline", run_id, "--json")["rows"]
+    bearer = {"Authorization": f"Bearer {web.token_a}"}
+    events: list[tuple[str, str, str]] = []
+    url = f"{web.base}/api/v1/runs/{run_id}/events"
+    with httpx.stream("GET", url, params={"after": 3}, headers=bearer, timeout=30) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in answer.iter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if "event" in fields:
+                events.append((fields["event"], fields.get("id", ""), fields["data"]))
+            fields = {}
+    assert [json.loads(d) for e, _, d in events if e == "row"] == rows[3:]
+    assert [i for e, i, _ in events if e == "row"] == [str(n) for n in range(3, len(rows))]
+    assert events[-1][0] == "end" and json.loads(events[-1][2])["status"] != "RUNNING"
+    resumed = {**bearer, "Last-Event-ID": str(len(rows) - 2)}
+    with httpx.stream("GET", url, headers=resumed, timeout=30) as answer:
+        sent = [line for line in answer.iter_lines() if line.startswith("event: ")]
+    assert sent == ["event: row", "event: end"]
+    other = web.runs_of(FLEETS[1])[0]
+    assert _get(web, f"/api/v1/runs/{other}/events", web.token_a).status_code == 404

@@ -33,6 +33,7 @@ from streams.simulate import simulate
 from streams.source import drain
 
 FLEETS = ("fleet-01", "fleet-02")
+LIVE_FROM = 20  # the live run's entries after this sequence number are held back
 MARKER = "zebra-quartz"  # a word only the hostile run's task holds
 HOSTILE_TASK = (
     f"Fix {MARKER} <script>window.__pwned=1;alert(1)</script>"
@@ -49,6 +50,8 @@ class Web:
     settings: Settings
     sent: list[LedgerEntry]
     hostile_run: str
+    live_run: str  # a run of fleet-01 whose last entries are held back (it is running)
+    withheld: list[LedgerEntry]
     base: str  # the served app's URL
     token_a: str  # fleet-01
     token_b: str  # fleet-02
@@ -76,17 +79,17 @@ def _hostile(entries: list[LedgerEntry]) -> tuple[list[LedgerEntry], str]:
     return out, run
 
 
-async def _fill(settings: Settings) -> tuple[list[LedgerEntry], str]:
-    entries, hostile = _hostile(simulate(len(FLEETS), 3, seed=2929))
+async def publish_and_project(settings: Settings, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Publish ``entries`` and project everything not applied yet into PostgreSQL."""
     async with AsyncPublisher(settings) as publisher:
         sent = await publisher.publish_batch(entries)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_address)
-    await producer.start()
-    try:  # one record that is not a ledger entry: a dead letter of fleet-01
-        topic = ledger_topic(settings.topic_prefix, FLEETS[0])
-        await producer.send_and_wait(topic, b"<script>not avro</script>", key=b"junk-run")
-    finally:
-        await producer.stop()
+    await project(settings)
+    return list(sent)
+
+
+async def project(settings: Settings) -> int:
+    """Apply what the ledger topics hold past the stored positions (live builds); how many
+    records were dead-lettered."""
     sink = KafkaDeadLetterSink(settings)
     engine = Engine(live_targets(settings.pg_address), settings.pg_address, None, sink)
     await engine.start()
@@ -96,8 +99,25 @@ async def _fill(settings: Settings) -> tuple[list[LedgerEntry], str]:
     finally:
         await engine.close()
         await sink.close()
-    assert stats.dead_lettered == 1
-    return list(sent), hostile
+    return stats.dead_lettered
+
+
+async def _fill(settings: Settings) -> tuple[list[LedgerEntry], str, list[LedgerEntry]]:
+    entries, hostile = _hostile(simulate(len(FLEETS), 3, seed=2929))
+    live = next(e.run_id for e in entries if e.fleet_id == FLEETS[0] and e.run_id != hostile)
+    withheld = [e for e in entries if e.run_id == live and e.sequence_no > LIVE_FROM]
+    entries = [e for e in entries if e not in withheld]
+    async with AsyncPublisher(settings) as publisher:
+        sent = await publisher.publish_batch(entries)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_address)
+    await producer.start()
+    try:  # one record that is not a ledger entry: a dead letter of fleet-01
+        topic = ledger_topic(settings.topic_prefix, FLEETS[0])
+        await producer.send_and_wait(topic, b"<script>not avro</script>", key=b"junk-run")
+    finally:
+        await producer.stop()
+    assert await project(settings) == 1
+    return list(sent), hostile, withheld
 
 
 def free_port() -> int:
@@ -115,8 +135,9 @@ def serving(settings: Settings) -> Iterator[str]:
         return asyncio.run(dead_letter_rows(settings, fleets))
 
     port = free_port()
+    app = create_app(settings, dead_letters)
     config = uvicorn.Config(
-        create_app(settings, dead_letters), host="127.0.0.1", port=port, log_level="warning"
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -138,13 +159,24 @@ def web_deployment(services: Settings, logs: Path) -> Iterator[Web]:
     asyncio.run(d.create())
     try:
         settings = d.settings
-        sent, hostile = asyncio.run(_fill(settings))
+        sent, hostile, withheld = asyncio.run(_fill(settings))
         a = create_token(settings, [FLEETS[0]])["token"]
         b = create_token(settings, [FLEETS[1]])["token"]
         revoked = create_token(settings, [FLEETS[0]])
         assert revoke_token(settings, revoked["token_id"])
         expired = create_token(settings, [FLEETS[0]], expires=datetime.now(UTC) - timedelta(1))
         with serving(settings) as base:
-            yield Web(settings, sent, hostile, base, a, b, revoked["token"], expired["token"])
+            yield Web(
+                settings,
+                sent,
+                hostile,
+                withheld[0].run_id,
+                withheld,
+                base,
+                a,
+                b,
+                revoked["token"],
+                expired["token"],
+            )
     finally:
         d.drop()
