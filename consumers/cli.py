@@ -138,16 +138,17 @@ def costs(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Model-call tokens and cost rolled up by run, fleet, model, purpose or day (live build)."""
+    from consumers import queries
     from consumers.analytics import DIMENSIONS, cost_report
     from consumers.render_analytics import print_costs
 
     dimension = next((d for d in DIMENSIONS if d == by), None)
     if dimension is None:
         raise typer.BadParameter(f"one of {', '.join(DIMENSIONS)}", param_hint="--by")
-    report = cost_report(_settings(), dimension, fleet, _since(since))
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(queries.costs(_settings(), dimension, fleet, _since(since)), indent=2))
         return
+    report = cost_report(_settings(), dimension, fleet, _since(since))
     print_costs(console, report)
 
 
@@ -188,10 +189,11 @@ def failures(
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
         return
-    report = failure_report(settings, fleet, _since(since), stalled_after)
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        found = queries.failures(settings, fleet, _since(since), stalled_after)
+        print(json.dumps(found, indent=2))
         return
+    report = failure_report(settings, fleet, _since(since), stalled_after)
     print_failures(console, report)
 
 

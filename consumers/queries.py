@@ -12,7 +12,14 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from consumers.analytics import parse_since, run_failure, run_timeline
+from consumers.analytics import (
+    DIMENSIONS,
+    cost_report,
+    failure_report,
+    parse_since,
+    run_failure,
+    run_timeline,
+)
 from consumers.views import find_runs, history_at, history_row, live_state, run_outcome
 from infra.settings import Settings
 from projectors.context_manifests import ContextManifest, resolve_manifest
@@ -163,6 +170,27 @@ def compare(settings: Settings, run_ids: Sequence[str]) -> dict[str, Any]:
     return {"runs": runs}
 
 
+def costs(
+    settings: Settings, by: str = "model", fleet: str | None = None, since: datetime | None = None
+) -> dict[str, Any]:
+    """Model-call roll-ups by ``by`` with a total row (``agentledger costs --json``)."""
+    dimension = next((d for d in DIMENSIONS if d == by), None)
+    if dimension is None:
+        raise BadArgumentError(f"by: one of {', '.join(DIMENSIONS)}")
+    return cost_report(settings, dimension, fleet, since).as_json()
+
+
+def failures(
+    settings: Settings,
+    fleet: str | None = None,
+    since: datetime | None = None,
+    stalled_after_minutes: float = 30.0,
+) -> dict[str, Any]:
+    """Runs by failure class and fleet: final, provisional, stalled (``agentledger failures
+    --json``)."""
+    return failure_report(settings, fleet, since, stalled_after_minutes).as_json()
+
+
 def failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> dict[str, Any]:
     """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN``)."""
     return run_failure(settings, run_id, stalled_after_minutes).as_json()
@@ -219,15 +247,17 @@ def parse_run_filters(
         fleet=fleet or None,
         status=status.upper() if status else None,
         failure_class=failure_class or None,
-        since=_moment("since", since),
-        until=_moment("until", until),
+        since=moment("since", since),
+        until=moment("until", until),
         cost_above=cost,
         text=search or None,
         sort=sort or "last",
     )
 
 
-def _moment(name: str, text: str | None) -> datetime | None:
+def moment(name: str, text: str | None) -> datetime | None:
+    """An ISO date or date-time given as ``name`` (None: not given); BadArgumentError names
+    it when it is not one."""
     if not text:
         return None
     try:

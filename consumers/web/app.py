@@ -34,6 +34,7 @@ from jinja2 import Environment, FileSystemLoader
 from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.render import as_of, memory_sections
+from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line
 from infra.settings import Settings
 from schemas.errors import BadArgumentError, NotFoundError
 
@@ -260,6 +261,38 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             headers={"X-Accel-Buffering": "no"},
         )
 
+    def one_fleet(who: Principal, fleet: str | None) -> str:
+        """The fleet a roll-up is of: the one asked for (403 if the token does not cover it),
+        or the token's only fleet."""
+        if fleet:
+            if fleet not in who.fleets:
+                raise HttpError(403, f"this token does not cover fleet {fleet}")
+            return fleet
+        if len(who.fleets) > 1:
+            raise HttpError(400, "fleet: this token covers several fleets; give one")
+        return who.fleets[0]
+
+    @app.get("/api/v1/costs")
+    def api_costs_rollup(
+        who: Who, by: str = "model", fleet: str | None = None, since: str | None = None
+    ) -> Any:
+        """One fleet's model calls rolled up by run, model, purpose or day, with a total
+        (``agentledger costs --by BY --fleet F --json``)."""
+        chosen = one_fleet(who, fleet)
+        return queries.jsonable(
+            found(lambda: queries.costs(settings, by, chosen, queries.moment("since", since)))
+        )
+
+    @app.get("/api/v1/failures")
+    def api_failures(
+        who: Who, fleet: str | None = None, since: str | None = None, stalled_after: float = 30.0
+    ) -> Any:
+        """One fleet's runs by failure class: final, provisional, stalled
+        (``agentledger failures --fleet F --json``)."""
+        chosen = one_fleet(who, fleet)
+        when = found(lambda: queries.moment("since", since))
+        return queries.jsonable(queries.failures(settings, chosen, when, stalled_after))
+
     @app.get("/api/v1/dead-letters")
     def api_dead_letters(who: Who, fleet: str | None = None) -> Any:
         """Dead letters of the token's fleets (``agentledger dlq list --json``)."""
@@ -324,6 +357,8 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
             "run.html",
             who,
             run=doc,
+            cost_line=cost_line(doc["rows"]),
+            chart=(WIDTH, HEIGHT),
             rows=rows,
             first=start + 1,
             total=len(doc["rows"]),
@@ -378,6 +413,25 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
         left, right = doc["runs"]
         pairs = list(zip_longest(left["rows"], right["rows"]))
         return page("compare.html", who, a=a, b=b, runs=doc["runs"], pairs=pairs)
+
+    @app.get("/fleets", include_in_schema=False)
+    def fleets_html(who: Who, fleet: str | None = None, since: str = "") -> HTMLResponse:
+        chosen = one_fleet(who, fleet or who.fleets[0])
+        when = found(lambda: queries.moment("since", since))
+        by_day = queries.costs(settings, "day", chosen, when)
+        by_run = queries.costs(settings, "run", chosen, when)
+        return page(
+            "fleets.html",
+            who,
+            fleet=chosen,
+            since=since,
+            by_day=by_day,
+            day_bars=bars([(r["key"], r["cost_usd"]) for r in by_day["rows"]]),
+            by_model=queries.costs(settings, "model", chosen, when),
+            failures=queries.failures(settings, chosen, when),
+            over_budget=[r for r in by_run["rows"] if r["over_budget"]],
+            chart=(WIDTH, HEIGHT),
+        )
 
     @app.get("/dead-letters", include_in_schema=False)
     def dead_letters_html(who: Who) -> HTMLResponse:

@@ -12,6 +12,7 @@ import pytest
 from consumers.access import parse_expiry, token_hash
 from consumers.queries import cost_text, parse_run_filters
 from consumers.web.app import HttpError, _cursor, _offset, _usd
+from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line
 from schemas.errors import BadArgumentError
 
 
@@ -61,3 +62,18 @@ def test_expiry_and_hash() -> None:
         with pytest.raises(BadArgumentError):
             parse_expiry(bad, now)
     assert len(token_hash("alt_x")) == 32 and token_hash("alt_x") != token_hash("alt_y")
+
+
+def test_the_charts_geometry() -> None:
+    rows: list[dict[str, Any]] = [
+        {"cost_so_far_usd": None},
+        {"cost_so_far_usd": "0.5"},
+        {"cost_so_far_usd": "1.0"},
+    ]
+    line = cost_line(rows)
+    assert line is not None and line.top_usd == Decimal("1.0")
+    assert line.points == f"{WIDTH / 2:.1f},{HEIGHT / 2:.1f} {WIDTH:.1f},0.0"  # None: left out
+    assert cost_line([{"cost_so_far_usd": None}]) is None
+    day = bars([("2026-12-01", "2"), ("2026-12-02", None), ("2026-12-03", "1")])
+    assert [b.value for b in day] == ["$2.0000", "unknown", "$1.0000"]
+    assert [b.height for b in day] == [HEIGHT, 0.0, HEIGHT / 2]
