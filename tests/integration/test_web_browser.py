@@ -75,7 +75,7 @@ def watched_page(browser: Browser) -> Iterator[Page]:
     fail the test."""
     console: list[str] = []
     dialogs: list[str] = []
-    context = browser.new_context()
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     try:
         page = context.new_page()
         page.add_init_script(TRAP)
@@ -159,6 +159,7 @@ def _walk(page: Page, web: Web) -> None:
     assert urlparse(page.url).path == "/runs"
     listed = page.locator("table.runs tbody tr")
     assert listed.count() == len(web.runs_of(FLEETS[0]))
+    _shot(page, "runs")
     assert page.locator("table.runs").get_by_text(FLEETS[1]).count() == 0
 
     page.fill("input[name=search]", MARKER)
@@ -176,6 +177,8 @@ def _walk(page: Page, web: Web) -> None:
     assert not drill.is_visible()
     row.locator("summary").click()  # expands in place, no script needed
     assert drill.is_visible()
+    row.scroll_into_view_if_needed()
+    _shot(page, "run-row-open")
     assert '<svg onload="window.__pwned=3"></svg>' in drill.locator("pre.text").inner_text()
     assert page.locator("ol.timeline svg, ol.timeline img, [onload], [onerror]").count() == 0
 
@@ -195,6 +198,14 @@ def _walk(page: Page, web: Web) -> None:
     heads = page.locator("table.compare thead th a")
     assert heads.all_inner_texts() == [web.hostile_run, other]
     assert page.locator("table.timelines tbody tr").count() > 10
+    _shot(page, "compare")
+
+
+def _shot(page: Page, name: str) -> None:
+    """A screenshot into $AGENTLEDGER_SCREENSHOTS (the README's come from here), if set."""
+    folder = os.environ.get("AGENTLEDGER_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / f"{name}.png"))
 
 
 def _line(message: ConsoleMessage) -> str:
