@@ -188,16 +188,20 @@ def serve(
     import uvicorn
 
     from consumers.web.app import create_app
-    from streams.dlq import dead_letter_rows
+    from streams.dlq import dead_letter_rows, dismiss
 
     settings = _settings()
 
     def dead_letters(fleets: Sequence[str]) -> list[dict[str, Any]]:
         return asyncio.run(dead_letter_rows(settings, fleets))
 
+    def dismiss_one(fleets: Sequence[str], source: str, reason: str) -> bool:
+        [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
+        return done
+
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     # open event streams (a running run's page) get 5 s to end once a stop is asked
-    app = create_app(settings, dead_letters)
+    app = create_app(settings, dead_letters, dismiss_one)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 

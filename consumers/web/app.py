@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlparse
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import (
@@ -39,6 +39,8 @@ from infra.settings import Settings
 from schemas.errors import BadArgumentError, NotFoundError
 
 DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
+# (fleets, source, reason) -> newly dismissed; BadArgumentError: no such dead letter of those
+Dismiss = Callable[[Sequence[str], str, str], bool]
 
 COOKIE = "al_session"
 HERE = Path(__file__).parent
@@ -80,7 +82,11 @@ def _principal(request: Request) -> Principal:
 Who = Annotated[Principal, Depends(_principal)]
 
 
-def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, dead_letters: DeadLetters | None = None, dismiss: Dismiss | None = None
+) -> FastAPI:
+    """The app; ``dead_letters`` and ``dismiss`` come from the write side (``streams.dlq``,
+    composed by ``infra.main``): without them those routes answer 501."""
     app = FastAPI(
         title="AgentLedger",
         version="1",
@@ -298,6 +304,32 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
         """Dead letters of the token's fleets (``agentledger dlq list --json``)."""
         return {"dead_letters": letters(who, fleet)}
 
+    @app.post("/api/v1/dead-letters/dismiss")
+    async def api_dismiss(request: Request, who: Who) -> Any:
+        """Mark a dead letter of the token's fleets handled, with a reason kept for audit
+        (``agentledger dlq dismiss``); an admin token only. Body: ``{"source", "reason"}``."""
+        try:
+            body = json.loads(await request.body())
+            source, reason = str(body["source"]), str(body["reason"])
+        except (ValueError, KeyError, TypeError):
+            raise HttpError(400, 'a JSON body {"source": ..., "reason": ...}') from None
+        done = await asyncio.to_thread(dismissed, request, who, source, reason)
+        return {"source": source, "dismissed": done}
+
+    def dismissed(request: Request, who: Principal, source: str, reason: str) -> bool:
+        if not who.admin:
+            raise HttpError(403, "dismissing a dead letter needs an admin token")
+        if "authorization" not in request.headers and not _same_origin(request):
+            raise HttpError(403, "a form of this site only (the Origin header differs)")
+        if dismiss is None:
+            raise HttpError(501, "this server was started without a dead-letter store")
+        if not reason.strip():
+            raise HttpError(400, "reason: kept with the dismissal for audit; give one")
+        try:
+            return dismiss(who.fleets, source, reason)
+        except BadArgumentError as exc:
+            raise HttpError(404, str(exc)) from None
+
     def letters(who: Principal, fleet: str | None) -> list[dict[str, Any]]:
         if fleet and fleet not in who.fleets:
             raise HttpError(403, f"this token does not cover fleet {fleet}")
@@ -437,6 +469,14 @@ def create_app(settings: Settings, dead_letters: DeadLetters | None = None) -> F
     def dead_letters_html(who: Who) -> HTMLResponse:
         return page("dead_letters.html", who, letters=letters(who, None))
 
+    @app.post("/dead-letters/dismiss", include_in_schema=False)
+    async def dismiss_html(request: Request, who: Who) -> Response:
+        form = parse_qs((await request.body()).decode(errors="replace"))
+        source = (form.get("source") or [""])[0]
+        reason = (form.get("reason") or [""])[0]
+        await asyncio.to_thread(dismissed, request, who, source, reason)
+        return RedirectResponse("/dead-letters", status_code=303)
+
     return app
 
 
@@ -459,6 +499,14 @@ async def _live_rows(
                 yield f"event: end\ndata: {json.dumps({'status': doc['status']})}\n\n"
                 return
         await asyncio.sleep(POLL_S)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a cookie-carrying write comes from a page of this server (its Origin header,
+    which browsers send with every POST, names this host): the guard against cross-site
+    forms."""
+    origin = request.headers.get("origin")
+    return origin is not None and urlparse(origin).netloc == request.url.netloc
 
 
 def _cursor(offset: int) -> str:

@@ -44,7 +44,11 @@ def web(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def _cli(web: Web, *args: str) -> Any:
-    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "200"}
+    env = {
+        "AGENTLEDGER_PG_DSN": web.settings.pg_address,
+        "AGENTLEDGER_TOPIC_PREFIX": web.settings.topic_prefix,
+        "COLUMNS": "200",
+    }
     result = CliRunner().invoke(app, list(args), env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
@@ -326,3 +330,39 @@ def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
     total = _api(web, "/api/v1/costs", by="day")["total"]["cost_usd"]
     assert f"total ${float(total):.4f}" in page.text and page.text.count("<rect ") >= 1
     assert f'<td class="num">{failures["total"]["runs"]}</td>' in page.text
+
+
+def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:
+    [letter] = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    url = f"{web.base}/api/v1/dead-letters/dismiss"
+    body = {"source": letter["source"], "reason": "junk from a test"}
+
+    def post(token: str, doc: Any = body) -> httpx.Response:
+        return httpx.post(url, json=doc, headers={"Authorization": f"Bearer {token}"})
+
+    assert post(web.token_a).status_code == 403  # a read token
+    admin_b = create_token(web.settings, [FLEETS[1]], admin=True)["token"]
+    assert post(admin_b).status_code == 404  # an admin of another fleet: no such letter
+    admin_a = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    assert post(admin_a, {"source": letter["source"], "reason": " "}).status_code == 400
+    cookie = {"al_session": admin_a}
+    form = {"source": letter["source"], "reason": "by a form"}
+    forged = httpx.post(f"{web.base}/dead-letters/dismiss", data=form, cookies=cookie)
+    assert forged.status_code == 403  # a cookie without this site's Origin: not our form
+    page = httpx.get(f"{web.base}/dead-letters", cookies=cookie)
+    assert '<form method="post" action="/dead-letters/dismiss">' in page.text
+    assert (
+        "<form"
+        not in httpx.get(
+            f"{web.base}/dead-letters", cookies={"al_session": web.token_a}
+        ).text.split("<main>")[1]
+    )
+    assert post(admin_a).json() == {"source": letter["source"], "dismissed": True}
+    assert post(admin_a).json() == {"source": letter["source"], "dismissed": False}
+    ours = httpx.post(
+        f"{web.base}/dead-letters/dismiss", data=form, cookies=cookie, headers={"Origin": web.base}
+    )
+    assert ours.status_code == 303  # this site's form (already dismissed: the first reason stays)
+    [after] = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    assert after["dismissed"]["reason"] == "junk from a test"
+    assert _cli(web, "dlq", "list", "--fleet", FLEETS[0], "--json") == [after]

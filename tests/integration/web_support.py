@@ -26,7 +26,7 @@ from schemas.models import LedgerEntry
 from schemas.topics import ledger_topic
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
-from streams.dlq import KafkaDeadLetterSink, dead_letter_rows
+from streams.dlq import KafkaDeadLetterSink, dead_letter_rows, dismiss
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
@@ -134,8 +134,12 @@ def serving(settings: Settings) -> Iterator[str]:
     def dead_letters(fleets: Any) -> list[dict[str, Any]]:
         return asyncio.run(dead_letter_rows(settings, fleets))
 
+    def dismiss_one(fleets: Any, source: str, reason: str) -> bool:
+        [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
+        return done
+
     port = free_port()
-    app = create_app(settings, dead_letters)
+    app = create_app(settings, dead_letters, dismiss_one)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
     )
