@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from consumers import cli as read_commands
+from consumers import mcp_cli as mcp_commands
 from consumers.examples.budget_guard import BudgetGuard
 from consumers.web import cli as web_commands
 from infra import local
@@ -177,6 +178,7 @@ def _budget_guard(settings: Settings) -> BudgetGuard:
 
 merge(app, read_commands.commands)
 merge(app, web_commands.commands)
+merge(app, mcp_commands.commands)
 
 
 @app.command("serve")
