@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -295,10 +296,30 @@ async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
             assert refused.is_error
 
 
-def _hostile(entry: LedgerEntry) -> LedgerEntry:
-    doc = to_json(entry)
-    doc["parts"][0]["summary"] = HOSTILE_TOOL
-    return from_json(doc)
+def _hostile_call(web: Web) -> list[LedgerEntry]:
+    """The running run's next two entries: a tool call and its result, full of instructions
+    and markup (made from the run's last tool call and result, as a new call's)."""
+    seq = web.withheld[0].sequence_no
+    made = []
+    for n, kind in enumerate(("TOOL_CALL_REQUEST", "TOOL_CALL_RESULT")):
+        last = max(
+            (e for e in web.sent if e.run_id == web.live_run and e.kind.value == kind),
+            key=lambda e: e.sequence_no,
+        )
+        doc = to_json(last)
+        doc.update(
+            entry_id=str(uuid.uuid4()),
+            sequence_no=seq + n,
+            step_id=f"step-{seq + n}",
+            occurred_at=to_json(web.withheld[0])["occurred_at"],
+        )
+        doc["causation"]["tool_call_id"] = "call_hostile"
+        doc["parts"][0]["tool_call_id"] = "call_hostile"
+        if made:
+            doc["causation"]["parent_entry_id"] = made[0].entry_id
+            doc["parts"][0].update(summary=HOSTILE_TOOL, artifact_refs=[])
+        made.append(from_json(doc))
+    return made
 
 
 async def _project(settings: Settings) -> None:
@@ -323,9 +344,7 @@ async def _project(settings: Settings) -> None:
 async def test_read_your_writes_and_hostile_text_stays_data(web: Web) -> None:
     """The running run gets its next entries, one of them a tool result full of instructions:
     a read with min_seq waits for the engine, then serves that text only as data."""
-    held = web.withheld
-    k = next(n for n, e in enumerate(held) if e.kind.value == "TOOL_CALL_RESULT")
-    batch = [*held[:k], _hostile(held[k])]
+    batch = _hostile_call(web)
     target = batch[-1].sequence_no
     async with _client(web, web.token_a) as client:
         before = await _tool(client, "get_working_memory", run_id=web.live_run)
@@ -354,6 +373,7 @@ async def test_read_your_writes_and_hostile_text_stays_data(web: Web) -> None:
 
         # the instructions are in the next turn only inside a data wrapper, flagged
         text = _text(turn.content[0])
+        assert "IGNORE ALL PREVIOUS INSTRUCTIONS" in text, text[-3000:]
         at = text.index("IGNORE ALL PREVIOUS INSTRUCTIONS")
         opened = [m for m in re.finditer(r"<(\w+)([^>]*)>", text[:at])][-1]
         assert opened[1] in DATA_TAGS and f"</{opened[1]}>" not in text[opened.end() : at]

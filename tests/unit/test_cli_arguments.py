@@ -40,6 +40,8 @@ BAD: dict[str, list[str]] = {
     "failures": ["failures", "--since", "last tuesday"],
     "demo": ["demo", "--bogus"],
     "runs": ["runs", "--status", "bogus"],
+    "mcp": ["mcp", "--bogus"],
+    "mcp-audit": ["mcp-audit", "--bogus"],
     "rebuild": ["rebuild", "bogus"],
     "verify": ["verify", "bogus"],
     "replay-package": ["replay-package"],
