@@ -300,7 +300,7 @@ def _hostile_call(web: Web) -> list[LedgerEntry]:
     """The running run's next two entries: a tool call and its result, full of instructions
     and markup (made from the run's last tool call and result, as a new call's)."""
     seq = web.withheld[0].sequence_no
-    made = []
+    made: list[LedgerEntry] = []
     for n, kind in enumerate(("TOOL_CALL_REQUEST", "TOOL_CALL_RESULT")):
         last = max(
             (e for e in web.sent if e.run_id == web.live_run and e.kind.value == kind),
