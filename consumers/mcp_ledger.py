@@ -112,10 +112,24 @@ class Waited:
 class Ledger:
     """Reads for one token (re-checked at every read, so a revocation takes effect at once)."""
 
-    def __init__(self, settings: Settings, token: str | None) -> None:
+    def __init__(self, settings: Settings, token: str | None, root: Ledger | None = None) -> None:
         self.settings = settings
         self.token = token
+        self._root = root  # whose Redis client this one shares
         self._redis: Redis | None = None
+
+    def for_token(self, token: str | None) -> Ledger:
+        """The same reads for another token (HTTP: each request's own), sharing the clients."""
+        return Ledger(self.settings, token, self._root or self)
+
+    def _redis_client(self) -> Redis:
+        if self._root is not None:
+            return self._root._redis_client()
+        if self._redis is None:
+            self._redis = Redis.from_url(
+                self.settings.redis_address, socket_timeout=1, socket_connect_timeout=1
+            )
+        return self._redis
 
     # -- access ------------------------------------------------------------------------------
 
@@ -128,6 +142,10 @@ class Ledger:
                 "or expired"
             )
         return found
+
+    def run_of(self, run_id: str) -> str:
+        """``run_id`` if the token may read it (NotFoundError: unknown or another fleet's)."""
+        return self._run_of(self.principal(), run_id)
 
     def _run_of(self, who: Principal, run_id: str) -> str:
         if not run_id or queries.run_fleet(self.settings, run_id) not in who.fleets:
@@ -152,9 +170,9 @@ class Ledger:
         deadline = start + timeout
         seq = None
         while True:
-            seq = self._applied_hot(projection, run_id)
+            seq = self.applied_hot(projection, run_id)
             if seq is None or seq >= min_seq:  # (Redis may be ahead of nothing: confirm in PG)
-                seq = self._applied_pg(projection, run_id)
+                seq = self.applied_pg(projection, run_id)
             if seq is not None and seq >= min_seq:
                 break
             if time.monotonic() >= deadline:
@@ -163,26 +181,23 @@ class Ledger:
         reached = seq is not None and seq >= min_seq
         return Waited(min_seq, reached, round((time.monotonic() - start) * 1000, 1), seq)
 
-    def _applied_pg(self, projection: str, run_id: str) -> int | None:
+    def applied_pg(self, projection: str, run_id: str) -> int | None:
         with ops.connect(self.settings.pg_address) as conn:
             return store.run_applied(conn, [projection], run_id).get(projection)
 
-    def _applied_hot(self, projection: str, run_id: str) -> int | None:
+    def applied_hot(self, projection: str, run_id: str) -> int | None:
         """The run's applied sequence number in the projection's Redis view (None: not a hot
         projection, no view, or Redis unreachable)."""
         if projection not in HOT:
             return None
         try:
-            if self._redis is None:
-                self._redis = Redis.from_url(
-                    self.settings.redis_address, socket_timeout=1, socket_connect_timeout=1
-                )
+            client = self._redis_client()
             prefix = self.settings.redis_prefix
-            build = self._redis.get(live_key(prefix, projection))
+            build = client.get(live_key(prefix, projection))
             if build is None:
                 return None
             name = build.decode() if isinstance(build, bytes) else str(build)
-            seq = self._redis.hget(view_key(prefix, projection, name, run_id), "seq")
+            seq = client.hget(view_key(prefix, projection, name, run_id), "seq")
         except RedisError:
             return None
         return None if seq is None else int(seq)

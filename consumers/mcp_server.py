@@ -19,7 +19,9 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
+from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -275,6 +277,79 @@ def _prompt_messages(ledger: Ledger, name: str, run_id: str) -> list[types.Promp
     return [types.PromptMessage(role="user", content=types.TextContent(text=text))]
 
 
+# -- subscriptions ----------------------------------------------------------------------------
+
+WATCH_POLL_S = 0.1  # how often subscribed resources are looked at
+PROJECTION_OF = {
+    "working-memory": "working-memory",
+    "next-turn": "context-manifests",
+    "timeline": "diff-timelines",
+    "costs": "cost-metrics",
+    "failure": "failure-classifications",
+    "diff": "diff-timelines",
+}
+
+
+class Watcher:
+    """The run resources clients subscribed to (``resources/subscribe`` on 2025-era sessions,
+    ``subscriptions/listen`` on 2026-07-28 ones): it looks at each one's applied sequence number
+    every :data:`WATCH_POLL_S` (Redis for the hot projections, else PostgreSQL) and, when it
+    moved, sends ``notifications/resources/updated``."""
+
+    def __init__(self, ledger: Ledger, bus: InMemorySubscriptionBus) -> None:
+        self.ledger = ledger
+        self.bus = bus
+        self.sessions: dict[str, set[ServerSession]] = {}  # uri -> 2025-era subscribers
+        self.listeners: dict[str, int] = {}  # uri -> open listen streams asking for it
+        self.seen: dict[str, int | None] = {}
+
+    @staticmethod
+    def parse(uri: str) -> tuple[str, str]:
+        """(run, projection) of a run resource (NotFoundError: not one)."""
+        found = _RUN_URI.match(uri)
+        if not found or found["what"] not in PROJECTION_OF:
+            raise NotFoundError(f"no resource {uri} to subscribe to")
+        return found["run"], PROJECTION_OF[found["what"]]
+
+    @staticmethod
+    def check(ledger: Ledger, uri: str) -> None:
+        """NotFoundError unless ``uri`` is a run resource ``ledger``'s token may read."""
+        ledger.run_of(Watcher.parse(uri)[0])
+
+    def _where(self, uri: str) -> int | None:
+        run_id, projection = self.parse(uri)
+        hot = self.ledger.applied_hot(projection, run_id)
+        return hot if hot is not None else self.ledger.applied_pg(projection, run_id)
+
+    async def add(self, uri: str) -> None:
+        if uri not in self.seen:
+            self.seen[uri] = await anyio.to_thread.run_sync(self._where, uri)
+
+    def forget(self, uri: str) -> None:
+        if not self.sessions.get(uri) and not self.listeners.get(uri):
+            self.sessions.pop(uri, None)
+            self.listeners.pop(uri, None)
+            self.seen.pop(uri, None)
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(WATCH_POLL_S)
+            for uri in list(self.seen):
+                try:
+                    now = await anyio.to_thread.run_sync(self._where, uri)
+                except (NotFoundError, Unauthorized):
+                    continue
+                if uri in self.seen and now != self.seen[uri]:
+                    self.seen[uri] = now
+                    await self.bus.publish(ResourceUpdated(uri=uri))
+                    for session in list(self.sessions.get(uri, ())):
+                        try:
+                            await session.send_resource_updated(uri)
+                        except Exception:  # a closed session: forget it
+                            self.sessions[uri].discard(session)
+                            self.forget(uri)
+
+
 # -- the server --------------------------------------------------------------------------------
 
 
@@ -297,6 +372,17 @@ async def _in_thread(read: Callable[[], Answer]) -> Answer:
 def create_server(settings: Settings, token: str | None) -> Server[Any]:
     """The MCP server for one token (stdio: ``AGENTLEDGER_TOKEN``)."""
     ledger = Ledger(settings, token)
+
+    def of(ctx: Any) -> Ledger:
+        """The ledger for the request's token: over HTTP, its ``Authorization: Bearer``;
+        over stdio, the server's own (``AGENTLEDGER_TOKEN``)."""
+        request = getattr(ctx, "request", None)
+        headers = getattr(request, "headers", None)
+        if headers is None:
+            return ledger
+        header = str(headers.get("authorization", ""))
+        bearer = header[7:].strip() if header.lower().startswith("bearer ") else None
+        return ledger.for_token(bearer)
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(
@@ -324,7 +410,8 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             return _tool_error(f"no tool {params.name}; the tools: {', '.join(TOOL_BY_NAME)}")
         try:
             args = spec.args.model_validate(params.arguments or {})
-            answer = await _in_thread(lambda: spec.read(ledger, args, spec.name))
+            reader = of(ctx)
+            answer = await _in_thread(lambda: spec.read(reader, args, spec.name))
         except ValidationError as exc:
             fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
             return _tool_error(f"bad arguments: {', '.join(fields)}")
@@ -376,7 +463,8 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
         try:
-            answer = await _in_thread(lambda: _read_uri(ledger, uri))
+            reader = of(ctx)
+            answer = await _in_thread(lambda: _read_uri(reader, uri))
         except NotFoundError as exc:
             raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": uri}) from None
         except (BadArgumentError, Unauthorized, ValidationError) as exc:
@@ -413,20 +501,57 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         run_id = (params.arguments or {}).get("run_id", "")
         if params.name not in PROMPTS:
             raise MCPError(code=types.INVALID_PARAMS, message=f"no prompt {params.name}")
+        reader = of(ctx)
         try:
             messages = await anyio.to_thread.run_sync(
-                lambda: _prompt_messages(ledger, params.name, run_id)
+                lambda: _prompt_messages(reader, params.name, run_id)
             )
         except (NotFoundError, BadArgumentError, Unauthorized) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
         return types.GetPromptResult(description=PROMPTS[params.name], messages=messages)
 
+    bus = InMemorySubscriptionBus()
+    watcher = Watcher(ledger, bus)
+    listen = ListenHandler(bus)
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        uri = str(params.uri)
+        await _checked(of(ctx), uri)
+        watcher.sessions.setdefault(uri, set()).add(ctx.session)
+        await watcher.add(uri)
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        uri = str(params.uri)
+        watcher.sessions.get(uri, set()).discard(ctx.session)
+        watcher.forget(uri)
+        return types.EmptyResult()
+
+    async def on_listen(
+        ctx: Any, params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        uris = list(params.notifications.resource_subscriptions or ())
+        for uri in uris:
+            await _checked(of(ctx), uri)
+        for uri in uris:
+            watcher.listeners[uri] = watcher.listeners.get(uri, 0) + 1
+            await watcher.add(uri)
+        try:
+            return await listen(ctx, params)
+        finally:
+            for uri in uris:
+                watcher.listeners[uri] -= 1
+                watcher.forget(uri)
+
     @asynccontextmanager
     async def lifespan(server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
-        try:
-            yield {}
-        finally:
-            ledger.close()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watcher.run)
+            try:
+                yield {}
+            finally:
+                tasks.cancel_scope.cancel()
+                ledger.close()
 
     return Server(
         "agentledger",
@@ -441,7 +566,19 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         on_read_resource=read_resource,
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
+        on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        on_subscriptions_listen=on_listen,
     )
+
+
+async def _checked(ledger: Ledger, uri: str) -> None:
+    try:
+        await anyio.to_thread.run_sync(Watcher.check, ledger, uri)
+    except NotFoundError as exc:
+        raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": uri}) from None
+    except Unauthorized as exc:
+        raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
 
 
 def _read_uri(ledger: Ledger, uri: str) -> Answer:

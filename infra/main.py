@@ -189,6 +189,7 @@ def serve(
     """Serve the JSON API (/api/v1) and the web pages over the live builds (read-only)."""
     import uvicorn
 
+    from consumers.mcp_http import mount as mount_mcp
     from consumers.web.app import create_app
     from streams.dlq import dead_letter_rows, dismiss
 
@@ -204,6 +205,7 @@ def serve(
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     # open event streams (a running run's page) get 5 s to end once a stop is asked
     app = create_app(settings, dead_letters, dismiss_one)
+    mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 

@@ -12,20 +12,30 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx2
 import pytest
+import uvicorn
 from mcp import Client, StdioServerParameters
-from mcp.shared.exceptions import MCPError
-from mcp_types import TextContent, TextResourceContents
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.shared.subscriptions import ResourceUpdated
+from mcp_types import ResourceUpdatedNotification, TextContent, TextResourceContents
 from typer.testing import CliRunner
 
 from consumers.access import create_token
+from consumers.examples.resume_agent import RunIdentity, resume
+from consumers.mcp_http import mount as mount_mcp
+from consumers.web.app import create_app
 from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, to_json
@@ -36,7 +46,7 @@ from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
 from streams.source import drain
-from tests.integration.web_support import FLEETS, HOSTILE_TOOL, Web, web_deployment
+from tests.integration.web_support import FLEETS, HOSTILE_TOOL, Web, free_port, web_deployment
 
 pytestmark = pytest.mark.integration
 
@@ -443,3 +453,134 @@ async def test_prompts_and_the_audit_of_reads(web: Web) -> None:
         env={"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "250"},
     )
     assert table.exit_code == 0 and "get_costs" in table.stdout
+
+
+async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> None:
+    """Both ways a client subscribes: ``subscriptions/listen`` (2026-07-28 sessions, the SDK's
+    default) and ``resources/subscribe`` (2025-era sessions, which today's clients open)."""
+    uri = f"ledger://runs/{web.live_run}/working-memory"
+    other = f"ledger://runs/{web.runs_of(FLEETS[1])[0]}/working-memory"
+    heard: list[float] = []
+    updated = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ResourceUpdatedNotification) and message.params.uri == uri:
+            heard.append(time.monotonic())
+            updated.set()
+
+    async def next_entry() -> float:
+        applied = _cli(web, "memory", web.live_run, "--json")["applied_seq"]
+        entry = next(e for e in web.withheld if e.sequence_no > applied)
+        async with AsyncPublisher(web.settings) as publisher:
+            await publisher.publish_batch([entry])
+        await _project(web.settings)
+        return time.monotonic()  # the engine's drain has returned: its transaction committed
+
+    async with _client(web, web.token_a) as client:
+        with pytest.raises(MCPError, match="no run"):
+            async with client.listen(resource_subscriptions=[other]):
+                pass
+        async with client.listen(resource_subscriptions=[uri]) as sub:
+            committed = await next_entry()
+            with anyio.fail_after(5):
+                event = await sub.__anext__()
+            latency = time.monotonic() - committed
+        assert isinstance(event, ResourceUpdated) and event.uri == uri
+
+    params = StdioServerParameters(command=AGENTLEDGER, args=["mcp"], env=_env(web, web.token_a))
+    async with Client(params, mode="legacy", message_handler=on_message) as legacy:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await legacy.subscribe_resource(uri)
+            with pytest.raises(MCPError, match="no run"):
+                await legacy.subscribe_resource(other)
+        committed = await next_entry()
+        with anyio.fail_after(5):
+            await updated.wait()
+        legacy_latency = heard[0] - committed
+    print(f"commit to notification: listen {latency:.3f} s, subscribe {legacy_latency:.3f} s")
+    assert latency <= 1.0 and legacy_latency <= 1.0
+
+
+@contextmanager
+def _serving_with_mcp(settings: Settings) -> Iterator[str]:
+    """``agentledger serve``'s app with the MCP server mounted at /mcp, as ``serve`` does it."""
+    app = create_app(settings)
+    mount_mcp(app, settings)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+async def test_streamable_http_at_mcp_of_serve(web: Web) -> None:
+    run_id = web.runs_of(FLEETS[0])[0]
+    other = web.runs_of(FLEETS[1])[0]
+    memory = _cli(web, "memory", run_id, "--json")
+    with _serving_with_mcp(web.settings) as base:
+        headers = {"Authorization": f"Bearer {web.token_a}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client,
+        ):
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+            answer = await _tool(client, "get_working_memory", run_id=run_id)
+            assert answer.structured_content == _visible_memory(memory, _hidden(web, run_id))
+            read = await client.read_resource(f"ledger://runs/{run_id}/costs")
+            assert (
+                json.loads(_text(read.contents[-1]))
+                == _cli(web, "timeline", run_id, "--json")["cost"]
+            )
+            refused = await client.call_tool("get_costs", {"run_id": other})
+            assert refused.is_error and _text(refused.content[0]) == f"no run {other}"
+        async with (
+            httpx2.AsyncClient(timeout=30) as http,
+            Client(streamable_http_client(f"{base}/mcp", http_client=http)) as anonymous,
+        ):
+            refused = await anonymous.call_tool("get_costs", {"run_id": run_id})
+            assert refused.is_error
+            assert "a valid API token is needed" in _text(refused.content[0])
+        async with httpx2.AsyncClient(timeout=30) as http:  # the web app is still there
+            assert (await http.get(f"{base}/health")).json() == {"status": "ok"}
+
+
+async def test_an_agent_resumes_a_run_from_its_next_turn(web: Web) -> None:
+    """The example agent loop (consumers/examples/resume_agent.py) with a scripted model: two
+    turns on the running run, each reply published, projected by the engine in the
+    background, and read back with min_seq. (Last in this file: it extends the running run.)"""
+    first = next(e for e in web.sent if e.run_id == web.live_run)
+    run = RunIdentity(web.live_run, first.fleet_id, first.session_id, first.attempt_id)
+    contexts: list[str] = []
+    projecting: list[asyncio.Task[None]] = []
+
+    async def model(context: str) -> str:
+        contexts.append(context)
+        return f"Plan: 1. reread the failing test {len(contexts)} 2. fix it 3. run the tests"
+
+    async with AsyncPublisher(web.settings) as publisher:
+
+        async def publish(entries: list[LedgerEntry]) -> None:
+            await publisher.publish_batch(entries)
+            projecting.append(asyncio.create_task(_project(web.settings)))  # as a worker would
+
+        async with _client(web, web.token_a) as client:
+            turns = await resume(client, run, model, publish, turns=2)
+    await asyncio.gather(*projecting)
+    assert [t.reached for t in turns] == [True, True]
+    assert turns[1].seq == turns[0].seq + 1 and turns[0].memory_seq >= turns[0].seq
+    assert turns[1].plan == ("reread the failing test 2", "fix it", "run the tests")
+    assert turns[1].context_seq >= turns[0].seq
+    assert "reread the failing test 1" in contexts[1]  # the first reply is in the next turn
+    assert _cli(web, "memory", web.live_run, "--json")["state"]["current_plan"][0] == (
+        "reread the failing test 2"
+    )
