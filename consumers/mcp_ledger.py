@@ -25,12 +25,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -115,12 +118,26 @@ class Ledger:
     def __init__(self, settings: Settings, token: str | None, root: Ledger | None = None) -> None:
         self.settings = settings
         self.token = token
-        self._root = root  # whose Redis client this one shares
+        self._root = root  # whose Redis client and connections this one shares
         self._redis: Redis | None = None
+        self._pool: ConnectionPool[Connection[Any]] | None = None
 
     def for_token(self, token: str | None) -> Ledger:
         """The same reads for another token (HTTP: each request's own), sharing the clients."""
         return Ledger(self.settings, token, self._root or self)
+
+    @contextmanager
+    def _conn(self) -> Iterator[Connection[Any]]:
+        """A pooled connection for the server's own statements (access, where the run stands,
+        the audit); the documents come through the query layer, as the CLI's do."""
+        if self._root is not None:
+            with self._root._conn() as conn:
+                yield conn
+            return
+        if self._pool is None:
+            self._pool = ConnectionPool(self.settings.pg_address, min_size=1, max_size=8, open=True)
+        with self._pool.connection() as conn:
+            yield conn
 
     def _redis_client(self) -> Redis:
         if self._root is not None:
@@ -148,7 +165,11 @@ class Ledger:
         return self._run_of(self.principal(), run_id)
 
     def _run_of(self, who: Principal, run_id: str) -> str:
-        if not run_id or queries.run_fleet(self.settings, run_id) not in who.fleets:
+        if not run_id:
+            raise NotFoundError("no run (a run id is needed)")
+        with self._conn() as conn:
+            fleet = ops.live_fleet_of(conn, run_id)
+        if fleet not in who.fleets:
             raise NotFoundError(f"no run {run_id}")
         return run_id
 
@@ -182,7 +203,7 @@ class Ledger:
         return Waited(min_seq, reached, round((time.monotonic() - start) * 1000, 1), seq)
 
     def applied_pg(self, projection: str, run_id: str) -> int | None:
-        with ops.connect(self.settings.pg_address) as conn:
+        with self._conn() as conn:
             return store.run_applied(conn, [projection], run_id).get(projection)
 
     def applied_hot(self, projection: str, run_id: str) -> int | None:
@@ -206,6 +227,9 @@ class Ledger:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     # -- the reads ---------------------------------------------------------------------------
 
@@ -220,8 +244,11 @@ class Ledger:
         """The run's working memory now (``agentledger memory RUN --json``), or as it stood
         after ``at_seq`` (``--at``)."""
 
-        def build(hidden: set[str]) -> tuple[Any, dict[str, Any]]:
-            doc = queries.jsonable(queries.memory(self.settings, run_id, at_seq))
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            if at_seq is None and memory is None:
+                raise NotFoundError(f"no working-memory for run {run_id} in the live build")
+            found = memory if at_seq is None else queries.memory(self.settings, run_id, at_seq)
+            doc = queries.jsonable(found)
             withheld = _drop_hidden_index(doc, hidden)
             meta: dict[str, Any] = {"withheld": {"index_entries": withheld}}
             if len(json.dumps(doc)) > MAX_CHARS and "index" in doc.get("state", {}):
@@ -244,7 +271,7 @@ class Ledger:
         wrappers included (``--render``)."""
         rendered: list[str] = []
 
-        def build(hidden: set[str]) -> tuple[Any, dict[str, Any]]:
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
             if call is not None and call in hidden:  # (a call not MODEL_VISIBLE: not served)
                 raise NotFoundError(f"no manifest of call {call} in run {run_id}")
             found = queries.manifest(self.settings, run_id, call)
@@ -283,7 +310,7 @@ class Ledger:
         if offset < 0 or not 1 <= limit <= 1000:
             raise BadArgumentError("offset: 0 or more; limit: 1 to 1000")
 
-        def build(hidden: set[str]) -> tuple[Any, dict[str, Any]]:
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.timeline(self.settings, run_id))
             rows = [r for r in doc["rows"] if not _hidden_refs(r, hidden)]
             withheld = len(doc["rows"]) - len(rows)
@@ -319,7 +346,7 @@ class Ledger:
         """The run's cost header: calls, tokens, cost (unknown as null, never 0), budget
         (``timeline --json``'s ``cost``; ``GET /api/v1/runs/RUN/costs``)."""
 
-        def build(hidden: set[str]) -> tuple[Any, dict[str, Any]]:
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.timeline(self.settings, run_id))["cost"]
             return doc, {}
 
@@ -336,7 +363,7 @@ class Ledger:
         """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN
         --json``)."""
 
-        def build(hidden: set[str]) -> tuple[Any, dict[str, Any]]:
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.failure(self.settings, run_id, stalled_after_minutes))
             withheld = _drop_hidden_evidence(doc, hidden)
             return doc, {"withheld": {"evidence": withheld}}
@@ -353,7 +380,7 @@ class Ledger:
         """The run's diff: changed files, totals, flags, snapshots (the diff-timelines
         projection's state without its rows, which ``get_timeline`` serves)."""
 
-        def build(hidden: set[str]) -> tuple[Any, dict[str, Any]]:
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
             view = queries.jsonable(live_state(self.settings, "diff-timelines", run_id))
             state = view["state"]
             doc = {k: state.get(k) for k in DIFF_KEYS}
@@ -408,7 +435,7 @@ class Ledger:
         projection: str,
         min_seq: int | None,
         timeout_s: float | None,
-        build: Callable[[set[str]], tuple[Any, dict[str, Any]]],
+        build: Callable[[set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
     ) -> Answer:
         who = self.principal()
         try:
@@ -417,12 +444,13 @@ class Ledger:
             self._count(who, via, run_id, None, refused=True)
             raise
         waited = self.wait(projection, run_id, min_seq, timeout_s)
-        hidden = self._hidden(run_id)
-        doc, extra = build(hidden)
+        memory = self._memory_view(run_id)
+        hidden = _hidden_of(memory)
+        doc, extra = build(hidden, memory)
         swept = _sweep(doc, hidden)  # whatever named a hidden entry and was not left out above
         if swept:
             extra.setdefault("withheld", {})["other"] = swept
-        with ops.connect(self.settings.pg_address) as conn:
+        with self._conn() as conn:
             applied = store.run_applied(conn, PROJECTIONS, run_id)
             builds = store.live_builds(conn, PROJECTIONS)
         seq = applied.get(projection)
@@ -448,13 +476,13 @@ class Ledger:
         self._count(who, via, run_id, seq)
         return Answer(doc, meta)
 
-    def _hidden(self, run_id: str) -> set[str]:
-        """The run's entries that are not MODEL_VISIBLE (its working memory's index)."""
+    def _memory_view(self, run_id: str) -> dict[str, Any] | None:
+        """The run's working memory now (``queries.memory`` without ``at``), whose index says
+        which entries are not MODEL_VISIBLE; None: none yet."""
         try:
-            index = live_state(self.settings, "working-memory", run_id)["state"].get("index") or {}
+            return queries.memory(self.settings, run_id)
         except NotFoundError:
-            return set()
-        return {k for k, v in (index.get("entries") or {}).items() if v == HIDDEN}
+            return None
 
     def _known_items(self, run_id: str) -> dict[str, dict[str, Any]]:
         """Trust, visibility and sha256 of the run's entries its next turn holds, by entry id."""
@@ -478,7 +506,7 @@ class Ledger:
     def _count(
         self, who: Principal, via: str, run_id: str, seq: int | None, refused: bool = False
     ) -> None:
-        with ops.connect(self.settings.pg_address) as conn:
+        with self._conn() as conn:
             store.record_read(conn, who.token_id, via, run_id, seq, refused)
 
 
@@ -488,6 +516,12 @@ def audit(
     """The MCP read counts (``agentledger mcp-audit``)."""
     with ops.connect(settings.pg_address) as conn:
         return store.read_counts(conn, token_id, run_id)
+
+
+def _hidden_of(memory: dict[str, Any] | None) -> set[str]:
+    """The entries a working memory's index marks hidden (not MODEL_VISIBLE)."""
+    index = ((memory or {}).get("state") or {}).get("index") or {}
+    return {k for k, v in (index.get("entries") or {}).items() if v == HIDDEN}
 
 
 def _item_meta(index: int, item: dict[str, Any]) -> dict[str, Any]:

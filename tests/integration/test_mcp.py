@@ -10,9 +10,9 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import warnings
@@ -24,7 +24,6 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
@@ -34,8 +33,6 @@ from typer.testing import CliRunner
 
 from consumers.access import create_token
 from consumers.examples.resume_agent import RunIdentity, resume
-from consumers.mcp_http import mount as mount_mcp
-from consumers.web.app import create_app
 from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, to_json
@@ -503,31 +500,37 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
 
 
 @contextmanager
-def _serving_with_mcp(settings: Settings) -> Iterator[str]:
-    """``agentledger serve``'s app with the MCP server mounted at /mcp, as ``serve`` does it."""
-    app = create_app(settings)
-    mount_mcp(app, settings)
+def _serve(web: Web) -> Iterator[str]:
+    """``agentledger serve`` as a process (the composition root mounts /mcp); its base URL.
+    It must stop on SIGTERM, MCP sessions open or not."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
+    env = {**os.environ, **_env(web, "")}
+    env.pop("AGENTLEDGER_TOKEN")
+    server = subprocess.Popen(
+        [AGENTLEDGER, "serve", "--port", str(port)], env=env, stderr=subprocess.DEVNULL
+    )
     try:
-        yield f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx2.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "serve did not start"
+            time.sleep(0.1)
+        yield base
     finally:
-        server.should_exit = True
-        thread.join(10)
+        server.terminate()
+        assert server.wait(20) in (0, -signal.SIGTERM)
 
 
 async def test_streamable_http_at_mcp_of_serve(web: Web) -> None:
     run_id = web.runs_of(FLEETS[0])[0]
     other = web.runs_of(FLEETS[1])[0]
     memory = _cli(web, "memory", run_id, "--json")
-    with _serving_with_mcp(web.settings) as base:
+    with _serve(web) as base:
         headers = {"Authorization": f"Bearer {web.token_a}"}
         async with (
             httpx2.AsyncClient(headers=headers, timeout=30) as http,
