@@ -190,10 +190,14 @@ class Ledger:
             raise BadArgumentError(f"timeout_s: from 0 to {MAX_WAIT_S:g} seconds")
         deadline = start + timeout
         seq = None
+        polls = 0
         while True:
             seq = self.applied_hot(projection, run_id)
-            if seq is None or seq >= min_seq:  # (Redis may be ahead of nothing: confirm in PG)
+            # PostgreSQL confirms what Redis says; it is also asked every 10th poll, for a Redis
+            # view left behind (e.g. written by no worker since a refill)
+            if seq is None or seq >= min_seq or polls % 10 == 9:
                 seq = self.applied_pg(projection, run_id)
+            polls += 1
             if seq is not None and seq >= min_seq:
                 break
             if time.monotonic() >= deadline:
