@@ -15,6 +15,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any
@@ -56,6 +57,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 ROWS_PER_PAGE = 100
+STALLED_AFTER_MIN = 30.0  # as `agentledger failures --stalled-after` by default
 POLL_S = 0.25  # how often a live stream looks for new rows
 STREAM_S = 600.0  # a live stream ends after this long; the browser reconnects where it was
 
@@ -452,6 +454,9 @@ def create_app(
         when = found(lambda: queries.moment("since", since))
         by_day = queries.costs(settings, "day", chosen, when)
         by_run = queries.costs(settings, "run", chosen, when)
+        running = queries.runs(settings, queries.RunFilters(fleet=chosen, status="RUNNING"), 500)
+        silent_since = datetime.now(UTC) - timedelta(minutes=STALLED_AFTER_MIN)
+        stalled = [r for r in running if r["last_at"] is not None and r["last_at"] < silent_since]
         return page(
             "fleets.html",
             who,
@@ -462,6 +467,7 @@ def create_app(
             by_model=queries.costs(settings, "model", chosen, when),
             failures=queries.failures(settings, chosen, when),
             over_budget=[r for r in by_run["rows"] if r["over_budget"]],
+            stalled=[{**r, "cost_text": queries.cost_text(r)} for r in stalled],
             chart=(WIDTH, HEIGHT),
         )
 

@@ -330,6 +330,9 @@ def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
     total = _api(web, "/api/v1/costs", by="day")["total"]["cost_usd"]
     assert f"total ${float(total):.4f}" in page.text and page.text.count("<rect ") >= 1
     assert f'<td class="num">{failures["total"]["runs"]}</td>' in page.text
+    # the held-back run's entries are from 2026-11-01: it has been silent for over 30 minutes
+    stalled = page.text.split('<table class="stalled">')[1].split("</table>")[0]
+    assert f"/runs/{web.live_run}" in stalled and stalled.count("<tr>") == 2  # head + one run
 
 
 def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:
