@@ -162,6 +162,7 @@ def create_app(
         until: str | None = None,
         cost_above: str | None = None,
         search: str | None = None,
+        model: str | None = None,
         sort: str | None = None,
         cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -177,6 +178,7 @@ def create_app(
             cost_above=cost_above,
             search=search,
             sort=sort,
+            model=model,
         )
         rows, next_cursor = runs_page(who, params, cursor, limit)
         return queries.jsonable({"runs": rows, "next_cursor": next_cursor})
@@ -366,7 +368,17 @@ def create_app(
     @app.get("/runs", include_in_schema=False)
     def runs_html(request: Request, who: Who, cursor: str | None = None) -> HTMLResponse:
         q = request.query_params
-        names = ("fleet", "status", "class", "since", "until", "cost_above", "search", "sort")
+        names = (
+            "fleet",
+            "status",
+            "class",
+            "since",
+            "until",
+            "cost_above",
+            "search",
+            "model",
+            "sort",
+        )
         given = {name: q.get(name) or "" for name in names}
         params = {("failure_class" if k == "class" else k): v for k, v in given.items()}
         rows, next_cursor = runs_page(who, params, cursor, 50)

@@ -24,6 +24,7 @@ from consumers.access import create_token
 from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
+from schemas.models import ModelUsagePart
 from tests.integration.web_support import (
     FLEETS,
     HOSTILE_TASK,
@@ -117,6 +118,8 @@ FILTERS: list[dict[str, str]] = [
     {"sort": "cost"},
     {"sort": "entries"},
     {"sort": "id", "fleet": FLEETS[0]},
+    {"model": "anthropic/claude-haiku-4-5"},
+    {"model": "o4-mini", "sort": "cost"},
 ]
 
 
@@ -127,6 +130,15 @@ def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None
     assert _api(web, "/api/v1/runs", **query)["runs"] == cli
     if query.get("search"):
         assert [r["run_id"] for r in cli] == [web.hostile_run]
+    if query.get("model"):  # the runs that called it, as the published entries say
+        used = {
+            e.run_id
+            for e in web.sent
+            for p in e.parts
+            if isinstance(p, ModelUsagePart)
+            and query["model"] in (p.model, f"{p.provider}/{p.model}")
+        }
+        assert {r["run_id"] for r in cli} == used & set(web.runs_of(FLEETS[0])) != set()
 
 
 def test_runs_pages_follow_the_cursor(web: Web) -> None:
