@@ -42,6 +42,7 @@ from schemas.errors import BadArgumentError, NotFoundError
 DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
 # (fleets, source, reason) -> newly dismissed; BadArgumentError: no such dead letter of those
 Dismiss = Callable[[Sequence[str], str, str], bool]
+Builds = Callable[[], list[dict[str, Any]]]
 
 COOKIE = "al_session"
 HERE = Path(__file__).parent
@@ -85,10 +86,14 @@ Who = Annotated[Principal, Depends(_principal)]
 
 
 def create_app(
-    settings: Settings, dead_letters: DeadLetters | None = None, dismiss: Dismiss | None = None
+    settings: Settings,
+    dead_letters: DeadLetters | None = None,
+    dismiss: Dismiss | None = None,
+    builds: Builds | None = None,
 ) -> FastAPI:
-    """The app; ``dead_letters`` and ``dismiss`` come from the write side (``streams.dlq``,
-    composed by ``infra.main``): without them those routes answer 501."""
+    """The app; ``dead_letters``, ``dismiss`` and ``builds`` come from the write side
+    (``streams.dlq``, ``streams.rebuild``, composed by ``infra.main``): without them those
+    routes answer 501."""
     app = FastAPI(
         title="AgentLedger",
         version="1",
@@ -334,6 +339,20 @@ def create_app(
         except BadArgumentError as exc:
             raise HttpError(404, str(exc)) from None
 
+    @app.get("/api/v1/builds")
+    def api_builds(who: Who) -> Any:
+        """Every build of every projection (``agentledger rebuild list --json``): live or not,
+        code and data versions, start, runs, offsets. Admin tokens only (builds span every
+        fleet)."""
+        return queries.jsonable(all_builds(who))
+
+    def all_builds(who: Principal) -> list[dict[str, Any]]:
+        if not who.admin:
+            raise HttpError(403, "builds span every fleet: an admin token is needed")
+        if builds is None:
+            raise HttpError(501, "this server was started without a build reader")
+        return builds()
+
     def letters(who: Principal, fleet: str | None) -> list[dict[str, Any]]:
         if fleet and fleet not in who.fleets:
             raise HttpError(403, f"this token does not cover fleet {fleet}")
@@ -486,6 +505,10 @@ def create_app(
     @app.get("/dead-letters", include_in_schema=False)
     def dead_letters_html(who: Who) -> HTMLResponse:
         return page("dead_letters.html", who, letters=letters(who, None))
+
+    @app.get("/builds", include_in_schema=False)
+    def builds_html(who: Who) -> HTMLResponse:
+        return page("builds.html", who, builds=all_builds(who))
 
     @app.post("/dead-letters/dismiss", include_in_schema=False)
     async def dismiss_html(request: Request, who: Who) -> Response:

@@ -381,3 +381,16 @@ def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:
     [after] = _api(web, "/api/v1/dead-letters")["dead_letters"]
     assert after["dismissed"]["reason"] == "junk from a test"
     assert _cli(web, "dlq", "list", "--fleet", FLEETS[0], "--json") == [after]
+
+
+def test_builds_are_for_admins_and_are_the_clis(web: Web) -> None:
+    admin = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    builds = _api(web, "/api/v1/builds", admin)
+    assert builds == _cli(web, "rebuild", "list", "--json")
+    assert {b["projection"] for b in builds if b["live"]} >= {"run-stats", "diff-timelines"}
+    assert _get(web, "/api/v1/builds", web.token_a).status_code == 403
+    page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
+    assert page.status_code == 200 and page.text.count('<td class="live">live</td>') == len(
+        [b for b in builds if b["live"]]
+    )
+    assert httpx.get(f"{web.base}/builds", cookies={"al_session": web.token_a}).status_code == 403
