@@ -225,6 +225,10 @@ def runs_cmd(
         str | None,
         typer.Option("--search", help="text in the task, the failure explanation or open problems"),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="runs with a call of this model (provider/model or model)"),
+    ] = None,
     sort: Annotated[str, typer.Option(help="last, first, cost, entries or id")] = "last",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -256,6 +260,7 @@ def runs_cmd(
         cost_above=cost,
         text=search,
         sort=sort,
+        model=model,
     )
     found = queries.runs(_settings(), filters, limit=limit)
     if as_json:

@@ -47,6 +47,7 @@ class RunFilters:
     cost_above: Decimal | None = None
     text: str | None = None
     sort: str = "last"
+    model: str | None = None  # a run with a counted call of this model (provider/model or model)
 
 
 def runs(
@@ -71,6 +72,7 @@ def runs(
         limit=limit,
         offset=offset,
         fleets=fleets,
+        model=filters.model,
     )
     for run in found:
         run["status"] = run["status"] or "RUNNING"
@@ -230,6 +232,7 @@ def parse_run_filters(
     cost_above: str | None = None,
     search: str | None = None,
     sort: str | None = None,
+    model: str | None = None,
 ) -> RunFilters:
     """:class:`RunFilters` from text (a query string's values; empty means not given), checked
     as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
@@ -252,6 +255,7 @@ def parse_run_filters(
         cost_above=cost,
         text=search or None,
         sort=sort or "last",
+        model=model or None,
     )
 
 

@@ -15,6 +15,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +42,7 @@ from schemas.errors import BadArgumentError, NotFoundError
 DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
 # (fleets, source, reason) -> newly dismissed; BadArgumentError: no such dead letter of those
 Dismiss = Callable[[Sequence[str], str, str], bool]
+Builds = Callable[[], list[dict[str, Any]]]
 
 COOKIE = "al_session"
 HERE = Path(__file__).parent
@@ -56,6 +58,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 ROWS_PER_PAGE = 100
+STALLED_AFTER_MIN = 30.0  # as `agentledger failures --stalled-after` by default
 POLL_S = 0.25  # how often a live stream looks for new rows
 STREAM_S = 600.0  # a live stream ends after this long; the browser reconnects where it was
 
@@ -83,10 +86,14 @@ Who = Annotated[Principal, Depends(_principal)]
 
 
 def create_app(
-    settings: Settings, dead_letters: DeadLetters | None = None, dismiss: Dismiss | None = None
+    settings: Settings,
+    dead_letters: DeadLetters | None = None,
+    dismiss: Dismiss | None = None,
+    builds: Builds | None = None,
 ) -> FastAPI:
-    """The app; ``dead_letters`` and ``dismiss`` come from the write side (``streams.dlq``,
-    composed by ``infra.main``): without them those routes answer 501."""
+    """The app; ``dead_letters``, ``dismiss`` and ``builds`` come from the write side
+    (``streams.dlq``, ``streams.rebuild``, composed by ``infra.main``): without them those
+    routes answer 501."""
     app = FastAPI(
         title="AgentLedger",
         version="1",
@@ -160,6 +167,7 @@ def create_app(
         until: str | None = None,
         cost_above: str | None = None,
         search: str | None = None,
+        model: str | None = None,
         sort: str | None = None,
         cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -175,6 +183,7 @@ def create_app(
             cost_above=cost_above,
             search=search,
             sort=sort,
+            model=model,
         )
         rows, next_cursor = runs_page(who, params, cursor, limit)
         return queries.jsonable({"runs": rows, "next_cursor": next_cursor})
@@ -330,6 +339,20 @@ def create_app(
         except BadArgumentError as exc:
             raise HttpError(404, str(exc)) from None
 
+    @app.get("/api/v1/builds")
+    def api_builds(who: Who) -> Any:
+        """Every build of every projection (``agentledger rebuild list --json``): live or not,
+        code and data versions, start, runs, offsets. Admin tokens only (builds span every
+        fleet)."""
+        return queries.jsonable(all_builds(who))
+
+    def all_builds(who: Principal) -> list[dict[str, Any]]:
+        if not who.admin:
+            raise HttpError(403, "builds span every fleet: an admin token is needed")
+        if builds is None:
+            raise HttpError(501, "this server was started without a build reader")
+        return builds()
+
     def letters(who: Principal, fleet: str | None) -> list[dict[str, Any]]:
         if fleet and fleet not in who.fleets:
             raise HttpError(403, f"this token does not cover fleet {fleet}")
@@ -364,7 +387,17 @@ def create_app(
     @app.get("/runs", include_in_schema=False)
     def runs_html(request: Request, who: Who, cursor: str | None = None) -> HTMLResponse:
         q = request.query_params
-        names = ("fleet", "status", "class", "since", "until", "cost_above", "search", "sort")
+        names = (
+            "fleet",
+            "status",
+            "class",
+            "since",
+            "until",
+            "cost_above",
+            "search",
+            "model",
+            "sort",
+        )
         given = {name: q.get(name) or "" for name in names}
         params = {("failure_class" if k == "class" else k): v for k, v in given.items()}
         rows, next_cursor = runs_page(who, params, cursor, 50)
@@ -452,6 +485,9 @@ def create_app(
         when = found(lambda: queries.moment("since", since))
         by_day = queries.costs(settings, "day", chosen, when)
         by_run = queries.costs(settings, "run", chosen, when)
+        running = queries.runs(settings, queries.RunFilters(fleet=chosen, status="RUNNING"), 500)
+        silent_since = datetime.now(UTC) - timedelta(minutes=STALLED_AFTER_MIN)
+        stalled = [r for r in running if r["last_at"] is not None and r["last_at"] < silent_since]
         return page(
             "fleets.html",
             who,
@@ -462,12 +498,17 @@ def create_app(
             by_model=queries.costs(settings, "model", chosen, when),
             failures=queries.failures(settings, chosen, when),
             over_budget=[r for r in by_run["rows"] if r["over_budget"]],
+            stalled=[{**r, "cost_text": queries.cost_text(r)} for r in stalled],
             chart=(WIDTH, HEIGHT),
         )
 
     @app.get("/dead-letters", include_in_schema=False)
     def dead_letters_html(who: Who) -> HTMLResponse:
         return page("dead_letters.html", who, letters=letters(who, None))
+
+    @app.get("/builds", include_in_schema=False)
+    def builds_html(who: Who) -> HTMLResponse:
+        return page("builds.html", who, builds=all_builds(who))
 
     @app.post("/dead-letters/dismiss", include_in_schema=False)
     async def dismiss_html(request: Request, who: Who) -> Response:

@@ -24,6 +24,7 @@ from consumers.access import create_token
 from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
+from schemas.models import ModelUsagePart
 from tests.integration.web_support import (
     FLEETS,
     HOSTILE_TASK,
@@ -117,6 +118,8 @@ FILTERS: list[dict[str, str]] = [
     {"sort": "cost"},
     {"sort": "entries"},
     {"sort": "id", "fleet": FLEETS[0]},
+    {"model": "anthropic/claude-haiku-4-5"},
+    {"model": "o4-mini", "sort": "cost"},
 ]
 
 
@@ -127,6 +130,15 @@ def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None
     assert _api(web, "/api/v1/runs", **query)["runs"] == cli
     if query.get("search"):
         assert [r["run_id"] for r in cli] == [web.hostile_run]
+    if query.get("model"):  # the runs that called it, as the published entries say
+        used = {
+            e.run_id
+            for e in web.sent
+            for p in e.parts
+            if isinstance(p, ModelUsagePart)
+            and query["model"] in (p.model, f"{p.provider}/{p.model}")
+        }
+        assert {r["run_id"] for r in cli} == used & set(web.runs_of(FLEETS[0])) != set()
 
 
 def test_runs_pages_follow_the_cursor(web: Web) -> None:
@@ -330,6 +342,9 @@ def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
     total = _api(web, "/api/v1/costs", by="day")["total"]["cost_usd"]
     assert f"total ${float(total):.4f}" in page.text and page.text.count("<rect ") >= 1
     assert f'<td class="num">{failures["total"]["runs"]}</td>' in page.text
+    # the held-back run's entries are from 2026-11-01: it has been silent for over 30 minutes
+    stalled = page.text.split('<table class="stalled">')[1].split("</table>")[0]
+    assert f"/runs/{web.live_run}" in stalled and stalled.count("<tr>") == 2  # head + one run
 
 
 def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:
@@ -366,3 +381,16 @@ def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:
     [after] = _api(web, "/api/v1/dead-letters")["dead_letters"]
     assert after["dismissed"]["reason"] == "junk from a test"
     assert _cli(web, "dlq", "list", "--fleet", FLEETS[0], "--json") == [after]
+
+
+def test_builds_are_for_admins_and_are_the_clis(web: Web) -> None:
+    admin = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    builds = _api(web, "/api/v1/builds", admin)
+    assert builds == _cli(web, "rebuild", "list", "--json")
+    assert {b["projection"] for b in builds if b["live"]} >= {"run-stats", "diff-timelines"}
+    assert _get(web, "/api/v1/builds", web.token_a).status_code == 403
+    page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
+    assert page.status_code == 200 and page.text.count('<td class="live">live</td>') == len(
+        [b for b in builds if b["live"]]
+    )
+    assert httpx.get(f"{web.base}/builds", cookies={"al_session": web.token_a}).status_code == 403

@@ -29,6 +29,7 @@ from streams.deployment import PrivateDeployment
 from streams.dlq import KafkaDeadLetterSink, dead_letter_rows, dismiss
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
+from streams.rebuild import builds_json
 from streams.simulate import simulate
 from streams.source import drain
 
@@ -139,7 +140,7 @@ def serving(settings: Settings) -> Iterator[str]:
         return done
 
     port = free_port()
-    app = create_app(settings, dead_letters, dismiss_one)
+    app = create_app(settings, dead_letters, dismiss_one, lambda: builds_json(settings))
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
     )
