@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
+	tests/ensure-chromium
 	tests/run
 
 up: $(STAMP)

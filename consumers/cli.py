@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -39,17 +39,14 @@ def memory(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """A run's evidence-bound working memory (live build), now or after any sequence number."""
+    from consumers import queries
     from consumers.render import print_memory
-    from consumers.views import history_at, live_state
     from schemas.errors import NotFoundError
 
     settings = _settings()
     run_id = _run(settings, run_id)
     try:
-        if at is None:
-            view = live_state(settings, "working-memory", run_id)
-        else:
-            view = history_at(settings, "working-memory", run_id, "snapshot", at)
+        view = queries.memory(settings, run_id, at)
     except NotFoundError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
@@ -71,30 +68,14 @@ def context(
     ] = False,
 ) -> None:
     """A run's next-turn context manifest, or the manifest recorded for one model call."""
+    from consumers import queries
     from consumers.render import print_manifest
-    from consumers.views import history_row, live_state
-    from projectors.context_manifests import ContextManifest, resolve_manifest
-    from projectors.context_render import render
     from schemas.errors import NotFoundError
 
     settings = _settings()
     run_id = _run(settings, run_id)
     try:
-        if call is None:
-            view = live_state(settings, "context-manifests", run_id)
-            doc = view["state"]["next_turn"]
-        else:
-            row = history_row(settings, "context-manifests", run_id, "manifest", call)["state"]
-
-            def fetch(key: str) -> dict[str, Any] | None:
-                try:
-                    found = history_row(settings, "context-manifests", run_id, "manifest", key)
-                except NotFoundError:
-                    return None
-                state: dict[str, Any] = found["state"]
-                return state
-
-            doc = resolve_manifest(row, fetch)
+        doc = queries.manifest(settings, run_id, call)
     except NotFoundError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
@@ -102,7 +83,7 @@ def context(
         err.print(f"[red]error:[/] run {escape(run_id)} has no next-turn manifest yet")
         raise typer.Exit(code=1)
     if render_it:
-        print(render(ContextManifest.model_validate(doc)))
+        print(queries.render_manifest(doc))
     elif as_json:
         print(json.dumps(doc, indent=2, default=str))
     else:
@@ -115,13 +96,13 @@ def timeline(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """A run's timeline: each step with its time, cost so far and drill-down references."""
-    from consumers.analytics import run_timeline
+    from consumers import queries
     from consumers.render_analytics import print_timeline
     from schemas.errors import NotFoundError
 
     settings = _settings()
     try:
-        doc = run_timeline(settings, _run(settings, run_id))
+        doc = queries.timeline(settings, _run(settings, run_id))
     except NotFoundError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
@@ -157,16 +138,17 @@ def costs(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Model-call tokens and cost rolled up by run, fleet, model, purpose or day (live build)."""
+    from consumers import queries
     from consumers.analytics import DIMENSIONS, cost_report
     from consumers.render_analytics import print_costs
 
     dimension = next((d for d in DIMENSIONS if d == by), None)
     if dimension is None:
         raise typer.BadParameter(f"one of {', '.join(DIMENSIONS)}", param_hint="--by")
-    report = cost_report(_settings(), dimension, fleet, _since(since))
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(queries.costs(_settings(), dimension, fleet, _since(since)), indent=2))
         return
+    report = cost_report(_settings(), dimension, fleet, _since(since))
     print_costs(console, report)
 
 
@@ -190,26 +172,28 @@ def failures(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Runs by failure class and fleet (final, provisional, stalled), or why one run failed."""
+    from consumers import queries
     from consumers.analytics import failure_report, run_failure
     from consumers.render_analytics import print_failures, print_run_failure
     from schemas.errors import NotFoundError
 
     settings = _settings()
     if run_id is not None:
+        run = _run(settings, run_id)
         try:
-            found = run_failure(settings, _run(settings, run_id), stalled_after)
+            if as_json:
+                print(json.dumps(queries.failure(settings, run, stalled_after), indent=2))
+            else:
+                print_run_failure(console, run_failure(settings, run, stalled_after))
         except NotFoundError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
-        if as_json:
-            print(json.dumps(found.as_json(), indent=2))
-        else:
-            print_run_failure(console, found)
+        return
+    if as_json:
+        found = queries.failures(settings, fleet, _since(since), stalled_after)
+        print(json.dumps(found, indent=2))
         return
     report = failure_report(settings, fleet, _since(since), stalled_after)
-    if as_json:
-        print(json.dumps(report.as_json(), indent=2))
-        return
     print_failures(console, report)
 
 
@@ -241,6 +225,10 @@ def runs_cmd(
         str | None,
         typer.Option("--search", help="text in the task, the failure explanation or open problems"),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="runs with a call of this model (provider/model or model)"),
+    ] = None,
     sort: Annotated[str, typer.Option(help="last, first, cost, entries or id")] = "last",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -248,7 +236,7 @@ def runs_cmd(
     """Find runs (live builds): by fleet, status, failure class, time, cost or text."""
     from decimal import InvalidOperation
 
-    from consumers.views import find_runs
+    from consumers import queries
     from projectors.stores.postgres_ops import RUN_SORTS
 
     if status is not None and status.upper() not in RUN_STATUSES:
@@ -263,8 +251,7 @@ def runs_cmd(
             raise typer.BadParameter("a number of USD", param_hint="--cost-above") from None
     if fleet is not None and len(fleet) > 1:
         raise typer.BadParameter("one fleet", param_hint="--fleet")
-    found = find_runs(
-        _settings(),
+    filters = queries.RunFilters(
         fleet=fleet[0] if fleet else None,
         status=status.upper() if status else None,
         failure_class=failure_class,
@@ -273,10 +260,9 @@ def runs_cmd(
         cost_above=cost,
         text=search,
         sort=sort,
-        limit=limit,
+        model=model,
     )
-    for run in found:
-        run["status"] = run["status"] or "RUNNING"
+    found = queries.runs(_settings(), filters, limit=limit)
     if as_json:
         print(json.dumps(found, indent=2, default=str))
         return
@@ -284,15 +270,6 @@ def runs_cmd(
         "run", "fleet", "outcome", "entries", "last entry", "class", "cost", "conflicts", "task"
     )
     for run in found:
-        if run["cost_usd"] is None:  # never $0
-            cost_text = "unpriced" if run["unpriced_calls"] else "unknown"
-        else:
-            bound = ">= " if run["cost_partly_unknown"] else ""
-            cost_text = f"{bound}${run['cost_usd']:.4f}"
-            if run["unpriced_calls"]:
-                cost_text += f" + {run['unpriced_calls']} unpriced"
-            if run["usage_unknown_calls"]:
-                cost_text += f" + {run['usage_unknown_calls']} of unknown usage"
         table.add_row(
             run["run_id"],
             run["fleet_id"],
@@ -300,7 +277,7 @@ def runs_cmd(
             str(run["entries"]),
             str(run["last_at"] or "-"),
             run["failure_class"] or "-",
-            cost_text,
+            queries.cost_text(run),
             str(run["conflicting_duplicates"] or "-"),
             (run["task"] or "-")[:60],
         )

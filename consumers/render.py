@@ -17,13 +17,22 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
     gaps = view.get("gaps") or []
     console.print(
         f"[bold]working memory[/] run {m['run_id']} (fleet {m['fleet_id']}), "
-        f"snapshot v{m['snapshot_version']}, {_as_of(where, view.get('asked_seq'))}"
+        f"snapshot v{m['snapshot_version']}, {as_of(where, view.get('asked_seq'))}"
         + (f", [red]incomplete: missing {gaps}[/]" if gaps else "")
     )
     console.print(f"goal: {m.get('task_goal') or '-'}")
     for step in m.get("current_plan") or []:
         console.print(f"  plan: {step}")
     console.print(f"changed files: {', '.join(m.get('changed_files') or []) or '-'}")
+    for title, lines in memory_sections(m):
+        console.print(f"[bold]{title}[/]")
+        for line in lines:
+            console.print(f"  - {line}")
+
+
+def memory_sections(m: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """The working memory's non-empty sections, each a title and its items as lines (the CLI
+    prints them, the run's memory page lists them)."""
     sections = [
         (
             "known facts",
@@ -41,14 +50,10 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
         ("unsupported claims", m.get("unsupported_claims", []), "{claim}: {reason}"),
         ("flags", m.get("flags", []), "{}"),
     ]
-    for title, items, fmt in sections:
-        if items:
-            console.print(f"[bold]{title}[/]")
-            for line in _lines(items, fmt):
-                console.print(f"  - {line}")
+    return [(title, _lines(items, fmt)) for title, items, fmt in sections if items]
 
 
-def _as_of(where: Any, asked: Any) -> str:
+def as_of(where: Any, asked: Any) -> str:
     """``through seq N``; for ``--at A`` where the memory last changed at N < A, say so."""
     if asked is None or asked == where:
         return f"through seq {where}"

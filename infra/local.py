@@ -6,12 +6,23 @@ import json
 import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from infra.process import cmdline, is_alive, live_pid, spawn, stop_pid
+from infra.process import (
+    cmdline,
+    died_at_start,
+    free_port,
+    is_alive,
+    live_pid,
+    port_free,
+    spawn,
+    stop_pid,
+    wait_until,
+)
 from infra.services import ServiceStatus, all_services, purge_state
 from infra.settings import Settings
 
@@ -120,8 +131,60 @@ def stop_worker(settings: Settings, console: Console) -> None:
         console.print(f"worker: {'stopped' if clean else 'killed after timeout'} (pid {pid})")
 
 
+def server_pidfile(settings: Settings) -> Path:
+    return settings.state_dir / "serve" / "serve.pid"
+
+
+def server_running(settings: Settings) -> tuple[int, int] | None:
+    """(pid, port) of the background ``agentledger serve`` the demo started, if it runs."""
+    pidfile = server_pidfile(settings)
+    pid = live_pid(pidfile, "infra.main serve")
+    if pid is None:
+        return None
+    try:
+        return pid, int(pidfile.read_text().splitlines()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_server(settings: Settings, console: Console) -> int:
+    """A background ``agentledger serve`` on loopback (what the demo runs), answering
+    ``/health``; idempotent. Its port: ``serve_port``, or a free one when that is taken."""
+    running = server_running(settings)
+    if running is not None:
+        console.print(f"web: already running (pid {running[0]}, port {running[1]})")
+        return running[1]
+    port = settings.serve_port
+    if not port_free(port):
+        port = free_port()
+        console.print(f"web: port {settings.serve_port} is taken; serving on {port}")
+    log = settings.state_dir / "serve" / "serve.log"
+    pid = spawn([sys.executable, "-m", "infra.main", "serve", "--port", str(port)], log)
+    server_pidfile(settings).write_text(f"{pid}\n{port}\n")
+    if not wait_until(lambda: _answers(port), settings.start_timeout_s):
+        raise died_at_start("web", log)
+    console.print(f"web: started (pid {pid}, log {log})")
+    return port
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def stop_server(settings: Settings, console: Console) -> None:
+    running = server_running(settings)
+    if running is not None:
+        clean = stop_pid(running[0], settings.stop_timeout_s)
+        console.print(f"web: {'stopped' if clean else 'killed after timeout'} (pid {running[0]})")
+
+
 def down(settings: Settings, console: Console, purge: bool = False) -> None:
     """Stop our services (SIGTERM, SIGKILL after a timeout); keep data unless ``purge``."""
+    stop_server(settings, console)
     stop_worker(settings, console)
     services = all_services(settings, console)
     for service in reversed(services):

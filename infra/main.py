@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,7 +18,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from consumers import cli as read_commands
+from consumers import mcp_cli as mcp_commands
 from consumers.examples.budget_guard import BudgetGuard
+from consumers.web import cli as web_commands
 from infra import local
 from infra.cli_support import console, err, merge
 from infra.cli_support import settings as _settings
@@ -174,6 +177,37 @@ def _budget_guard(settings: Settings) -> BudgetGuard:
 
 
 merge(app, read_commands.commands)
+merge(app, web_commands.commands)
+merge(app, mcp_commands.commands)
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8700,
+) -> None:
+    """Serve the JSON API (/api/v1) and the web pages over the live builds (read-only)."""
+    import uvicorn
+
+    from consumers.mcp_http import mount as mount_mcp
+    from consumers.web.app import create_app
+    from streams.dlq import dead_letter_rows, dismiss
+    from streams.rebuild import builds_json
+
+    settings = _settings()
+
+    def dead_letters(fleets: Sequence[str]) -> list[dict[str, Any]]:
+        return asyncio.run(dead_letter_rows(settings, fleets))
+
+    def dismiss_one(fleets: Sequence[str], source: str, reason: str) -> bool:
+        [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
+        return done
+
+    err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
+    # open event streams (a running run's page) get 5 s to end once a stop is asked
+    app = create_app(settings, dead_letters, dismiss_one, lambda: builds_json(settings))
+    mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 
 @app.command("demo")
@@ -187,6 +221,17 @@ def demo() -> None:
     local.start_worker(settings, console)
     entries, published_at = publish_demo(settings, console)
     show(settings, entries, published_at, console)
+    _demo_web(settings, sorted({e.fleet_id for e in entries}))
+
+
+def _demo_web(settings: Settings, fleets: list[str]) -> None:
+    """The web pages of the demo's runs: a background ``agentledger serve`` and the sign-in URL
+    of a new admin token for the demo's fleets (``infra down`` stops the server)."""
+    from consumers.access import create_token
+
+    port = local.start_server(settings, console)
+    token = create_token(settings, fleets, admin=True)["token"]
+    console.print(f"web: http://127.0.0.1:{port}/login?token={token}", soft_wrap=True)
 
 
 register_rebuild(app)

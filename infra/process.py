@@ -65,6 +65,14 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the system's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def require_free_ports(service: str, ports: dict[str, int]) -> None:
     """Raise a clear error naming the first port (and its setting) that is taken."""
     for setting, port in ports.items():

@@ -86,6 +86,7 @@ class Settings(BaseSettings):
     # one batch has been retrying for this long) is stalled: it exits non-zero (and is
     # restarted), and `infra status` exits non-zero while a worker's row says so.
     worker_stall_s: float = Field(default=60.0, gt=0)
+    serve_port: int = Field(default=8700, ge=1, le=65535)  # the demo's `agentledger serve`
     # How often a worker writes its health row (lag per partition, last applied batch).
     worker_health_s: float = Field(default=5.0, gt=0)
     # `agentledger worker` restarts its faust process after an exit it did not ask for, after

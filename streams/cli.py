@@ -577,31 +577,10 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show the dead letters of the fleets: source position, run, error class, reason, status."""
-    from schemas.codec import LedgerCodec
-    from streams.dlq import dismissed_sources, read_dead_letters, redriven_sources, run_of
+    from streams.dlq import dead_letter_rows
 
     settings = _settings()
-    letters = asyncio.run(read_dead_letters(settings, _fleets(fleet)))
-    done = asyncio.run(redriven_sources(settings))
-    dismissed = asyncio.run(dismissed_sources(settings))
-    codec = LedgerCodec()
-    rows = []
-    for d in letters:
-        handled = dismissed.get(d.source)
-        rows.append(
-            {
-                "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
-                "run_id": run_of(d, codec),
-                "error_class": d.error_class,
-                "reason": d.message,
-                "bytes": d.size,
-                "truncated": d.truncated,
-                "redriven": d.source in done,
-                "dismissed": None
-                if handled is None
-                else {"reason": handled[0], "at": handled[1].isoformat()},
-            }
-        )
+    rows = asyncio.run(dead_letter_rows(settings, _fleets(fleet)))
     if as_json:
         print(json.dumps(rows, indent=2))
         return

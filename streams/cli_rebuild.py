@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +20,7 @@ from streams.rebuild import (
     BuildInfo,
     RebuildError,
     Start,
+    builds_json,
     create_build,
     drop,
     find_build,
@@ -132,11 +132,10 @@ def register(app: typer.Typer) -> None:
         n = processes or settings.rebuild_processes or os.cpu_count() or 1
         try:
             if what == "list":
-                builds = list_builds(settings)
                 if as_json:
-                    print(json.dumps([_as_dict(b) for b in builds], indent=2, default=str))
+                    print(json.dumps(builds_json(settings), indent=2, default=str))
                 else:
-                    console.print(_table(builds, settings))
+                    console.print(_table(list_builds(settings), settings))
                 return
             if what in ("swap", "drop"):
                 if build is None:
@@ -280,7 +279,3 @@ def _artifact_note(package: Path) -> str:
         return ""
     included = sum(1 for r in refs if r.get("included"))
     return f", {included} of {len(refs)} artifacts included"
-
-
-def _as_dict(b: BuildInfo) -> dict[str, object]:
-    return {**asdict(b), "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()}}

@@ -337,3 +337,30 @@ async def redrive(
     finally:
         await producer.stop()
     return report
+
+
+async def dead_letter_rows(settings: Settings, fleets: Sequence[str]) -> list[dict[str, Any]]:
+    """The dead letters of ``fleets`` as ``dlq list --json`` prints them (and the API answers):
+    source position, run, error class, reason, size, whether redriven or dismissed (why, when)."""
+    letters = await read_dead_letters(settings, fleets)
+    done = await redriven_sources(settings)
+    dismissed = await dismissed_sources(settings)
+    codec = LedgerCodec()
+    rows = []
+    for d in letters:
+        handled = dismissed.get(d.source)
+        rows.append(
+            {
+                "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
+                "run_id": run_of(d, codec),
+                "error_class": d.error_class,
+                "reason": d.message,
+                "bytes": d.size,
+                "truncated": d.truncated,
+                "redriven": d.source in done,
+                "dismissed": None
+                if handled is None
+                else {"reason": handled[0], "at": handled[1].isoformat()},
+            }
+        )
+    return rows

@@ -20,7 +20,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -354,6 +354,14 @@ def list_builds(settings: Settings, projection: str | None = None) -> list[Build
             )
             for p, b, v, c, o, st, live, inp, n in rows
         ]
+
+
+def builds_json(settings: Settings) -> list[dict[str, Any]]:
+    """Every build as ``rebuild list --json`` prints it (and ``/api/v1/builds`` answers)."""
+    return [
+        {**asdict(b), "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()}}
+        for b in list_builds(settings)
+    ]
 
 
 def build_info(settings: Settings, projection: str, build: str) -> BuildInfo:

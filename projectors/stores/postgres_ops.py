@@ -535,6 +535,7 @@ WITH heads AS (
            (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
            (c.doc -> 'totals' ->> 'usage_unknown_calls')::integer AS usage_unknown_calls,
            (c.doc -> 'totals' ->> 'reported_calls')::integer AS reported_calls,
+           c.doc -> 'by_model' AS by_model,
            w.doc ->> 'task_goal' AS task,
            f.doc -> 'classification' ->> 'explanation' AS explanation,
            coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems,
@@ -557,7 +558,7 @@ SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, pric
 FROM known
 {where}
 ORDER BY {order}
-LIMIT %(limit)s
+LIMIT %(limit)s OFFSET %(offset)s
 """
 
 
@@ -573,14 +574,30 @@ def find_runs(
     text: str | None = None,
     sort: str = "last",
     limit: int = 50,
+    offset: int = 0,
+    fleets: Sequence[str] | None = None,
+    model: str | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
     run not finished yet; ``text`` matches the task, the failure explanation and open problems
-    (case-insensitive, literally)."""
+    (case-insensitive, literally); ``fleets`` keeps only the runs of those fleets (an API
+    token's scope); ``offset`` skips that many of the sorted runs (a page's start); ``model``
+    keeps the runs with a counted call of that model (``provider/model`` or the model alone)."""
     clauses: list[sql.Composable] = []
-    params: dict[str, Any] = {"limit": limit}
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
     _common(clauses, params, fleet, since, None, "last_at")
+    if fleets is not None:
+        clauses.append(sql.SQL("fleet_id = ANY(%(fleets)s)"))
+        params["fleets"] = list(fleets)
+    if model:
+        clauses.append(
+            sql.SQL(
+                "EXISTS (SELECT 1 FROM jsonb_object_keys(coalesce(by_model, '{}'::jsonb)) k "
+                "WHERE k = %(model)s OR split_part(k, '/', 2) = %(model)s)"
+            )
+        )
+        params["model"] = model
     if status is not None:
         clauses.append(
             sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")

@@ -29,12 +29,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from consumers.views import live_states
-from infra.local import running_workers, stop_worker
+from infra.local import running_workers, server_running, stop_server, stop_worker
 from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, from_json_text
@@ -311,10 +312,18 @@ def test_the_quick_start_demo_runs(own_deployment: PrivateDeployment, tmp_path: 
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "Traceback" not in done.stderr
         assert "published" in done.stdout and "timeline:" in done.stdout
+        # the demo's web server: its sign-in URL opens the runs list of the demo's runs
+        [login] = re.findall(
+            r"^web: (http://127\.0\.0\.1:\d+/login\?token=\S+)$", done.stdout, re.M
+        )
+        with httpx.Client(follow_redirects=True) as client:
+            page = client.get(login)
+        assert page.url.path == "/runs" and page.text.count('<td class="outcome">') >= 14
     finally:
         settings = d.settings.model_copy(update={"state_dir": tmp_path / ".agentledger"})
+        stop_server(settings, Console(file=io.StringIO()))
         stop_worker(settings, Console(file=io.StringIO()))
-        assert not running_workers(settings)
+        assert not running_workers(settings) and server_running(settings) is None
 
 
 def test_every_relative_link_of_the_docs_resolves() -> None:

@@ -1,0 +1,650 @@
+"""What the MCP server (``agentledger mcp``, :mod:`consumers.mcp_server`) answers, without the
+protocol: each read checks the token (the API tokens of ``agentledger serve``, scoped to
+fleets), waits for the projection to have applied ``min_seq`` (read-your-writes), builds its
+document from the same query layer as the CLI and the API (:mod:`consumers.queries`), withholds
+what is not for a model, bounds the size, says in ``meta`` where the answer stands, and counts
+the read in PostgreSQL (``al_mcp_reads``).
+
+The policy, the same for every token:
+
+- A run of a fleet the token does not cover is "no run X", the same answer as an unknown run.
+- Nothing of an entry that is not ``MODEL_VISIBLE`` is served: the working memory and the next
+  turn never hold one (``projectors.trust``); the timeline rows, failure evidence and diff
+  snapshots that come from one are withheld, and so are their ids in the memory's index. (The
+  memory's index marks every such entry ``hidden``, without telling AUDIT_ONLY, INTERNAL_ONLY,
+  REDACTED and HUMAN_VISIBLE apart, so all four are withheld.) ``meta["withheld"]`` counts what
+  was left out. The run's cost figures are sums over all its model calls, hidden or not.
+- Text from tools and untrusted sources is served as data: inside a JSON string, and in the
+  rendered next turn inside its trust wrapper with its flags, exactly as the model gets it.
+- An answer's JSON stays under :data:`MAX_CHARS`: the timeline is paged, and what does not fit
+  otherwise is named in ``meta["truncated"]`` (items by their sha256 and source entry).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from typing import Any
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+from redis import Redis
+from redis.exceptions import RedisError
+
+from consumers import queries
+from consumers.access import Principal, authenticate
+from consumers.views import live_state
+from infra.settings import Settings
+from projectors.stores import mcp_audit as store
+from projectors.stores import postgres_ops as ops
+from projectors.stores.redis import live_key, view_key
+from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
+
+MODEL_VISIBLE = "MODEL_VISIBLE"
+HIDDEN = "hidden"  # the working memory index's outcome of an entry that is not MODEL_VISIBLE
+MAX_CHARS = 200_000  # an answer's JSON, at most
+DEFAULT_WAIT_S = 2.0  # how long a read waits for min_seq by default
+MAX_WAIT_S = 10.0
+POLL_S = 0.01
+TIMELINE_PAGE = 200  # timeline rows per answer by default
+MAX_RUNS = 200
+HOT = frozenset({"run-stats", "working-memory", "context-manifests"})  # kept in Redis too
+PROJECTIONS = (
+    "run-stats",
+    "working-memory",
+    "context-manifests",
+    "diff-timelines",
+    "cost-metrics",
+    "failure-classifications",
+)
+DIFF_KEYS = (
+    "run_id",
+    "fleet_id",
+    "status",
+    "scope",
+    "summary",
+    "files",
+    "flags",
+    "snapshots",
+    "failing_check",
+    "last_seq",
+)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+WITHHELD = "[withheld: not model-visible]"
+
+
+class Unauthorized(AgentLedgerError):
+    """No token, or one that is unknown, revoked or expired."""
+
+
+def server_version() -> str:
+    try:
+        return f"agentledger {package_version('agentledger')}"
+    except PackageNotFoundError:  # pragma: no cover (run from a source tree not installed)
+        return "agentledger (not installed)"
+
+
+@dataclass
+class Answer:
+    """One read's document (JSON-ready, as the CLI's ``--json`` prints it, less what is
+    withheld), what the answer says of itself (``meta``) and, for the next turn, the text the
+    model gets."""
+
+    doc: Any
+    meta: dict[str, Any]
+    text: str | None = None
+
+    def json(self) -> str:
+        return json.dumps(self.doc, indent=2)
+
+
+@dataclass(frozen=True)
+class Waited:
+    min_seq: int | None
+    reached: bool
+    waited_ms: float
+    applied_seq: int | None  # the run's applied sequence number in that projection, when known
+
+
+class Ledger:
+    """Reads for one token (re-checked at every read, so a revocation takes effect at once)."""
+
+    def __init__(self, settings: Settings, token: str | None, root: Ledger | None = None) -> None:
+        self.settings = settings
+        self.token = token
+        self._root = root  # whose Redis client and connections this one shares
+        self._redis: Redis | None = None
+        self._pool: ConnectionPool[Connection[Any]] | None = None
+
+    def for_token(self, token: str | None) -> Ledger:
+        """The same reads for another token (HTTP: each request's own), sharing the clients."""
+        return Ledger(self.settings, token, self._root or self)
+
+    @contextmanager
+    def _conn(self) -> Iterator[Connection[Any]]:
+        """A pooled connection for the server's own statements (access, where the run stands,
+        the audit); the documents come through the query layer, as the CLI's do."""
+        if self._root is not None:
+            with self._root._conn() as conn:
+                yield conn
+            return
+        if self._pool is None:
+            self._pool = ConnectionPool(self.settings.pg_address, min_size=1, max_size=8, open=True)
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _redis_client(self) -> Redis:
+        if self._root is not None:
+            return self._root._redis_client()
+        if self._redis is None:
+            self._redis = Redis.from_url(
+                self.settings.redis_address, socket_timeout=1, socket_connect_timeout=1
+            )
+        return self._redis
+
+    # -- access ------------------------------------------------------------------------------
+
+    def principal(self) -> Principal:
+        found = authenticate(self.settings, self.token)
+        if found is None:
+            raise Unauthorized(
+                "a valid API token is needed (AGENTLEDGER_TOKEN; make one with "
+                "`agentledger tokens create --fleet F`): this one is missing, unknown, revoked "
+                "or expired"
+            )
+        return found
+
+    def run_of(self, run_id: str) -> str:
+        """``run_id`` if the token may read it (NotFoundError: unknown or another fleet's)."""
+        return self._run_of(self.principal(), run_id)
+
+    def _run_of(self, who: Principal, run_id: str) -> str:
+        if not run_id:
+            raise NotFoundError("no run (a run id is needed)")
+        with self._conn() as conn:
+            fleet = ops.live_fleet_of(conn, run_id)
+        if fleet not in who.fleets:
+            raise NotFoundError(f"no run {run_id}")
+        return run_id
+
+    # -- read-your-writes --------------------------------------------------------------------
+
+    def wait(
+        self, projection: str, run_id: str, min_seq: int | None, timeout_s: float | None
+    ) -> Waited:
+        """Wait until ``projection``'s live build has applied ``min_seq`` of the run (polling
+        its Redis view when it has one, else its PostgreSQL row), at most ``timeout_s``."""
+        start = time.monotonic()
+        if min_seq is None:
+            return Waited(None, True, 0.0, None)
+        if min_seq < 0:
+            raise BadArgumentError("min_seq: a sequence number, 0 or more")
+        timeout = DEFAULT_WAIT_S if timeout_s is None else timeout_s
+        if not 0 <= timeout <= MAX_WAIT_S:
+            raise BadArgumentError(f"timeout_s: from 0 to {MAX_WAIT_S:g} seconds")
+        deadline = start + timeout
+        seq = None
+        polls = 0
+        while True:
+            seq = self.applied_hot(projection, run_id)
+            # PostgreSQL confirms what Redis says; it is also asked every 10th poll, for a Redis
+            # view left behind (e.g. written by no worker since a refill)
+            if seq is None or seq >= min_seq or polls % 10 == 9:
+                seq = self.applied_pg(projection, run_id)
+            polls += 1
+            if seq is not None and seq >= min_seq:
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        reached = seq is not None and seq >= min_seq
+        return Waited(min_seq, reached, round((time.monotonic() - start) * 1000, 1), seq)
+
+    def applied_pg(self, projection: str, run_id: str) -> int | None:
+        with self._conn() as conn:
+            return store.run_applied(conn, [projection], run_id).get(projection)
+
+    def applied_hot(self, projection: str, run_id: str) -> int | None:
+        """The run's applied sequence number in the projection's Redis view (None: not a hot
+        projection, no view, or Redis unreachable)."""
+        if projection not in HOT:
+            return None
+        try:
+            client = self._redis_client()
+            prefix = self.settings.redis_prefix
+            build = client.get(live_key(prefix, projection))
+            if build is None:
+                return None
+            name = build.decode() if isinstance(build, bytes) else str(build)
+            seq = client.hget(view_key(prefix, projection, name, run_id), "seq")
+        except RedisError:
+            return None
+        return None if seq is None else int(seq)
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # -- the reads ---------------------------------------------------------------------------
+
+    def working_memory(
+        self,
+        run_id: str,
+        min_seq: int | None = None,
+        at_seq: int | None = None,
+        timeout_s: float | None = None,
+        via: str = "get_working_memory",
+    ) -> Answer:
+        """The run's working memory now (``agentledger memory RUN --json``), or as it stood
+        after ``at_seq`` (``--at``)."""
+
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            if at_seq is None and memory is None:
+                raise NotFoundError(f"no working-memory for run {run_id} in the live build")
+            found = memory if at_seq is None else queries.memory(self.settings, run_id, at_seq)
+            doc = queries.jsonable(found)
+            withheld = _drop_hidden_index(doc, hidden)
+            meta: dict[str, Any] = {"withheld": {"index_entries": withheld}}
+            if len(json.dumps(doc)) > MAX_CHARS and "index" in doc.get("state", {}):
+                doc["state"].pop("index")
+                meta["truncated"] = ["state.index"]
+            return doc, meta
+
+        return self._read(via, run_id, "working-memory", min_seq, timeout_s, build)
+
+    def next_turn(
+        self,
+        run_id: str,
+        min_seq: int | None = None,
+        call: str | None = None,
+        timeout_s: float | None = None,
+        via: str = "get_next_turn",
+    ) -> Answer:
+        """The run's next-turn context manifest (``agentledger context RUN --json``) or what
+        model call ``call`` saw (``--call``), and its text as the model gets it, trust
+        wrappers included (``--render``)."""
+        rendered: list[str] = []
+
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            if call is not None and call in hidden:  # (a call not MODEL_VISIBLE: not served)
+                raise NotFoundError(f"no manifest of call {call} in run {run_id}")
+            found = queries.manifest(self.settings, run_id, call)
+            if found is None:
+                raise NotFoundError(f"run {run_id} has no next-turn manifest yet")
+            doc = queries.jsonable(found)
+            kept = [i for i in doc["items"] if i["visibility"] == MODEL_VISIBLE]
+            withheld = len(doc["items"]) - len(kept)
+            if withheld:
+                doc["items"] = kept
+            rendered.append(queries.render_manifest(doc))
+            meta: dict[str, Any] = {
+                "withheld": {"items": withheld},
+                "items": [_item_meta(n, i) for n, i in enumerate(doc["items"])],
+            }
+            truncated = _fit_items(doc)
+            if truncated:
+                meta["truncated"] = truncated
+            return doc, meta
+
+        answer = self._read(via, run_id, "context-manifests", min_seq, timeout_s, build)
+        answer.text = rendered[0] if rendered else None
+        return answer
+
+    def timeline(
+        self,
+        run_id: str,
+        min_seq: int | None = None,
+        offset: int = 0,
+        limit: int = TIMELINE_PAGE,
+        timeout_s: float | None = None,
+        via: str = "get_timeline",
+    ) -> Answer:
+        """The run's header and timeline rows (``agentledger timeline RUN --json``), rows
+        ``offset`` to ``offset + limit`` of those served."""
+        if offset < 0 or not 1 <= limit <= 1000:
+            raise BadArgumentError("offset: 0 or more; limit: 1 to 1000")
+
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            doc = queries.jsonable(queries.timeline(self.settings, run_id))
+            rows = [r for r in doc["rows"] if not _hidden_refs(r, hidden)]
+            withheld = len(doc["rows"]) - len(rows)
+            evidence = _drop_hidden_evidence(doc.get("failure"), hidden)
+            page = rows[offset : offset + limit]
+            while page and len(json.dumps({**doc, "rows": page})) > MAX_CHARS:
+                page = page[: len(page) // 2]
+            doc["rows"] = page
+            known = self._known_items(run_id)
+            end = offset + len(page)
+            meta: dict[str, Any] = {
+                "withheld": {"rows": withheld, "evidence": evidence},
+                "rows_total": len(rows),
+                "offset": offset,
+                "next_offset": end if end < len(rows) else None,
+                "items": [
+                    {"seq": r["seq"], "kind": r["kind"], **known[r["refs"]["entry"]]}
+                    for r in page
+                    if r.get("refs", {}).get("entry") in known
+                ],
+            }
+            return doc, meta
+
+        return self._read(via, run_id, "diff-timelines", min_seq, timeout_s, build)
+
+    def costs(
+        self,
+        run_id: str,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
+        via: str = "get_costs",
+    ) -> Answer:
+        """The run's cost header: calls, tokens, cost (unknown as null, never 0), budget
+        (``timeline --json``'s ``cost``; ``GET /api/v1/runs/RUN/costs``)."""
+
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            doc = queries.jsonable(queries.timeline(self.settings, run_id))["cost"]
+            return doc, {}
+
+        return self._read(via, run_id, "cost-metrics", min_seq, timeout_s, build)
+
+    def failure(
+        self,
+        run_id: str,
+        min_seq: int | None = None,
+        stalled_after_minutes: float = 30.0,
+        timeout_s: float | None = None,
+        via: str = "explain_failure",
+    ) -> Answer:
+        """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN
+        --json``)."""
+
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            doc = queries.jsonable(queries.failure(self.settings, run_id, stalled_after_minutes))
+            withheld = _drop_hidden_evidence(doc, hidden)
+            return doc, {"withheld": {"evidence": withheld}}
+
+        return self._read(via, run_id, "failure-classifications", min_seq, timeout_s, build)
+
+    def diff(
+        self,
+        run_id: str,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
+        via: str = "get_diff",
+    ) -> Answer:
+        """The run's diff: changed files, totals, flags, snapshots (the diff-timelines
+        projection's state without its rows, which ``get_timeline`` serves)."""
+
+        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+            view = queries.jsonable(live_state(self.settings, "diff-timelines", run_id))
+            state = view["state"]
+            doc = {k: state.get(k) for k in DIFF_KEYS}
+            doc["applied_seq"] = view["applied_seq"]
+            snapshots = doc.get("snapshots") or []
+            kept = [s for s in snapshots if not _hidden_refs(s, hidden)]
+            doc["snapshots"] = kept
+            return doc, {"withheld": {"snapshots": len(snapshots) - len(kept)}}
+
+        return self._read(via, run_id, "diff-timelines", min_seq, timeout_s, build)
+
+    def find_runs(
+        self,
+        fleet: str | None = None,
+        status: str | None = None,
+        failure_class: str | None = None,
+        search: str | None = None,
+        sort: str | None = None,
+        limit: int = 50,
+        via: str = "find_runs",
+    ) -> Answer:
+        """Runs of the token's fleets, filtered and sorted as ``agentledger runs --json``
+        does."""
+        who = self.principal()
+        if not 1 <= limit <= MAX_RUNS:
+            raise BadArgumentError(f"limit: 1 to {MAX_RUNS}")
+        filters = queries.parse_run_filters(
+            fleet=fleet, status=status, failure_class=failure_class, search=search, sort=sort
+        )
+        if filters.fleet is not None and filters.fleet not in who.fleets:
+            self._count(who, via, "", None, refused=True)
+            raise NotFoundError(f"this token does not cover fleet {filters.fleet}")
+        found = queries.runs(self.settings, filters, limit, 0, who.fleets)
+        doc = {"runs": queries.jsonable(found)}
+        while len(json.dumps(doc)) > MAX_CHARS and len(doc["runs"]) > 1:
+            doc["runs"] = doc["runs"][: len(doc["runs"]) // 2]
+        meta = {
+            "server": server_version(),
+            "fleets": list(who.fleets),
+            "count": len(doc["runs"]),
+            "truncated": ["runs"] if len(doc["runs"]) < len(found) else [],
+        }
+        self._count(who, via, "", None)
+        return Answer(doc, meta)
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _read(
+        self,
+        via: str,
+        run_id: str,
+        projection: str,
+        min_seq: int | None,
+        timeout_s: float | None,
+        build: Callable[[set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+    ) -> Answer:
+        who = self.principal()
+        try:
+            self._run_of(who, run_id)
+        except NotFoundError:
+            self._count(who, via, run_id, None, refused=True)
+            raise
+        waited = self.wait(projection, run_id, min_seq, timeout_s)
+        memory = self._memory_view(run_id)
+        hidden = _hidden_of(memory)
+        doc, extra = build(hidden, memory)
+        swept = _sweep(doc, hidden)  # whatever named a hidden entry and was not left out above
+        if swept:
+            extra.setdefault("withheld", {})["other"] = swept
+        with self._conn() as conn:
+            applied = store.run_applied(conn, PROJECTIONS, run_id)
+            builds = store.live_builds(conn, PROJECTIONS)
+        seq = applied.get(projection)
+        meta: dict[str, Any] = {
+            "run_id": run_id,
+            "projection": projection,
+            "applied_seq": seq,
+            "min_seq": waited.min_seq,
+            "reached": waited.reached,
+            "waited_ms": waited.waited_ms,
+            "applied_seqs": applied,
+            "build": builds.get(projection),
+            "builds": builds,
+            "server": server_version(),
+            **extra,
+        }
+        if not waited.reached:
+            meta["note"] = (
+                f"not yet: {projection} has applied seq {waited.applied_seq or 0} of run "
+                f"{run_id}, not {waited.min_seq}, after {waited.waited_ms:.0f} ms; this answer "
+                "is as of the older seq"
+            )
+        self._count(who, via, run_id, seq)
+        return Answer(doc, meta)
+
+    def _memory_view(self, run_id: str) -> dict[str, Any] | None:
+        """The run's working memory now (``queries.memory`` without ``at``), whose index says
+        which entries are not MODEL_VISIBLE; None: none yet."""
+        try:
+            return queries.memory(self.settings, run_id)
+        except NotFoundError:
+            return None
+
+    def _known_items(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """Trust, visibility and sha256 of the run's entries its next turn holds, by entry id."""
+        try:
+            found = queries.manifest(self.settings, run_id)
+        except NotFoundError:
+            return {}
+        items = (found or {}).get("items") or []
+        return {
+            i["source_entry_id"]: {
+                "entry_id": i["source_entry_id"],
+                "trust_level": str(i["trust_level"]),
+                "visibility": str(i["visibility"]),
+                "sha256": i["sha256"],
+                "flags": list(i.get("flags") or []),
+            }
+            for i in queries.jsonable(items)
+            if i.get("source_entry_id")
+        }
+
+    def _count(
+        self, who: Principal, via: str, run_id: str, seq: int | None, refused: bool = False
+    ) -> None:
+        with self._conn() as conn:
+            store.record_read(conn, who.token_id, via, run_id, seq, refused)
+
+
+def audit(
+    settings: Settings, token_id: str | None = None, run_id: str | None = None
+) -> list[dict[str, Any]]:
+    """The MCP read counts (``agentledger mcp-audit``)."""
+    with ops.connect(settings.pg_address) as conn:
+        return store.read_counts(conn, token_id, run_id)
+
+
+def _hidden_of(memory: dict[str, Any] | None) -> set[str]:
+    """The entries a working memory's index marks hidden (not MODEL_VISIBLE)."""
+    index = ((memory or {}).get("state") or {}).get("index") or {}
+    return {k for k, v in (index.get("entries") or {}).items() if v == HIDDEN}
+
+
+def _item_meta(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "index": index,
+        "section": item.get("section"),
+        "item_kind": item.get("item_kind"),
+        "source_entry_id": item.get("source_entry_id"),
+        "sequence_no": item.get("sequence_no"),
+        "trust_level": item.get("trust_level"),
+        "visibility": item.get("visibility"),
+        "sha256": item.get("sha256"),
+        "flags": list(item.get("flags") or []),
+        "tokens": item.get("tokens"),
+    }
+
+
+def _fit_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Leave out the texts of the biggest items until the manifest fits :data:`MAX_CHARS`;
+    what was left out (each item by index, sha256 and source entry)."""
+    truncated: list[dict[str, Any]] = []
+    size = len(json.dumps(doc))
+    by_size = sorted(
+        range(len(doc["items"])), key=lambda n: -len(doc["items"][n].get("text") or "")
+    )
+    for n in by_size:
+        if size <= MAX_CHARS:
+            break
+        item = doc["items"][n]
+        text = item.get("text")
+        if not text:
+            break
+        size -= len(json.dumps(text)) - len("null")
+        item["text"] = None
+        truncated.append(
+            {
+                "index": n,
+                "sha256": item.get("sha256"),
+                "source_entry_id": item.get("source_entry_id"),
+                "chars": len(text),
+            }
+        )
+    return truncated
+
+
+def _refs(doc: Any) -> Iterable[str]:
+    """The entry ids a row, snapshot or piece of evidence names."""
+    if not isinstance(doc, dict):
+        return
+    for key in ("entry_id", "entry"):
+        value = doc.get(key)
+        if isinstance(value, str):
+            yield value
+    refs = doc.get("refs")
+    if isinstance(refs, dict):
+        yield from (v for v in refs.values() if isinstance(v, str))
+
+
+def _hidden_refs(doc: Any, hidden: set[str]) -> bool:
+    return any(ref in hidden for ref in _refs(doc))
+
+
+def _drop_hidden_evidence(doc: Any, hidden: set[str]) -> int:
+    """Leave out the failure evidence that comes from hidden entries; how many."""
+    if not isinstance(doc, dict):
+        return 0
+    inner = doc.get("classification")
+    holder: dict[str, Any] = inner if isinstance(inner, dict) else doc
+    evidence = holder.get("evidence")
+    if not isinstance(evidence, list):
+        return 0
+    kept = [e for e in evidence if not _hidden_refs(e, hidden)]
+    holder["evidence"] = kept
+    return len(evidence) - len(kept)
+
+
+def _drop_hidden_index(doc: dict[str, Any], hidden: set[str]) -> int:
+    """Leave the hidden entries out of the memory's index; how many."""
+    index = doc.get("state", {}).get("index")
+    if not isinstance(index, dict) or not isinstance(index.get("entries"), dict):
+        return 0
+    entries = index["entries"]
+    kept = {k: v for k, v in entries.items() if v != HIDDEN and k not in hidden}
+    index["entries"] = kept
+    return len(entries) - len(kept)
+
+
+def _sweep(doc: Any, hidden: set[str]) -> int:
+    """The policy's last line: in ``doc`` (changed in place), leave out each object in a list
+    that names a hidden entry (``entry_id``, ``entry``, ``refs``), and replace any other string
+    that is or holds a hidden entry's id with :data:`WITHHELD`; how many."""
+    if not hidden:
+        return 0
+    count = 0
+
+    def named(text: str) -> bool:
+        return text in hidden or any(found in hidden for found in _UUID.findall(text))
+
+    def walk(node: Any) -> Any:
+        nonlocal count
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, str) and named(value):
+                    node[key] = WITHHELD
+                    count += 1
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            kept = []
+            for value in node:
+                if isinstance(value, dict) and _hidden_refs(value, hidden):
+                    count += 1
+                    continue
+                if isinstance(value, str) and named(value):
+                    count += 1
+                    value = WITHHELD
+                kept.append(walk(value))
+            node[:] = kept
+        return node
+
+    walk(doc)
+    return count

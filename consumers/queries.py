@@ -1,0 +1,270 @@
+"""The read side's one query layer: the documents ``agentledger runs|timeline|memory|context|
+failures --json`` print are the documents the HTTP API answers (``agentledger serve``), built by
+the functions here, so the two cannot disagree. Each returns plain data; :func:`jsonable` is the
+one way both turn it into JSON (Decimals and times as strings, as the CLI has always printed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from consumers.analytics import (
+    DIMENSIONS,
+    cost_report,
+    failure_report,
+    parse_since,
+    run_failure,
+    run_timeline,
+)
+from consumers.views import find_runs, history_at, history_row, live_state, run_outcome
+from infra.settings import Settings
+from projectors.context_manifests import ContextManifest, resolve_manifest
+from projectors.context_render import render
+from projectors.stores import postgres_ops as ops
+from schemas.errors import BadArgumentError, NotFoundError
+from schemas.models import RunStatus
+
+
+def jsonable(doc: Any) -> Any:
+    """``doc`` as the CLI prints it with ``--json``: Decimals, times and other non-JSON values
+    as their ``str``."""
+    return json.loads(json.dumps(doc, default=str))
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """The filters of ``agentledger runs`` (and of ``GET /api/v1/runs`` and ``/runs``)."""
+
+    fleet: str | None = None
+    status: str | None = None  # RUNNING or a final status
+    failure_class: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    cost_above: Decimal | None = None
+    text: str | None = None
+    sort: str = "last"
+    model: str | None = None  # a run with a counted call of this model (provider/model or model)
+
+
+def runs(
+    settings: Settings,
+    filters: RunFilters,
+    limit: int = 50,
+    offset: int = 0,
+    fleets: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Runs of the live builds, filtered and sorted, each with its outcome in words; ``status``
+    RUNNING for a run not finished. ``fleets``: only the runs of these fleets."""
+    found = find_runs(
+        settings,
+        fleet=filters.fleet,
+        status=filters.status,
+        failure_class=filters.failure_class,
+        since=filters.since,
+        until=filters.until,
+        cost_above=filters.cost_above,
+        text=filters.text,
+        sort=filters.sort,
+        limit=limit,
+        offset=offset,
+        fleets=fleets,
+        model=filters.model,
+    )
+    for run in found:
+        run["status"] = run["status"] or "RUNNING"
+    return found
+
+
+def cost_text(run: dict[str, Any]) -> str:
+    """A run's cost in words: ``unknown`` (or ``unpriced``) when no call has a cost of ours,
+    never $0; ``>= $x`` when only some calls do."""
+    if run["cost_usd"] is None:
+        return "unpriced" if run["unpriced_calls"] else "unknown"
+    bound = ">= " if run["cost_partly_unknown"] else ""
+    text = f"{bound}${Decimal(run['cost_usd']):.4f}"
+    if run["unpriced_calls"]:
+        text += f" + {run['unpriced_calls']} unpriced"
+    if run["usage_unknown_calls"]:
+        text += f" + {run['usage_unknown_calls']} of unknown usage"
+    return text
+
+
+def run_fleet(settings: Settings, run_id: str) -> str | None:
+    """The fleet of a run of the live builds (None: no such run)."""
+    with ops.connect(settings.pg_address) as conn:
+        return ops.live_fleet_of(conn, run_id)
+
+
+TIMELINE_SOURCES = ("run-stats", "diff-timelines", "cost-metrics", "failure-classifications")
+
+
+def applied(settings: Settings, run_id: str) -> int:
+    """Where the run stands in the projections its timeline is built from (the sum of their
+    applied sequence numbers): it grows when a new entry of the run lands in any of them."""
+    with ops.connect(settings.pg_address) as conn:
+        return sum(seq for _, seq in ops.live_applied(conn, TIMELINE_SOURCES, [run_id]))
+
+
+def timeline(settings: Settings, run_id: str) -> dict[str, Any]:
+    """The run's header and timeline rows (``agentledger timeline --json``)."""
+    return run_timeline(settings, run_id)
+
+
+def memory(settings: Settings, run_id: str, at: int | None = None) -> dict[str, Any]:
+    """The run's working memory now, or as it stood after sequence number ``at``."""
+    if at is None:
+        return live_state(settings, "working-memory", run_id)
+    return history_at(settings, "working-memory", run_id, "snapshot", at)
+
+
+def manifest(settings: Settings, run_id: str, call: str | None = None) -> dict[str, Any] | None:
+    """The run's next-turn context manifest (None: none yet), or what the model call whose
+    entry id is ``call`` saw (NotFoundError: no manifest recorded for it)."""
+    if call is None:
+        doc: dict[str, Any] | None = live_state(settings, "context-manifests", run_id)["state"][
+            "next_turn"
+        ]
+        return doc
+    row = history_row(settings, "context-manifests", run_id, "manifest", call)["state"]
+
+    def fetch(key: str) -> dict[str, Any] | None:
+        try:
+            found = history_row(settings, "context-manifests", run_id, "manifest", key)
+        except NotFoundError:
+            return None
+        state: dict[str, Any] = found["state"]
+        return state
+
+    return resolve_manifest(row, fetch)
+
+
+def render_manifest(doc: dict[str, Any]) -> str:
+    """A manifest as the model gets it: sectioned, with the trust wrappers (``agentledger
+    context --render``)."""
+    return render(ContextManifest.model_validate(doc))
+
+
+def compare(settings: Settings, run_ids: Sequence[str]) -> dict[str, Any]:
+    """Runs side by side: each one's header (as ``timeline --json`` has it, with its outcome
+    in words and ``row_count``), the files its working memory says it changed, and its
+    timeline rows."""
+    runs = []
+    for run_id in run_ids:
+        doc = timeline(settings, run_id)
+        status = None if doc["status"] == "RUNNING" else doc["status"]
+        failure_class = (doc["failure"] or {}).get("failure_class")
+        try:
+            files = memory(settings, run_id)["state"].get("changed_files") or []
+        except NotFoundError:
+            files = []
+        runs.append(
+            {
+                **doc,
+                "outcome": run_outcome(status, failure_class),
+                "changed_files": list(files),
+                "row_count": len(doc["rows"]),
+            }
+        )
+    return {"runs": runs}
+
+
+def costs(
+    settings: Settings, by: str = "model", fleet: str | None = None, since: datetime | None = None
+) -> dict[str, Any]:
+    """Model-call roll-ups by ``by`` with a total row (``agentledger costs --json``)."""
+    dimension = next((d for d in DIMENSIONS if d == by), None)
+    if dimension is None:
+        raise BadArgumentError(f"by: one of {', '.join(DIMENSIONS)}")
+    return cost_report(settings, dimension, fleet, since).as_json()
+
+
+def failures(
+    settings: Settings,
+    fleet: str | None = None,
+    since: datetime | None = None,
+    stalled_after_minutes: float = 30.0,
+) -> dict[str, Any]:
+    """Runs by failure class and fleet: final, provisional, stalled (``agentledger failures
+    --json``)."""
+    return failure_report(settings, fleet, since, stalled_after_minutes).as_json()
+
+
+def failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> dict[str, Any]:
+    """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN``)."""
+    return run_failure(settings, run_id, stalled_after_minutes).as_json()
+
+
+def entry(settings: Settings, run_id: str, seq: int) -> dict[str, Any]:
+    """One timeline row's drill-down: the rows of sequence number ``seq`` (the entry with its
+    detail, references and cost so far) and, for a model call, the manifest of what it saw."""
+    rows = [row for row in timeline(settings, run_id)["rows"] if row["seq"] == seq]
+    if not rows:
+        raise NotFoundError(f"run {run_id} has no timeline row at seq {seq}")
+    manifests: dict[str, Any] = {}
+    for row in rows:
+        if row["kind"] != "model-call":
+            continue
+        for ref in ("entry", "context_entry"):
+            key = row["refs"].get(ref)
+            if key is None or key in manifests:
+                continue
+            try:
+                manifests[key] = manifest(settings, run_id, key)
+            except (NotFoundError, LookupError):
+                continue
+    return {"run_id": run_id, "seq": seq, "rows": rows, "manifests": manifests}
+
+
+RUN_STATUSES = ("RUNNING", *(status.value for status in RunStatus))
+
+
+def parse_run_filters(
+    *,
+    fleet: str | None = None,
+    status: str | None = None,
+    failure_class: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    cost_above: str | None = None,
+    search: str | None = None,
+    sort: str | None = None,
+    model: str | None = None,
+) -> RunFilters:
+    """:class:`RunFilters` from text (a query string's values; empty means not given), checked
+    as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
+    if status and status.upper() not in RUN_STATUSES:
+        raise BadArgumentError(f"status: one of {', '.join(RUN_STATUSES)}")
+    if sort and sort not in ops.RUN_SORTS:
+        raise BadArgumentError(f"sort: one of {', '.join(ops.RUN_SORTS)}")
+    cost = None
+    if cost_above:
+        try:
+            cost = Decimal(cost_above)
+        except InvalidOperation:
+            raise BadArgumentError("cost_above: a number of USD") from None
+    return RunFilters(
+        fleet=fleet or None,
+        status=status.upper() if status else None,
+        failure_class=failure_class or None,
+        since=moment("since", since),
+        until=moment("until", until),
+        cost_above=cost,
+        text=search or None,
+        sort=sort or "last",
+        model=model or None,
+    )
+
+
+def moment(name: str, text: str | None) -> datetime | None:
+    """An ISO date or date-time given as ``name`` (None: not given); BadArgumentError names
+    it when it is not one."""
+    if not text:
+        return None
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise BadArgumentError(f"{name}: {exc}") from None

@@ -1,0 +1,60 @@
+"""Charts as inline SVG geometry, computed here so the templates only place it (no script, no
+chart library): a run's cost so far along its timeline, a fleet's cost per day."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+WIDTH = 600
+HEIGHT = 120
+
+
+@dataclass(frozen=True)
+class Line:
+    points: str  # the polyline's "x,y x,y ..."
+    top_usd: Decimal  # the value at the chart's top edge
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    label: str
+    value: str
+
+
+def cost_line(rows: Sequence[dict[str, Any]]) -> Line | None:
+    """The run's cost so far at each timeline row (rows before any known cost are left out);
+    None when no row has a known cost."""
+    known = [
+        (n, Decimal(str(r["cost_so_far_usd"])))
+        for n, r in enumerate(rows)
+        if r.get("cost_so_far_usd") is not None
+    ]
+    if not known:
+        return None
+    top = max(v for _, v in known) or Decimal(1)
+    span = max(len(rows) - 1, 1)
+    points = " ".join(
+        f"{WIDTH * n / span:.1f},{HEIGHT - float(v / top) * HEIGHT:.1f}" for n, v in known
+    )
+    return Line(points, top)
+
+
+def bars(items: Sequence[tuple[str, Any]]) -> list[Bar]:
+    """A bar per (label, USD or None) in order; an unknown value is a bar of height 0 whose
+    value reads ``unknown``."""
+    values = [Decimal(str(v)) if v is not None else None for _, v in items]
+    top = max((v for v in values if v is not None), default=Decimal(0)) or Decimal(1)
+    step = WIDTH / max(len(items), 1)
+    out = []
+    for n, ((label, _), value) in enumerate(zip(items, values, strict=True)):
+        height = float(value / top) * HEIGHT if value is not None else 0.0
+        shown = "unknown" if value is None else f"${value:.4f}"
+        out.append(Bar(n * step + 1, HEIGHT - height, max(step - 2, 1), height, label, shown))
+    return out

@@ -1,0 +1,61 @@
+// A running run's page follows it: each new timeline row the server sends (server-sent events
+// from /api/v1/runs/RUN/events) is appended to the list, built from text nodes only: nothing an
+// agent or a tool wrote is ever parsed as HTML. When the run ends, its status is shown.
+"use strict";
+(function () {
+  const list = document.querySelector("ol.timeline[data-events]");
+  if (!list || !window.EventSource) {
+    return;
+  }
+  const source = new EventSource(list.dataset.events);
+
+  function text(tag, className, value) {
+    const node = document.createElement(tag);
+    node.className = className;
+    node.textContent = value;
+    return node;
+  }
+
+  function usd(value) {
+    return value === null || value === undefined ? "unknown" : "$" + Number(value).toFixed(4);
+  }
+
+  source.addEventListener("row", function (event) {
+    const row = JSON.parse(event.data);
+    const item = document.createElement("li");
+    item.className = "live";
+    const details = document.createElement("details");
+    const summary = document.createElement("summary");
+    summary.append(
+      text("span", "seq", "#" + row.seq), " ",
+      text("span", "at", row.occurred_at), " ",
+      text("span", "kind", row.kind), " ",
+      text("span", "rstatus", row.status || ""), " ",
+      text("span", "summary", row.summary), " ",
+      text("span", "sofar", "cost so far " + usd(row.cost_so_far_usd))
+    );
+    const drill = document.createElement("div");
+    drill.className = "drill";
+    const link = document.createElement("a");
+    link.href = list.dataset.run + "/entries/" + encodeURIComponent(row.seq);
+    link.textContent = "Open entry #" + row.seq;
+    const para = document.createElement("p");
+    para.append(link);
+    drill.append(para, text("pre", "text", row.text), text("pre", "json", JSON.stringify(row, null, 2)));
+    details.append(summary, drill);
+    item.append(details);
+    list.append(item);
+    const count = document.querySelector("[data-row-count]");
+    if (count) {
+      count.textContent = String(Number(count.textContent) + 1);
+    }
+  });
+
+  source.addEventListener("end", function (event) {
+    source.close();
+    const status = document.querySelector("dd.status");
+    if (status) {
+      status.textContent = JSON.parse(event.data).status;
+    }
+  });
+})();

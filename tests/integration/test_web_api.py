@@ -1,0 +1,396 @@
+"""``agentledger serve`` on the real stack: published runs (publisher, Kafka, engine,
+PostgreSQL) read back through the HTTP API and the pages with httpx, against the CLI's
+``--json`` for the same runs; tokens, their fleets, and hostile text."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from markupsafe import escape
+from typer.testing import CliRunner
+
+from consumers.access import create_token
+from consumers.queries import cost_text
+from infra.main import app
+from infra.settings import Settings
+from schemas.models import ModelUsagePart
+from tests.integration.web_support import (
+    FLEETS,
+    HOSTILE_TASK,
+    HOSTILE_TOOL,
+    MARKER,
+    Web,
+    free_port,
+    web_deployment,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def web(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    with web_deployment(services, tmp_path_factory.mktemp("web")) as found:
+        yield found
+
+
+def _cli(web: Web, *args: str) -> Any:
+    env = {
+        "AGENTLEDGER_PG_DSN": web.settings.pg_address,
+        "AGENTLEDGER_TOPIC_PREFIX": web.settings.topic_prefix,
+        "COLUMNS": "200",
+    }
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _api(web: Web, path: str, token: str | None = None, **params: Any) -> Any:
+    response = _get(web, path, token or web.token_a, **params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _get(web: Web, path: str, token: str | None, **params: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(web.base + path, headers=headers, params=params, timeout=30)
+
+
+def _all_rows(web: Web, run_id: str, limit: int) -> list[Any]:
+    rows: list[Any] = []
+    cursor = None
+    while True:
+        page = _api(web, f"/api/v1/runs/{run_id}/timeline", limit=limit, cursor=cursor or "")
+        assert len(page["rows"]) <= limit
+        rows += page["rows"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return rows
+
+
+def test_the_cli_and_the_api_give_the_same_documents(web: Web) -> None:
+    for run_id in web.runs_of(FLEETS[0]):
+        timeline = _cli(web, "timeline", run_id, "--json")
+        header = _api(web, f"/api/v1/runs/{run_id}")
+        assert header.pop("row_count") == len(timeline["rows"])
+        assert {**header, "rows": _all_rows(web, run_id, 7)} == timeline
+        assert _api(web, f"/api/v1/runs/{run_id}/costs") == timeline["cost"]
+        assert _api(web, f"/api/v1/runs/{run_id}/memory") == _cli(web, "memory", run_id, "--json")
+        assert _api(web, f"/api/v1/runs/{run_id}/memory", at=9) == _cli(
+            web, "memory", run_id, "--at", "9", "--json"
+        )
+        assert _api(web, f"/api/v1/runs/{run_id}/context") == _cli(web, "context", run_id, "--json")
+        assert _api(web, f"/api/v1/runs/{run_id}/failure") == _cli(
+            web, "failures", run_id, "--json"
+        )
+        call = next(r for r in timeline["rows"] if r["kind"] == "model-call")["refs"]["entry"]
+        assert _api(web, f"/api/v1/runs/{run_id}/context", call=call) == _cli(
+            web, "context", run_id, "--call", call, "--json"
+        )
+        entry = _api(web, f"/api/v1/runs/{run_id}/entries/{timeline['rows'][0]['seq']}")
+        assert entry["rows"] == [r for r in timeline["rows"] if r["seq"] == entry["seq"]]
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "200"}
+    rendered = CliRunner().invoke(app, ["context", run_id, "--render"], env=env).stdout
+    assert _api(web, f"/api/v1/runs/{run_id}/context/rendered")["text"] + "\n" == rendered
+    model_row = next(r for r in timeline["rows"] if r["kind"] == "model-call")
+    entry = _api(web, f"/api/v1/runs/{run_id}/entries/{model_row['seq']}")
+    assert entry["manifests"][model_row["refs"]["entry"]]["items"]  # what that call saw
+
+
+FILTERS: list[dict[str, str]] = [
+    {},
+    {"status": "RUNNING"},
+    {"status": "failed"},
+    {"class": "none"},
+    {"search": MARKER.upper()},
+    {"cost_above": "0.001"},
+    {"since": "2026-11-01", "until": "2030-01-01"},
+    {"sort": "cost"},
+    {"sort": "entries"},
+    {"sort": "id", "fleet": FLEETS[0]},
+    {"model": "anthropic/claude-haiku-4-5"},
+    {"model": "o4-mini", "sort": "cost"},
+]
+
+
+@pytest.mark.parametrize("query", FILTERS, ids=lambda q: ",".join(q) or "none")
+def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None:
+    args = [f"--{'cost-above' if k == 'cost_above' else k}={v}" for k, v in query.items()]
+    cli = [r for r in _cli(web, "runs", "--json", *args) if r["fleet_id"] == FLEETS[0]]
+    assert _api(web, "/api/v1/runs", **query)["runs"] == cli
+    if query.get("search"):
+        assert [r["run_id"] for r in cli] == [web.hostile_run]
+    if query.get("model"):  # the runs that called it, as the published entries say
+        used = {
+            e.run_id
+            for e in web.sent
+            for p in e.parts
+            if isinstance(p, ModelUsagePart)
+            and query["model"] in (p.model, f"{p.provider}/{p.model}")
+        }
+        assert {r["run_id"] for r in cli} == used & set(web.runs_of(FLEETS[0])) != set()
+
+
+def test_runs_pages_follow_the_cursor(web: Web) -> None:
+    whole = _api(web, "/api/v1/runs", sort="id")
+    assert whole["next_cursor"] is None and len(whole["runs"]) == len(web.runs_of(FLEETS[0]))
+    paged, cursor = [], ""
+    while True:
+        page = _api(web, "/api/v1/runs", sort="id", limit=2, cursor=cursor)
+        paged += page["runs"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert paged == whole["runs"]
+    assert _get(web, "/api/v1/runs", web.token_a, cursor="not-a-cursor").status_code == 400
+    assert _get(web, "/api/v1/runs", web.token_a, sort="cheapest").status_code == 400
+
+
+def test_a_token_sees_only_its_fleets(web: Web) -> None:
+    other = web.runs_of(FLEETS[1])[0]
+    for path in (
+        f"/api/v1/runs/{other}",
+        f"/api/v1/runs/{other}/timeline",
+        f"/api/v1/runs/{other}/memory",
+        f"/api/v1/runs/{other}/entries/1",
+        f"/runs/{other}",
+        f"/runs/{other}/entries/1",
+        "/api/v1/runs/no-such-run",
+    ):
+        assert _get(web, path, web.token_a).status_code == 404, path
+    assert _get(web, f"/api/v1/runs/{other}", web.token_b).status_code == 200
+    assert _get(web, "/api/v1/runs", web.token_a, fleet=FLEETS[1]).status_code == 403
+    assert _get(web, "/api/v1/dead-letters", web.token_a, fleet=FLEETS[1]).status_code == 403
+    b_runs = _api(web, "/api/v1/runs", web.token_b)["runs"]
+    assert {r["run_id"] for r in b_runs} == set(web.runs_of(FLEETS[1]))
+    letters = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    assert [d["error_class"] for d in letters] == ["LedgerDecodeError"]
+    assert _api(web, "/api/v1/dead-letters", web.token_b)["dead_letters"] == []
+
+
+def test_nothing_answers_without_a_valid_token(web: Web) -> None:
+    assert _get(web, "/health", None).json() == {"status": "ok"}
+    for token in (None, "alt_nope", web.revoked, web.expired, web.token_a + "x"):
+        for path in ("/api/v1/runs", "/api/v1/openapi.json", "/runs", "/dead-letters", "/"):
+            assert _get(web, path, token).status_code == 401, (path, token)
+    spec = _api(web, "/api/v1/openapi.json")
+    assert "/api/v1/runs/{run_id}/timeline" in spec["paths"]
+    login = httpx.get(f"{web.base}/login", params={"token": web.token_a}, follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/runs"
+    page = httpx.get(f"{web.base}/runs", cookies=dict(login.cookies))
+    assert page.status_code == 200 and "HttpOnly" in login.headers["set-cookie"]
+    assert httpx.get(f"{web.base}/login", params={"token": web.revoked}).status_code == 401
+
+
+def test_tokens_are_kept_only_as_hashes(web: Web) -> None:
+    made = _cli(web, "tokens", "create", "--fleet", FLEETS[1], "--expires", "2h", "--json")
+    assert made["token"].startswith("alt_") and made["fleets"] == [FLEETS[1]]
+    listed = {t["token_id"]: t for t in _cli(web, "tokens", "list", "--json")}
+    assert made["token_id"] in listed and made["token"] not in json.dumps(listed)
+    with psycopg.connect(web.settings.pg_address) as conn:
+        dump = conn.execute("SELECT al_api_tokens::text FROM al_api_tokens").fetchall()
+    assert not any(made["token"] in row for (row,) in dump)
+    assert _get(web, "/api/v1/runs", made["token"]).status_code == 200
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address}
+    result = CliRunner().invoke(app, ["tokens", "revoke", made["token_id"]], env=env)
+    assert result.exit_code == 0
+    assert _get(web, "/api/v1/runs", made["token"]).status_code == 401
+
+
+def test_pages_show_hostile_text_as_text(web: Web) -> None:
+    cookies = {"al_session": web.token_a}
+    runs = httpx.get(f"{web.base}/runs", params={"search": MARKER}, cookies=cookies)
+    run = httpx.get(f"{web.base}/runs/{web.hostile_run}", cookies=cookies)
+    for page in (runs, run):
+        assert page.status_code == 200
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self';" in csp and "default-src 'none'" in csp and "unsafe" not in csp
+        assert _tags(page.text) == set()
+        assert "&lt;script&gt;window.__pwned=1" in page.text
+    listed = httpx.get(f"{web.base}/runs", cookies=cookies).text
+    for row in _api(web, "/api/v1/runs")["runs"]:  # each cost in words, as the CLI's table has it
+        assert f'<td class="cost">{html.escape(cost_text(row))}</td>' in listed
+    assert "IGNORE ALL PREVIOUS INSTRUCTIONS" in run.text and "&lt;svg onload=" in run.text
+    assert HOSTILE_TASK not in run.text and HOSTILE_TOOL not in run.text
+
+
+def _tags(html: str) -> set[str]:
+    """The raw markup of the hostile strings that occurs in ``html`` (escaped text is none)."""
+    raw = ("<script>window", "<img src=x", "<svg onload", 'href="javascript')
+    return {t for t in raw if t in html}
+
+
+def test_agentledger_serve_serves_the_app(web: Web) -> None:
+    """The console command itself: ``agentledger serve --port P`` answers, and stops on
+    SIGTERM."""
+    port = free_port()
+    env = {**os.environ, "AGENTLEDGER_PG_DSN": web.settings.pg_address}
+    serve = [sys.executable, "-c", "from infra.main import main; main()", "serve"]
+    server = subprocess.Popen([*serve, "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "serve did not start"
+            time.sleep(0.1)
+        answer = httpx.get(
+            f"{base}/api/v1/runs", headers={"Authorization": f"Bearer {web.token_a}"}
+        )
+        assert len(answer.json()["runs"]) == len(web.runs_of(FLEETS[0]))
+    finally:
+        server.terminate()
+        # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+        assert server.wait(20) in (0, -signal.SIGTERM)
+
+
+def test_the_memory_and_next_turn_pages_say_what_the_cli_says(web: Web) -> None:
+    cookies = {"al_session": web.token_a}
+    run_id = web.hostile_run
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "500"}
+    at_nine = httpx.get(f"{web.base}/runs/{run_id}/memory", params={"at": 9}, cookies=cookies)
+    assert at_nine.status_code == 200
+    memory = _cli(web, "memory", run_id, "--at", "9", "--json")
+    said = f"as it stood after seq 9: last changed by seq {memory['seq']}"
+    assert (said if memory["seq"] != 9 else "through seq 9") in at_nine.text
+    assert escape(memory["state"]["task_goal"]) in at_nine.text
+    assert 'name="at"' in at_nine.text and "?at=10" in at_nine.text  # the slider, its steps
+    turn = httpx.get(f"{web.base}/runs/{run_id}/context", cookies=cookies)
+    rendered = CliRunner().invoke(app, ["context", run_id, "--render"], env=env).stdout
+    assert escape(rendered.rstrip("\n")) in turn.text  # escaped as the pages escape
+
+
+def test_compare_puts_two_runs_side_by_side_as_the_cli_reads_them(web: Web) -> None:
+    a, b = web.runs_of(FLEETS[0])[:2]
+    doc = _api(web, "/api/v1/compare", a=a, b=b)
+    outcomes = {r["run_id"]: r["outcome"] for r in _cli(web, "runs", "--json", "--limit", "100")}
+    for run_id, shown in zip((a, b), doc["runs"], strict=True):
+        extra = {k: shown.pop(k) for k in ("outcome", "changed_files", "row_count")}
+        assert shown == _cli(web, "timeline", run_id, "--json")
+        assert extra["outcome"] == outcomes[run_id]
+        memory = _cli(web, "memory", run_id, "--json")
+        assert extra["changed_files"] == memory["state"]["changed_files"]
+    other = web.runs_of(FLEETS[1])[0]
+    assert _get(web, "/api/v1/compare", web.token_a, a=a, b=other).status_code == 404
+    page = httpx.get(
+        f"{web.base}/compare", params={"a": a, "b": b}, cookies={"al_session": web.token_a}
+    )
+    assert page.status_code == 200
+    assert all(escape(outcomes[r]) in page.text for r in (a, b))
+
+
+def test_the_event_stream_sends_each_row_once_then_the_end(web: Web) -> None:
+    run_id = web.hostile_run  # finished: the stream sends the rows past `after`, then `end`
+    rows = _cli(web, "timeline", run_id, "--json")["rows"]
+    bearer = {"Authorization": f"Bearer {web.token_a}"}
+    events: list[tuple[str, str, str]] = []
+    url = f"{web.base}/api/v1/runs/{run_id}/events"
+    with httpx.stream("GET", url, params={"after": 3}, headers=bearer, timeout=30) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in answer.iter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if "event" in fields:
+                events.append((fields["event"], fields.get("id", ""), fields["data"]))
+            fields = {}
+    assert [json.loads(d) for e, _, d in events if e == "row"] == rows[3:]
+    assert [i for e, i, _ in events if e == "row"] == [str(n) for n in range(3, len(rows))]
+    assert events[-1][0] == "end" and json.loads(events[-1][2])["status"] != "RUNNING"
+    resumed = {**bearer, "Last-Event-ID": str(len(rows) - 2)}
+    with httpx.stream("GET", url, headers=resumed, timeout=30) as answer:
+        sent = [line for line in answer.iter_lines() if line.startswith("event: ")]
+    assert sent == ["event: row", "event: end"]
+    other = web.runs_of(FLEETS[1])[0]
+    assert _get(web, f"/api/v1/runs/{other}/events", web.token_a).status_code == 404
+
+
+def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
+    for by in ("model", "day", "run", "purpose"):
+        cli = _cli(web, "costs", "--by", by, "--fleet", FLEETS[0], "--json")
+        assert _api(web, "/api/v1/costs", by=by) == cli
+        assert _api(web, "/api/v1/costs", by=by, fleet=FLEETS[0], since="2026-01-01") == _cli(
+            web, "costs", "--by", by, "--fleet", FLEETS[0], "--since", "2026-01-01", "--json"
+        )
+    failures = _cli(web, "failures", "--fleet", FLEETS[0], "--json")
+    assert _api(web, "/api/v1/failures") == failures
+    assert _get(web, "/api/v1/costs", web.token_a, fleet=FLEETS[1]).status_code == 403
+    assert _get(web, "/api/v1/costs", web.token_a, by="planet").status_code == 400
+    both = create_token(web.settings, list(FLEETS))["token"]
+    assert _get(web, "/api/v1/failures", both).status_code == 400  # which fleet?
+    assert _api(web, "/api/v1/failures", both, fleet=FLEETS[1])["total"]["runs"] == len(
+        web.runs_of(FLEETS[1])
+    )
+    page = httpx.get(f"{web.base}/fleets", cookies={"al_session": web.token_a})
+    assert page.status_code == 200
+    total = _api(web, "/api/v1/costs", by="day")["total"]["cost_usd"]
+    assert f"total ${float(total):.4f}" in page.text and page.text.count("<rect ") >= 1
+    assert f'<td class="num">{failures["total"]["runs"]}</td>' in page.text
+    # the held-back run's entries are from 2026-11-01: it has been silent for over 30 minutes
+    stalled = page.text.split('<table class="stalled">')[1].split("</table>")[0]
+    assert f"/runs/{web.live_run}" in stalled and stalled.count("<tr>") == 2  # head + one run
+
+
+def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:
+    [letter] = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    url = f"{web.base}/api/v1/dead-letters/dismiss"
+    body = {"source": letter["source"], "reason": "junk from a test"}
+
+    def post(token: str, doc: Any = body) -> httpx.Response:
+        return httpx.post(url, json=doc, headers={"Authorization": f"Bearer {token}"})
+
+    assert post(web.token_a).status_code == 403  # a read token
+    admin_b = create_token(web.settings, [FLEETS[1]], admin=True)["token"]
+    assert post(admin_b).status_code == 404  # an admin of another fleet: no such letter
+    admin_a = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    assert post(admin_a, {"source": letter["source"], "reason": " "}).status_code == 400
+    cookie = {"al_session": admin_a}
+    form = {"source": letter["source"], "reason": "by a form"}
+    forged = httpx.post(f"{web.base}/dead-letters/dismiss", data=form, cookies=cookie)
+    assert forged.status_code == 403  # a cookie without this site's Origin: not our form
+    page = httpx.get(f"{web.base}/dead-letters", cookies=cookie)
+    assert '<form method="post" action="/dead-letters/dismiss">' in page.text
+    assert (
+        "<form"
+        not in httpx.get(
+            f"{web.base}/dead-letters", cookies={"al_session": web.token_a}
+        ).text.split("<main>")[1]
+    )
+    assert post(admin_a).json() == {"source": letter["source"], "dismissed": True}
+    assert post(admin_a).json() == {"source": letter["source"], "dismissed": False}
+    ours = httpx.post(
+        f"{web.base}/dead-letters/dismiss", data=form, cookies=cookie, headers={"Origin": web.base}
+    )
+    assert ours.status_code == 303  # this site's form (already dismissed: the first reason stays)
+    [after] = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    assert after["dismissed"]["reason"] == "junk from a test"
+    assert _cli(web, "dlq", "list", "--fleet", FLEETS[0], "--json") == [after]
+
+
+def test_builds_are_for_admins_and_are_the_clis(web: Web) -> None:
+    admin = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    builds = _api(web, "/api/v1/builds", admin)
+    assert builds == _cli(web, "rebuild", "list", "--json")
+    assert {b["projection"] for b in builds if b["live"]} >= {"run-stats", "diff-timelines"}
+    assert _get(web, "/api/v1/builds", web.token_a).status_code == 403
+    page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
+    assert page.status_code == 200 and page.text.count('<td class="live">live</td>') == len(
+        [b for b in builds if b["live"]]
+    )
+    assert httpx.get(f"{web.base}/builds", cookies={"al_session": web.token_a}).status_code == 403

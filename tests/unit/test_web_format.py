@@ -1,0 +1,79 @@
+"""What the pages and the API show, without services: costs in words (unknown is never $0),
+cursors, filters parsed as ``agentledger runs`` parses its options, token expiry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from consumers.access import parse_expiry, token_hash
+from consumers.queries import cost_text, parse_run_filters
+from consumers.web.app import HttpError, _cursor, _offset, _usd
+from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line
+from schemas.errors import BadArgumentError
+
+
+def _run(cost: Any, unpriced: int = 0, unknown: int = 0, partly: bool = False) -> dict[str, Any]:
+    return {
+        "cost_usd": cost,
+        "unpriced_calls": unpriced,
+        "usage_unknown_calls": unknown,
+        "cost_partly_unknown": partly,
+    }
+
+
+def test_an_unknown_cost_is_never_shown_as_zero() -> None:
+    assert cost_text(_run(None)) == "unknown"
+    assert cost_text(_run(None, unpriced=2)) == "unpriced"
+    assert cost_text(_run(Decimal("0.5"), unpriced=1, partly=True)) == ">= $0.5000 + 1 unpriced"
+    assert cost_text(_run("0.25", unknown=3, partly=True)) == ">= $0.2500 + 3 of unknown usage"
+    assert cost_text(_run(Decimal(0))) == "$0.0000"  # a known zero is a cost
+    assert _usd(None) == "unknown" and _usd("1.5") == "$1.5000"
+
+
+def test_a_cursor_comes_back_as_its_offset_and_junk_is_a_400() -> None:
+    assert [_offset(_cursor(n)) for n in (0, 1, 50, 10_000)] == [0, 1, 50, 10_000]
+    assert _offset(None) == 0 and _offset("") == 0
+    for junk in ("not-a-cursor", _cursor(-1), "e30", "!!"):
+        with pytest.raises(HttpError) as caught:
+            _offset(junk)
+        assert caught.value.status == 400
+
+
+def test_filters_are_checked_as_the_cli_checks_them() -> None:
+    f = parse_run_filters(status="failed", since="2026-12-01", cost_above="0.5", sort="cost")
+    assert f.status == "FAILED" and f.cost_above == Decimal("0.5") and f.sort == "cost"
+    assert f.since == datetime(2026, 12, 1, tzinfo=UTC)
+    assert parse_run_filters(fleet="", search="").fleet is None  # an empty field: not given
+    for bad in ({"status": "bogus"}, {"sort": "cheapest"}, {"cost_above": "lots"}, {"since": "x"}):
+        with pytest.raises(BadArgumentError):
+            parse_run_filters(**bad)
+
+
+def test_expiry_and_hash() -> None:
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    assert parse_expiry("30", now) == parse_expiry("30d", now) == now + timedelta(days=30)
+    assert parse_expiry("12h", now) == now + timedelta(hours=12)
+    assert parse_expiry("45m", now) == now + timedelta(minutes=45)
+    for bad in ("0", "soon", "-1d", "3w"):
+        with pytest.raises(BadArgumentError):
+            parse_expiry(bad, now)
+    assert len(token_hash("alt_x")) == 32 and token_hash("alt_x") != token_hash("alt_y")
+
+
+def test_the_charts_geometry() -> None:
+    rows: list[dict[str, Any]] = [
+        {"cost_so_far_usd": None},
+        {"cost_so_far_usd": "0.5"},
+        {"cost_so_far_usd": "1.0"},
+    ]
+    line = cost_line(rows)
+    assert line is not None and line.top_usd == Decimal("1.0")
+    assert line.points == f"{WIDTH / 2:.1f},{HEIGHT / 2:.1f} {WIDTH:.1f},0.0"  # None: left out
+    assert cost_line([{"cost_so_far_usd": None}]) is None
+    day = bars([("2026-12-01", "2"), ("2026-12-02", None), ("2026-12-03", "1")])
+    assert [b.value for b in day] == ["$2.0000", "unknown", "$1.0000"]
+    assert [b.height for b in day] == [HEIGHT, 0.0, HEIGHT / 2]
