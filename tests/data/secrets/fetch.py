@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("noseyparker", "kingfisher", "secretlint")
+SOURCES = ("noseyparker", "kingfisher", "secretlint", "kingfisher-tuning")
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
 NOT_SECRET = frozenset(
@@ -94,6 +94,7 @@ NOT_SECRET = frozenset(
 SECRET_GROUP = {"np.mongodb.1": 2, "np.postgres.1": 2}
 
 _RUN = re.compile(r"[A-Za-z0-9+/=_.~-]{16,}")
+_NAME = re.compile(r"^[A-Za-z_-]+$")
 _SAME4 = re.compile(r"(.)\1{3,}")
 _REFERENCE = re.compile(r"^\$|\$\{|\$\(|^%[A-Za-z_]+%?|#\{|^<.*>$|\{\{")
 _WORDY = re.compile(r"^[A-Za-z_]+$")
@@ -119,6 +120,18 @@ def _group(rule_id: str, m: re.Match[str]) -> str:
         value = m.group(SECRET_GROUP[rule_id])
     else:
         matched = [i for i in range(1, (m.re.groups or 0) + 1) if m.group(i)]
+        # a named group inside another (``(?P<body>..)(?P<checksum>..)`` within group 1) is a
+        # part of the value, not the value
+        inner = {
+            names[n]
+            for n in names
+            for j in matched
+            if names[n] != j
+            and m.start(j) <= m.start(names[n])
+            and m.end(names[n]) <= m.end(j)
+            and names[n] in matched
+        }
+        matched = [i for i in matched if i not in inner] or matched
         value = m.group(matched[-1]) if matched else m.group(0)
     whole = m.group(0).strip()
     if len(value) < 6 and whole.startswith(value) and len(whole) > len(value):
@@ -172,7 +185,9 @@ def extract(rule_id: str, pattern: str | None, example: str) -> tuple[str | None
                 continue
         if m is not None:
             return _group(rule_id, m), "capture"
-    runs = sorted(_RUN.findall(example), key=len, reverse=True)
+    # a name (letters, ``_`` and ``-`` only: ``airtable_api_key``) is no token's random part
+    runs = [r for r in _RUN.findall(example) if not _NAME.match(r)]
+    runs = sorted(runs, key=len, reverse=True)
     return (runs[0], "heuristic") if runs else (None, "heuristic")
 
 
