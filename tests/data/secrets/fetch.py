@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("noseyparker", "kingfisher", "secretlint", "kingfisher-tuning")
+SOURCES = ("noseyparker", "kingfisher", "secretlint", "kingfisher-tuning", "veles")
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
 NOT_SECRET = frozenset(
@@ -348,6 +348,92 @@ def fetch_secretlint() -> None:
         assert [f for f in found if f in snap["source"]] == snap["found"], snap["path"]
 
 
+# veles (the fifth source, HELD OUT, fourth round): the positive cases of the detector tests of
+# google/osv-scalibr's secret scanner (``veles/secrets/*/detector_test.go``), copied by hand into
+# ``veles-tests.jsonl`` after the detector was frozen (commit bcd9e89): one line per wanted secret
+# of a positive case, with the Go test's input as the test evaluates it (its ``fmt.Sprintf`` and
+# ``+`` applied) and the string fields of the wanted secret (``want``).
+VELES_REPO = "google/osv-scalibr"
+# Fields of a wanted secret that are no credential: ids and the patterns of a non-credential
+# detector (agentsandboxexfil reports exfiltration patterns, not secrets).
+VELES_NOT_SECRET = frozenset({"AccessID", "AccessKeyID", "ClientID", "Pattern"})
+# The literal each format starts with (documented token formats; an access id's LTAI is an id).
+VELES_PREFIXES = ("sk-ant-api", "sk-ant-admin", "CCIPAT_", "CCIPRJ_", "CLOJARS_", "sk-co-")
+
+
+def build_veles() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str, str]] = set()
+    for line in (HERE / "veles-tests.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        rule = "veles." + case["path"].split("/")[-2]
+        for field, value in case["want"].items():
+            if field in VELES_NOT_SECRET:
+                dropped["not-a-secret"] += 1
+                continue
+            if field == "FullURL":  # basicauth: the password in the URL
+                m = _URL_PASSWORD.search(value)
+                value = m.group(2) if m else ""
+            if (rule, case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((rule, case["input"], value))
+            if not value:
+                dropped["no-value"] += 1
+            elif len(value) < 8:
+                dropped["short"] += 1
+            elif placeholder(value):
+                dropped["placeholder"] += 1
+            else:
+                prefix = next((p for p in VELES_PREFIXES if value.startswith(p)), "")
+                rows.append(
+                    {
+                        "source": "veles",
+                        "rule": rule,
+                        "name": case["test"],
+                        "example": case["input"],
+                        "secret": value,
+                        "how": "wanted",
+                        "prefix": prefix,
+                        "file": case["path"],
+                        "commit": case["commit"],
+                    }
+                )
+    return rows, dropped
+
+
+def write_veles() -> None:
+    rows, dropped = build_veles()
+    with (HERE / "veles.jsonl").open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
+    summary["prefixed"] = sum(1 for r in rows if r["prefix"])
+    summary["files"] = len({r["file"] for r in rows})
+    (HERE / "veles.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("veles", json.dumps(summary))
+
+
+def fetch_veles() -> None:
+    """Download each test file at its commit and check that the stored case is in it: its test
+    name, and each wanted value or the constant it was built from (a check of the copy, not a Go
+    evaluator)."""
+    texts: dict[tuple[str, str], str] = {}
+    for line in (HERE / "veles-tests.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        key = (case["path"], case["commit"])
+        if key not in texts:
+            url = f"https://raw.githubusercontent.com/{VELES_REPO}/{key[1]}/{key[0]}"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                texts[key] = response.read().decode("utf-8")
+        text = texts[key]
+        leaf = case["test"].split("/")[-1]
+        assert leaf in text, (case["path"], leaf)
+        for value in case["want"].values():
+            assert value in text or value[:-1] in text or value[1:] in text, (case["path"], value)
+
+
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -366,11 +452,18 @@ def fetch(source: str) -> None:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["fetch"]:
         for source in argv[1:] or SOURCES:
-            fetch_secretlint() if source == "secretlint" else fetch(source)
+            if source == "secretlint":
+                fetch_secretlint()
+            elif source == "veles":
+                fetch_veles()
+            else:
+                fetch(source)
     elif argv[:1] == ["build"]:
         for source in argv[1:] or SOURCES:
             if source == "secretlint":
                 write_secretlint()
+            elif source == "veles":
+                write_veles()
             elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
     else:
