@@ -90,8 +90,8 @@ NOT_SECRET = frozenset(
     }
 )
 # Rules whose last capture group is not the secret: the password is group 2 (user, password,
-# host, database).
-SECRET_GROUP = {"np.mongodb.1": 2, "np.postgres.1": 2}
+# host, database; Kingfisher's URL credentials: user, password, host, path).
+SECRET_GROUP = {"np.mongodb.1": 2, "np.postgres.1": 2, "kingfisher.credentials.1": 2}
 
 _RUN = re.compile(r"[A-Za-z0-9+/=_.~-]{16,}")
 _NAME = re.compile(r"^[A-Za-z_-]+$")
