@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("noseyparker", "kingfisher", "secretlint", "kingfisher-tuning", "veles")
+SOURCES = ("noseyparker", "kingfisher", "secretlint", "kingfisher-tuning", "veles", "veles2")
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
 NOT_SECRET = frozenset(
@@ -356,18 +356,25 @@ def fetch_secretlint() -> None:
 VELES_REPO = "google/osv-scalibr"
 # Fields of a wanted secret that are no credential: ids and the patterns of a non-credential
 # detector (agentsandboxexfil reports exfiltration patterns, not secrets).
-VELES_NOT_SECRET = frozenset({"AccessID", "AccessKeyID", "ClientID", "Pattern"})
+VELES_NOT_SECRET = frozenset({"AccessID", "AccessKeyID", "ClientID", "ID", "Username", "Pattern"})
 # The literal each format starts with (documented token formats; an access id's LTAI is an id).
-VELES_PREFIXES = ("sk-ant-api", "sk-ant-admin", "CCIPAT_", "CCIPRJ_", "CLOJARS_", "sk-co-")
+VELES_PREFIXES = (
+    "sk-ant-api", "sk-ant-admin", "CCIPAT_", "CCIPRJ_", "CLOJARS_", "sk-co-",
+    # the second slice (veles2)
+    "cio", "key_", "dop_v1_", "dckr_pat_", "essu_", "AIza", "ya29.", "GOCSPX-", "glpat-",
+    "ATCTT3xFfGN0",
+)  # fmt: skip
 
 
-def build_veles() -> tuple[list[dict[str, Any]], Counter[str]]:
+def build_veles(source: str = "veles") -> tuple[list[dict[str, Any]], Counter[str]]:
     rows: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
     seen: set[tuple[str, str, str]] = set()
-    for line in (HERE / "veles-tests.jsonl").read_text(encoding="utf-8").splitlines():
+    for line in (HERE / f"{source}-tests.jsonl").read_text(encoding="utf-8").splitlines():
         case = json.loads(line)
-        rule = "veles." + case["path"].split("/")[-2]
+        rule = "veles." + case["path"].removeprefix("veles/secrets/").rsplit("/", 1)[0].replace(
+            "/", "."
+        )
         for field, value in case["want"].items():
             if field in VELES_NOT_SECRET:
                 dropped["not-a-secret"] += 1
@@ -389,7 +396,7 @@ def build_veles() -> tuple[list[dict[str, Any]], Counter[str]]:
                 prefix = next((p for p in VELES_PREFIXES if value.startswith(p)), "")
                 rows.append(
                     {
-                        "source": "veles",
+                        "source": source,
                         "rule": rule,
                         "name": case["test"],
                         "example": case["input"],
@@ -403,24 +410,24 @@ def build_veles() -> tuple[list[dict[str, Any]], Counter[str]]:
     return rows, dropped
 
 
-def write_veles() -> None:
-    rows, dropped = build_veles()
-    with (HERE / "veles.jsonl").open("w", encoding="utf-8") as out:
+def write_veles(source: str = "veles") -> None:
+    rows, dropped = build_veles(source)
+    with (HERE / f"{source}.jsonl").open("w", encoding="utf-8") as out:
         for row in rows:
             out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
     summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
     summary["prefixed"] = sum(1 for r in rows if r["prefix"])
     summary["files"] = len({r["file"] for r in rows})
-    (HERE / "veles.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("veles", json.dumps(summary))
+    (HERE / f"{source}.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(source, json.dumps(summary))
 
 
-def fetch_veles() -> None:
+def fetch_veles(source: str = "veles") -> None:
     """Download each test file at its commit and check that the stored case is in it: its test
     name, and each wanted value or the constant it was built from (a check of the copy, not a Go
     evaluator)."""
     texts: dict[tuple[str, str], str] = {}
-    for line in (HERE / "veles-tests.jsonl").read_text(encoding="utf-8").splitlines():
+    for line in (HERE / f"{source}-tests.jsonl").read_text(encoding="utf-8").splitlines():
         case = json.loads(line)
         key = (case["path"], case["commit"])
         if key not in texts:
@@ -454,16 +461,16 @@ def main(argv: list[str]) -> None:
         for source in argv[1:] or SOURCES:
             if source == "secretlint":
                 fetch_secretlint()
-            elif source == "veles":
-                fetch_veles()
+            elif source in ("veles", "veles2"):
+                fetch_veles(source)
             else:
                 fetch(source)
     elif argv[:1] == ["build"]:
         for source in argv[1:] or SOURCES:
             if source == "secretlint":
                 write_secretlint()
-            elif source == "veles":
-                write_veles()
+            elif source in ("veles", "veles2"):
+                write_veles(source)
             elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
     else:
