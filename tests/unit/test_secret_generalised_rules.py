@@ -44,6 +44,17 @@ FOUND = [
         "llm-provider-key-prefix",
         "sk-ant-ort01-aB3x5YpQr7sT2uV9wXy1Zb4cD6eF8gH0iJ2kL4mN6oP8qRsT0uVwXyZ",
     ),
+    # sixth round: an access key id's secret beside it, padded base64 keys, seed phrases
+    ("access-id-secret-pair", "QWXZ7tHSr51ziCnfuHvwdeDw:nyK2q4hL34mCKaEvElY253q1yAF0FL"),
+    ("access-id-secret-pair", "app:\nQWXZ1984R439T439HTH4\n9aR3kq2Lm8Zt4Wx7Pv1Nc6Hb0Y\n"),
+    (
+        "padded-base64-key",
+        "got Ytg2V0Vlpuq9obd6tPWz2AKwHhBXMEWsAH+rSbz0UZUfaMVj1CFrcNQK47ygmrC4vHmc7eOp1LdM+AS5mMY=",
+    ),
+    (
+        "seed-phrase",
+        "mnemonic: river stone tiger unit valve window apple banana cherry grape lemon mango",
+    ),
 ]
 
 LEFT = [
@@ -62,7 +73,17 @@ LEFT = [
     "Bearer authentication-scheme is used here",
     "client.login(username, password)",
     'conn.connect("db.local", 5432)',
+    "SGVsbG8gZnJvbSB0aGUgaW5nZXN0IHdvcmtlciwgdGhpcyBpcyBhbiBvcmRpbmFyeSBsb2cgbWVzc2FnZS4=",
+    "golang.org/x/net v0.24.0 h1:5jiYB0BjLKN8Ih+rSbz0UZUfaMVj1CFrcNQK47ygmrC4v=",
+    "the wallet: is in the drawer and the seed phrase is written on the back of a card",
 ]
+
+
+def test_adjacent_tokens_are_all_found() -> None:
+    """A rule's trailing boundary (the newline) is also the next token's leading boundary."""
+    keys = [f"dckr_pat_7awgM4jG5SQvxcvmNzhKj8PQjx{c}" for c in "oab"]
+    found = default_detector().find("\n".join(keys))
+    assert len(found) == 3, found
 
 
 @pytest.mark.parametrize(("rule", "text"), FOUND)
