@@ -60,7 +60,15 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("noseyparker", "kingfisher", "secretlint", "kingfisher-tuning", "veles", "veles2")
+SOURCES = (
+    "noseyparker",
+    "kingfisher",
+    "secretlint",
+    "kingfisher-tuning",
+    "veles",
+    "veles2",
+    "veles3",
+)
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
 NOT_SECRET = frozenset(
@@ -356,13 +364,17 @@ def fetch_secretlint() -> None:
 VELES_REPO = "google/osv-scalibr"
 # Fields of a wanted secret that are no credential: ids and the patterns of a non-credential
 # detector (agentsandboxexfil reports exfiltration patterns, not secrets).
-VELES_NOT_SECRET = frozenset({"AccessID", "AccessKeyID", "ClientID", "ID", "Username", "Pattern"})
+VELES_NOT_SECRET = frozenset(
+    {"AccessID", "AccessKeyID", "ClientID", "ID", "RoleID", "Username", "Pattern"}
+)
 # The literal each format starts with (documented token formats; an access id's LTAI is an id).
 VELES_PREFIXES = (
     "sk-ant-api", "sk-ant-admin", "CCIPAT_", "CCIPRJ_", "CLOJARS_", "sk-co-",
     # the second slice (veles2)
     "cio", "key_", "dop_v1_", "dckr_pat_", "essu_", "AIza", "ya29.", "GOCSPX-", "glpat-",
     "ATCTT3xFfGN0",
+    # the third slice (veles3)
+    "xai-", "hf_", "sk-or-v1-", "hvs.", "hvb.", "ops_eyJ", "1PRK-", "A3-", "sk-proj-", "eyJ", "sk-",
 )  # fmt: skip
 
 
@@ -461,7 +473,7 @@ def main(argv: list[str]) -> None:
         for source in argv[1:] or SOURCES:
             if source == "secretlint":
                 fetch_secretlint()
-            elif source in ("veles", "veles2"):
+            elif source in ("veles", "veles2", "veles3"):
                 fetch_veles(source)
             else:
                 fetch(source)
@@ -469,7 +481,7 @@ def main(argv: list[str]) -> None:
         for source in argv[1:] or SOURCES:
             if source == "secretlint":
                 write_secretlint()
-            elif source in ("veles", "veles2"):
+            elif source in ("veles", "veles2", "veles3"):
                 write_veles(source)
             elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
