@@ -5,6 +5,10 @@ Two steps, each runnable alone::
     python tests/data/secrets/fetch.py fetch noseyparker   # needs network and PyYAML
     python tests/data/secrets/fetch.py build                # needs PyYAML only
 
+Sources: ``noseyparker``, ``kingfisher`` (held-out third), ``kingfisher-tuning`` (another third),
+``secretlint`` (snapshots, see ``build_secretlint``) and ``veles``, ``veles2``, ``veles3`` (the
+detector tests of google/osv-scalibr, see ``build_veles``).
+
 ``fetch`` downloads every rule file listed in ``<source>-rules.yml`` from GitHub at the commit
 recorded there (``raw.githubusercontent.com/<repo>/<commit>/<path>``) and writes the trimmed copy
 again: for each rule its id, name, categories, pattern and positive ``examples``, verbatim (negative
