@@ -98,6 +98,9 @@ def shannon_entropy(value: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
 
 
+# How far past a secret's end the next adjacent token is looked for (see SecretDetector._matches).
+_NEXT_WINDOW = 4096
+
 _OPTIONS = re2.Options()
 _OPTIONS.max_mem = 64 << 20  # the big alternations (generic-api-key's allowlist) need room
 
@@ -198,27 +201,47 @@ class SecretDetector:
         return merge(found)
 
     def _matches(self, rule: Rule, text: str) -> list[Finding]:
-        out = []
+        out: list[Finding] = []
         for m in rule.regex.finditer(text):
-            whole = m.group(0)
-            start, end = m.span(0)
-            group = rule.secret_group or next(
-                (i for i in range(1, rule.regex.groups + 1) if m.group(i)), 0
-            )
-            if group and m.group(group):
-                start, end = m.span(group)
-            secret = text[start:end].strip("\n")
-            if not secret or secret.startswith(MARKER_PREFIX):
-                continue
-            if rule.entropy and shannon_entropy(secret) <= rule.entropy:
-                continue
-            line = _line_of(text, m.start(0), m.end(0))
-            if any(a.allows(secret, whole, line) for a in self.allowlists):
-                continue
-            if any(a.allows(secret, whole, line) for a in rule.allowlists):
-                continue
-            out.append(Finding(rule.id, start, end))
+            end = self._take(rule, m, text, out)
+            # A rule's trailing boundary character (the newline after a token) is the leading
+            # boundary of the next token, which finditer has consumed: two keys on adjacent
+            # lines would hide the second. Match again where the secret ends, on a slice (a
+            # search with a position re-encodes the whole text for RE2 on every call).
+            offset = 0
+            while m.end(0) + offset > end:
+                offset = end
+                m = rule.regex.search(text[end : end + _NEXT_WINDOW])
+                if m is None or m.start(0) != 0:
+                    break
+                end = self._take(rule, m, text, out, offset)
+                if end <= offset:  # no progress (an empty secret): stop
+                    break
         return out
+
+    def _take(self, rule: Rule, m: Any, text: str, out: list[Finding], offset: int = 0) -> int:
+        """Record ``m``'s secret in ``out`` unless entropy or an allowlist says no; the secret's
+        end either way (``m`` matched ``text`` from ``offset`` on)."""
+        whole = str(m.group(0))
+        start, end = m.span(0)
+        group = rule.secret_group or next(
+            (i for i in range(1, rule.regex.groups + 1) if m.group(i)), 0
+        )
+        if group and m.group(group):
+            start, end = m.span(group)
+        start, end = int(start) + offset, int(end) + offset
+        secret = text[start:end].strip("\n")
+        if not secret or secret.startswith(MARKER_PREFIX):
+            return end
+        if rule.entropy and shannon_entropy(secret) <= rule.entropy:
+            return end
+        line = _line_of(text, m.start(0) + offset, m.end(0) + offset)
+        if any(a.allows(secret, whole, line) for a in self.allowlists):
+            return end
+        if any(a.allows(secret, whole, line) for a in rule.allowlists):
+            return end
+        out.append(Finding(rule.id, start, end))
+        return end
 
     def redact(self, text: str, path: str | None = None) -> tuple[str, list[str]]:
         """``text`` with every secret replaced by its marker, and the rule ids, in order."""

@@ -15,8 +15,11 @@ Three figures, each through the real publishing path (:func:`streams.redaction.r
   project's importers, each entry published through the same path; an entry counts when the
   redaction changed anything in it (or refused it: an id that looked like a secret).
 
-The corpora are made by ``tests/data/secrets/fetch.py`` (see NOTICE.md there): Nosey Parker's
-rule examples (the tuning source) and Kingfisher's (held out: measured once, after tuning).
+The corpora are made by ``tests/data/secrets/fetch.py`` (see NOTICE.md there): tuning sources
+(Nosey Parker's rule examples, secretlint's snapshots, a third of Kingfisher's rule files) and
+held-out ones, each measured once after the detector was frozen (``<source>.measured.json``):
+another third of Kingfisher's files (looked at since), and three slices of google/osv-scalibr's
+veles detector tests (``veles``, ``veles2`` tuned on after their measurement; ``veles3``).
 """
 
 from __future__ import annotations

@@ -147,6 +147,15 @@ def caught_cases() -> tuple[list[Case], set[str]]:
         redacted = redact_entry(_names_entry(c))  # type: ignore[arg-type]
         if any(c.secret in s for s in strings(to_json(redacted))):
             partial.add(c.rule)
+            continue
+        # and entry by entry as the test publishes them: one entry that holds the value in a
+        # JSON text under a key ("token": <value>) redacts its copies in that entry only
+        probe = _Run(Corpus(), "np-probe", FLEETS[0], 100)
+        _carry(probe, 0, c, True)
+        for entry in probe.b.entries:
+            if any(c.secret in s for s in strings(to_json(redact_entry(entry)))):
+                partial.add(c.rule)
+                break
     return cases, partial
 
 

@@ -5,6 +5,10 @@ Two steps, each runnable alone::
     python tests/data/secrets/fetch.py fetch noseyparker   # needs network and PyYAML
     python tests/data/secrets/fetch.py build                # needs PyYAML only
 
+Sources: ``noseyparker``, ``kingfisher`` (held-out third), ``kingfisher-tuning`` (another third),
+``secretlint`` (snapshots, see ``build_secretlint``) and ``veles``, ``veles2``, ``veles3`` (the
+detector tests of google/osv-scalibr, see ``build_veles``).
+
 ``fetch`` downloads every rule file listed in ``<source>-rules.yml`` from GitHub at the commit
 recorded there (``raw.githubusercontent.com/<repo>/<commit>/<path>``) and writes the trimmed copy
 again: for each rule its id, name, categories, pattern and positive ``examples``, verbatim (negative
@@ -60,7 +64,15 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("noseyparker", "kingfisher", "secretlint")
+SOURCES = (
+    "noseyparker",
+    "kingfisher",
+    "secretlint",
+    "kingfisher-tuning",
+    "veles",
+    "veles2",
+    "veles3",
+)
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
 NOT_SECRET = frozenset(
@@ -90,10 +102,11 @@ NOT_SECRET = frozenset(
     }
 )
 # Rules whose last capture group is not the secret: the password is group 2 (user, password,
-# host, database).
-SECRET_GROUP = {"np.mongodb.1": 2, "np.postgres.1": 2}
+# host, database; Kingfisher's URL credentials: user, password, host, path).
+SECRET_GROUP = {"np.mongodb.1": 2, "np.postgres.1": 2, "kingfisher.credentials.1": 2}
 
 _RUN = re.compile(r"[A-Za-z0-9+/=_.~-]{16,}")
+_NAME = re.compile(r"^[A-Za-z_-]+$")
 _SAME4 = re.compile(r"(.)\1{3,}")
 _REFERENCE = re.compile(r"^\$|\$\{|\$\(|^%[A-Za-z_]+%?|#\{|^<.*>$|\{\{")
 _WORDY = re.compile(r"^[A-Za-z_]+$")
@@ -119,6 +132,18 @@ def _group(rule_id: str, m: re.Match[str]) -> str:
         value = m.group(SECRET_GROUP[rule_id])
     else:
         matched = [i for i in range(1, (m.re.groups or 0) + 1) if m.group(i)]
+        # a named group inside another (``(?P<body>..)(?P<checksum>..)`` within group 1) is a
+        # part of the value, not the value
+        inner = {
+            names[n]
+            for n in names
+            for j in matched
+            if names[n] != j
+            and m.start(j) <= m.start(names[n])
+            and m.end(names[n]) <= m.end(j)
+            and names[n] in matched
+        }
+        matched = [i for i in matched if i not in inner] or matched
         value = m.group(matched[-1]) if matched else m.group(0)
     whole = m.group(0).strip()
     if len(value) < 6 and whole.startswith(value) and len(whole) > len(value):
@@ -172,7 +197,9 @@ def extract(rule_id: str, pattern: str | None, example: str) -> tuple[str | None
                 continue
         if m is not None:
             return _group(rule_id, m), "capture"
-    runs = sorted(_RUN.findall(example), key=len, reverse=True)
+    # a name (letters, ``_`` and ``-`` only: ``airtable_api_key``) is no token's random part
+    runs = [r for r in _RUN.findall(example) if not _NAME.match(r)]
+    runs = sorted(runs, key=len, reverse=True)
     return (runs[0], "heuristic") if runs else (None, "heuristic")
 
 
@@ -333,6 +360,103 @@ def fetch_secretlint() -> None:
         assert [f for f in found if f in snap["source"]] == snap["found"], snap["path"]
 
 
+# veles (the fifth source, HELD OUT, fourth round): the positive cases of the detector tests of
+# google/osv-scalibr's secret scanner (``veles/secrets/*/detector_test.go``), copied by hand into
+# ``veles-tests.jsonl`` after the detector was frozen (commit bcd9e89): one line per wanted secret
+# of a positive case, with the Go test's input as the test evaluates it (its ``fmt.Sprintf`` and
+# ``+`` applied) and the string fields of the wanted secret (``want``).
+VELES_REPO = "google/osv-scalibr"
+# Fields of a wanted secret that are no credential: ids and the patterns of a non-credential
+# detector (agentsandboxexfil reports exfiltration patterns, not secrets).
+VELES_NOT_SECRET = frozenset(
+    {"AccessID", "AccessKeyID", "ClientID", "ID", "RoleID", "Username", "Pattern"}
+)
+# The literal each format starts with (documented token formats; an access id's LTAI is an id).
+VELES_PREFIXES = (
+    "sk-ant-api", "sk-ant-admin", "CCIPAT_", "CCIPRJ_", "CLOJARS_", "sk-co-",
+    # the second slice (veles2)
+    "cio", "key_", "dop_v1_", "dckr_pat_", "essu_", "AIza", "ya29.", "GOCSPX-", "glpat-",
+    "ATCTT3xFfGN0",
+    # the third slice (veles3)
+    "xai-", "hf_", "sk-or-v1-", "hvs.", "hvb.", "ops_eyJ", "1PRK-", "A3-", "sk-proj-", "eyJ", "sk-",
+)  # fmt: skip
+
+
+def build_veles(source: str = "veles") -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str, str]] = set()
+    for line in (HERE / f"{source}-tests.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        rule = "veles." + case["path"].removeprefix("veles/secrets/").rsplit("/", 1)[0].replace(
+            "/", "."
+        )
+        for field, value in case["want"].items():
+            if field in VELES_NOT_SECRET:
+                dropped["not-a-secret"] += 1
+                continue
+            if field == "FullURL":  # basicauth: the password in the URL
+                m = _URL_PASSWORD.search(value)
+                value = m.group(2) if m else ""
+            if (rule, case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((rule, case["input"], value))
+            if not value:
+                dropped["no-value"] += 1
+            elif len(value) < 8:
+                dropped["short"] += 1
+            elif placeholder(value):
+                dropped["placeholder"] += 1
+            else:
+                prefix = next((p for p in VELES_PREFIXES if value.startswith(p)), "")
+                rows.append(
+                    {
+                        "source": source,
+                        "rule": rule,
+                        "name": case["test"],
+                        "example": case["input"],
+                        "secret": value,
+                        "how": "wanted",
+                        "prefix": prefix,
+                        "file": case["path"],
+                        "commit": case["commit"],
+                    }
+                )
+    return rows, dropped
+
+
+def write_veles(source: str = "veles") -> None:
+    rows, dropped = build_veles(source)
+    with (HERE / f"{source}.jsonl").open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
+    summary["prefixed"] = sum(1 for r in rows if r["prefix"])
+    summary["files"] = len({r["file"] for r in rows})
+    (HERE / f"{source}.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(source, json.dumps(summary))
+
+
+def fetch_veles(source: str = "veles") -> None:
+    """Download each test file at its commit and check that the stored case is in it: its test
+    name, and each wanted value or the constant it was built from (a check of the copy, not a Go
+    evaluator)."""
+    texts: dict[tuple[str, str], str] = {}
+    for line in (HERE / f"{source}-tests.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        key = (case["path"], case["commit"])
+        if key not in texts:
+            url = f"https://raw.githubusercontent.com/{VELES_REPO}/{key[1]}/{key[0]}"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                texts[key] = response.read().decode("utf-8")
+        text = texts[key]
+        leaf = case["test"].split("/")[-1]
+        assert leaf in text, (case["path"], leaf)
+        for value in case["want"].values():
+            assert value in text or value[:-1] in text or value[1:] in text, (case["path"], value)
+
+
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -351,11 +475,18 @@ def fetch(source: str) -> None:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["fetch"]:
         for source in argv[1:] or SOURCES:
-            fetch_secretlint() if source == "secretlint" else fetch(source)
+            if source == "secretlint":
+                fetch_secretlint()
+            elif source in ("veles", "veles2", "veles3"):
+                fetch_veles(source)
+            else:
+                fetch(source)
     elif argv[:1] == ["build"]:
         for source in argv[1:] or SOURCES:
             if source == "secretlint":
                 write_secretlint()
+            elif source in ("veles", "veles2", "veles3"):
+                write_veles(source)
             elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
     else:

@@ -1,0 +1,96 @@
+"""Issue 27, fourth and fifth rounds: the generalised rules find credentials by their context or
+shape (not a provider list) and leave the look-alikes that agent logs and code are full of.
+
+The positives are made up here in the shapes the rules generalise (a provider the rules never
+name), not copied from any corpus; each test fails if its rule is removed or loosened.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.secret_scan import default_detector
+
+FOUND = [
+    # a credential word in the key, any separator a log or config uses
+    ("named-token-assignment", "zorblax key: 3f9a8B7c6D5e4F3a2B1c0D9e8F7a6B5c4D3e2F1a"),
+    ("named-token-assignment", "QUUXCLOUD_API_TOKEN - 'a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6'"),
+    ("named-token-assignment", "the api key was Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2"),
+    # a one-word service key and a random value
+    ("service-named-token", "zorblax = 1f2e3d4c5b6a79808f7e6d5c4b3a2918"),
+    ("service-named-token", '"quuxcloud": "sk_3c9f1e2d4b5a69788796a5b4c3d2e1f0"'),
+    # Bearer / Basic anywhere, not only after Authorization:
+    ("bearer-basic-credential", "echo Bearer 9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c > token.txt"),
+    ("bearer-basic-credential", "the header was Basic dXNlcjpwYXNzd29yZDEyMzQ1Ng== and it worked"),
+    # passwords passed to connect / login calls
+    ("credential-call-argument", 'mysql_connect("localhost", "root", "Sup3rS3cret!")'),
+    ("credential-call-argument", "$db = mysqli_connect($host, $user, 'Sup3rS3cret!', $name);"),
+    ("credential-call-argument", 'server.login("me@corp.io", "Sup3rS3cret!")'),
+    # prefixed formats bare: multi-part upper-case prefixes, base64 bodies
+    (
+        "prefixed-token",
+        "The value is QUUX-SECRET-KEY-1XXC4XS9DXHZ6TREKQTT3XECY8VNNU7GJ83C3Y4 here.",
+    ),
+    ("prefixed-token", "The value is ZORB-NDM5MzAxNTc4MzA1OqEEPqHU4oTScTVkDs/JUzB7ptIf here."),
+    (
+        "credential-word-prefixed-hex",
+        "use key_86aed0092d14dd6aae4e8ad107d52f760c5efa4bc3753730ca6983babc2b1072",
+    ),
+    (
+        "high-entropy-segmented-token",
+        "got cnvcav3RRFkl36rsXClN3-Dsygjl_oGT1-xMhXV70oxnGi6s811bfada back",
+    ),
+    (
+        "llm-provider-key-prefix",
+        "sk-ant-ort01-aB3x5YpQr7sT2uV9wXy1Zb4cD6eF8gH0iJ2kL4mN6oP8qRsT0uVwXyZ",
+    ),
+    # sixth round: an access key id's secret beside it, padded base64 keys, seed phrases
+    ("access-id-secret-pair", "QWXZ7tHSr51ziCnfuHvwdeDw:nyK2q4hL34mCKaEvElY253q1yAF0FL"),
+    ("access-id-secret-pair", "app:\nQWXZ1984R439T439HTH4\n9aR3kq2Lm8Zt4Wx7Pv1Nc6Hb0Y\n"),
+    (
+        "padded-base64-key",
+        "got Ytg2V0Vlpuq9obd6tPWz2AKwHhBXMEWsAH+rSbz0UZUfaMVj1CFrcNQK47ygmrC4vHmc7eOp1LdM+AS5mMY=",
+    ),
+    (
+        "seed-phrase",
+        "mnemonic: river stone tiger unit valve window apple banana cherry grape lemon mango",
+    ),
+]
+
+LEFT = [
+    "commit 3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a",
+    "run_id: otel:9ed94f9bdc36b397e11c51f77d49e01a",
+    '"signature": "EqQBCkgIBRABGAIiQKx9"',
+    "    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUMvakNDQWVh"
+    "Z0F3SUJBZ0lCQURBTkJna3Foa2lHOXcwQkFRc0ZBREFWTVJNd0VRWURWUVFERXdwcmRXSmwK",
+    "hashlib.sha224: '3a854166ac5d9f023f54d517d0b39dbd'",
+    'OWNER = "75aa57f09aa0c8caeab4f8c24e99d10f8e7faeebf76c078efc7c6caea54ba06a"',
+    "match=ClauseEquals(equals='qwen/qwen3-235b-a22b-instruct-2507'),",
+    'route53 = get_prop("sam-property-gatewayv2-route53configuration")',
+    "'sodium_crypto_pwhash_scryptsalsa208sha256_str_verify',",
+    '<script src="/app.js" integrity="sha384-'
+    'TtmMbnOlNfQCSOBPQVVD2beEeNCDyHXfvX7R97lflQXKQpMgBxxBCCrm2WxhkKK1"></script>',
+    "Bearer authentication-scheme is used here",
+    "client.login(username, password)",
+    'conn.connect("db.local", 5432)',
+    "SGVsbG8gZnJvbSB0aGUgaW5nZXN0IHdvcmtlciwgdGhpcyBpcyBhbiBvcmRpbmFyeSBsb2cgbWVzc2FnZS4=",
+    "golang.org/x/net v0.24.0 h1:5jiYB0BjLKN8Ih+rSbz0UZUfaMVj1CFrcNQK47ygmrC4v=",
+    "the wallet: is in the drawer and the seed phrase is written on the back of a card",
+]
+
+
+def test_adjacent_tokens_are_all_found() -> None:
+    """A rule's trailing boundary (the newline) is also the next token's leading boundary."""
+    keys = [f"dckr_pat_7awgM4jG5SQvxcvmNzhKj8PQjx{c}" for c in "oab"]
+    found = default_detector().find("\n".join(keys))
+    assert len(found) == 3, found
+
+
+@pytest.mark.parametrize(("rule", "text"), FOUND)
+def test_generalised_rule_finds_the_shape(rule: str, text: str) -> None:
+    assert rule in [f.rule for f in default_detector().find(text)], text
+
+
+@pytest.mark.parametrize("text", LEFT)
+def test_look_alikes_are_left(text: str) -> None:
+    assert default_detector().find(text) == [], text
