@@ -41,6 +41,7 @@ from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.views import live_state
 from infra.settings import Settings
+from projectors.registry import NAMES, all_projections
 from projectors.stores import mcp_audit as store
 from projectors.stores import postgres_ops as ops
 from projectors.stores.redis import live_key, view_key
@@ -54,15 +55,9 @@ MAX_WAIT_S = 10.0
 POLL_S = 0.01
 TIMELINE_PAGE = 200  # timeline rows per answer by default
 MAX_RUNS = 200
-HOT = frozenset({"run-stats", "working-memory", "context-manifests"})  # kept in Redis too
-PROJECTIONS = (
-    "run-stats",
-    "working-memory",
-    "context-manifests",
-    "diff-timelines",
-    "cost-metrics",
-    "failure-classifications",
-)
+# kept in Redis too, and every projection: as the registry has them (one list)
+HOT = frozenset(p.name for p in all_projections() if p.hot)
+PROJECTIONS = NAMES
 DIFF_KEYS = (
     "run_id",
     "fleet_id",

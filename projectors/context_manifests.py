@@ -616,6 +616,16 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         the last recorded manifest's items and the KEEP_MANIFESTS manifests kept (which mostly
         share their items: a delta keeps its base's) hold the same items again and again, and
         serializing them was most of a checkpoint's cost. The same bytes as pydantic's."""
+        manifests = list(map(_manifest_json, state.manifests))
+        turn = state.next_turn
+        items = None if turn is None else self._turn_pieces(state, turn)
+        return self._spliced_state(state, manifests, items)
+
+    def _spliced_state(
+        self, state: ContextState, manifests: list[bytes], turn_items: list[bytes] | None
+    ) -> bytes:
+        """The state's JSON with its lists of items given as pieces: the pool and the last
+        recorded manifest's items as made once per item, ``manifests`` and the next turn's."""
         turn = state.next_turn
         bare = state.model_copy(
             update={
@@ -627,11 +637,11 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         )
         spliced = [
             (_POOL_MARK, list(map(_ITEM_JSON, state.pool))),
-            (_MANIFESTS_MARK, list(map(_manifest_json, state.manifests))),
+            (_MANIFESTS_MARK, manifests),
             (_CONTEXT_ITEMS_MARK, list(map(_CONTEXT_ITEM_JSON, state.last_context_items))),
         ]
-        if turn is not None:
-            spliced.append((_ITEMS_MARK, self._turn_pieces(state, turn)))
+        if turn is not None and turn_items is not None:
+            spliced.append((_ITEMS_MARK, turn_items))
         return _spliced(super().to_json(bare), spliced)
 
     def checkpoint_json(self, state: ContextState) -> bytes:
@@ -642,15 +652,6 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         item's position in the pool: the manifests share ~all their ~200 items and the next
         turn ~3/4 of its items with the pool, so this halves the bytes a run's checkpoints
         write (issue 25)."""
-        turn = state.next_turn
-        bare = state.model_copy(
-            update={
-                "pool": (),
-                "manifests": (),
-                "last_context_items": (),
-                "next_turn": None if turn is None else turn.model_copy(update={"items": ()}),
-            }
-        )
         manifests = []
         previous: ContextManifest | None = None
         for m in state.manifests:
@@ -659,19 +660,15 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             else:
                 manifests.append(_manifest_delta(previous, m))
             previous = m
-        spliced = [
-            (_POOL_MARK, list(map(_ITEM_JSON, state.pool))),
-            (_MANIFESTS_MARK, manifests),
-            (_CONTEXT_ITEMS_MARK, list(map(_CONTEXT_ITEM_JSON, state.last_context_items))),
-        ]
+        turn = state.next_turn
+        items = None
         if turn is not None:
             position = {id(item): n for n, item in enumerate(state.pool)}
-            pieces = []
+            items = []
             for item in turn.items:
                 at = position.get(id(item))
-                pieces.append(_ITEM_JSON(item) if at is None else b"%d" % at)
-            spliced.append((_ITEMS_MARK, pieces))
-        return _spliced(super().to_json(bare), spliced)
+                items.append(_ITEM_JSON(item) if at is None else b"%d" % at)
+        return self._spliced_state(state, manifests, items)
 
     def from_doc(self, doc: dict[str, Any]) -> ContextState:
         """A state from :meth:`to_json`'s document or :meth:`checkpoint_json`'s."""
