@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -20,7 +21,7 @@ import stat
 import subprocess
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -465,25 +466,52 @@ class PostgresService(LocalService):
 
 def _pg_bin(console: Console) -> Path:
     if not (PG_BIN / "initdb").exists():
-        _apt_install("postgresql-15", console)
+        _apt_install("postgresql-15", console, lambda: (PG_BIN / "initdb").exists())
     return PG_BIN
 
 
-def _apt_install(package: str, console: Console) -> None:
+APT_LOCK = Path("/var/lock/agentledger-apt.lock")
+# apt-get waits this long for another apt/dpkg (e.g. unattended-upgrades) to let go of its locks.
+APT_LOCK_WAIT_S = 600
+
+
+def _apt_install(package: str, console: Console, installed: Callable[[], bool]) -> None:
+    """Install a Debian package once, even when several stacks start at once on a fresh machine.
+
+    Our own installers take turns on one file lock and look again once they hold it (the one
+    before may have installed the package); apt-get waits for anyone else's apt/dpkg locks
+    instead of failing at once.
+    """
     if os.geteuid() != 0:
         raise InfraError(f"{package} is missing; install it (apt-get install {package}) and retry.")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv, what in (
-        (["apt-get", "update"], "apt-get update"),
-        (["apt-get", "install", "-y", package], f"installing {package}"),
-    ):
-        with console.status(what):
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, env=env, check=False, stdin=subprocess.DEVNULL
-            )
-        if proc.returncode != 0:
-            raise InfraError(f"{what} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        console.print(f"{what}: done")
+    wait = ["-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}"]
+    APT_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with APT_LOCK.open("a") as lock:
+        with console.status(f"waiting for other installs before {package}"):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if installed():
+                console.print(f"{package}: installed meanwhile")
+                return
+            for argv, what in (
+                (["apt-get", *wait, "update"], "apt-get update"),
+                (["apt-get", *wait, "install", "-y", package], f"installing {package}"),
+            ):
+                with console.status(what):
+                    proc = subprocess.run(
+                        argv,
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                        check=False,
+                        stdin=subprocess.DEVNULL,
+                    )
+                if proc.returncode != 0:
+                    raise InfraError(f"{what} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+                console.print(f"{what}: done")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class RedisService(LocalService):
@@ -514,7 +542,9 @@ class RedisService(LocalService):
     def _start(self) -> None:
         server = shutil.which("redis-server")
         if server is None:
-            _apt_install("redis-server", self.console)
+            _apt_install(
+                "redis-server", self.console, lambda: shutil.which("redis-server") is not None
+            )
             server = shutil.which("redis-server") or "/usr/bin/redis-server"
         argv = [
             server,

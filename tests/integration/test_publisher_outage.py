@@ -158,7 +158,10 @@ def _check_partial_ack(
     assert match is not None, message
     reported = float(match.group(1))
     assert reported <= elapsed_s + 0.1, (reported, elapsed_s)
-    assert reported >= elapsed_s - 1.0, (reported, elapsed_s)
+    # ... and no less than that, unless the publish timeout itself ran out: then the send had
+    # waited the whole timeout (a loaded machine can spend over a second in the kill mid-batch,
+    # which the caller's clock counts and the publisher's, started at the send, rightly does not)
+    assert reported >= min(elapsed_s - 1.0, TIMEOUT_S - 0.1), (reported, elapsed_s)
 
 
 async def test_async_publish_and_close_are_bounded_when_the_broker_dies(

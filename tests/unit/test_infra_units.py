@@ -101,3 +101,47 @@ def test_one_answer_for_what_is_retried() -> None:
         assert is_retriable(transient), transient
     for final in (LedgerDecodeError("bad bytes"), BadArgumentError("no"), ValueError("x")):
         assert not is_retriable(final), final
+
+
+def test_stacks_starting_at_once_install_a_missing_package_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two stacks on a fresh machine both find redis-server missing: the second waits for the
+    first's install (one file lock) and then finds it installed, instead of failing on apt's
+    lock. apt-get itself is replaced here; the lock and the threads are real."""
+    import subprocess
+    import threading
+    import time
+
+    from infra import services
+
+    if os.geteuid() != 0:
+        pytest.skip("_apt_install refuses to run apt without root")
+    monkeypatch.setattr(services, "APT_LOCK", tmp_path / "apt.lock")
+    installed = threading.Event()
+    calls: list[list[str]] = []
+
+    def apt(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        assert "DPkg::Lock::Timeout=600" in argv  # and apt waits for anyone else's apt
+        time.sleep(0.2)
+        if "install" in argv:
+            installed.set()
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(services.subprocess, "run", apt)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            services._apt_install("redis-server", Console(quiet=True), installed.is_set)
+        except BaseException as exc:
+            errors.append(exc)
+
+    stacks = [threading.Thread(target=start) for _ in range(2)]
+    for t in stacks:
+        t.start()
+    for t in stacks:
+        t.join(10)
+    assert not errors
+    assert [argv[-1] for argv in calls] == ["update", "redis-server"]  # one install, not two
