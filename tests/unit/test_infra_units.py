@@ -129,7 +129,7 @@ def test_stacks_starting_at_once_install_a_missing_package_once(
             installed.set()
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(services.subprocess, "run", apt)
+    monkeypatch.setattr(subprocess, "run", apt)
     errors: list[BaseException] = []
 
     def start() -> None:
