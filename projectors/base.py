@@ -121,6 +121,9 @@ class Projection(Protocol, Generic[S]):
     name: str
     version: int
     hot: bool  # served from Redis as well as PostgreSQL
+    # members of the checkpoint document (dotted paths) that grow with the run: a store may
+    # keep them in pages outside the run's row (projectors/paging.py)
+    paged: tuple[str, ...]
 
     def accepts(self, entry: LedgerEntry) -> bool:
         """Whether :meth:`fold` needs this entry (the sequence guard sees every entry anyway)."""
@@ -233,6 +236,7 @@ class ModelProjection(Generic[S]):
 
     state_type: type[S]
     unbounded: tuple[str, ...] = ()
+    paged: tuple[str, ...] = ()
     # The engine records the entry id applied at each sequence number of a run for this
     # projection, and tells a repeat of an entry from a different entry sent under a number
     # already taken (a conflicting duplicate: dead-lettered, counted on the run). One projection

@@ -62,7 +62,7 @@ from projectors.base import (
     new_calls,
 )
 from projectors.trust import INSTRUCTION_TRUST, may_instruct, model_visible, offered
-from projectors.working_memory import WorkingMemory, WorkingMemoryProjection
+from projectors.working_memory import INDEX_PAGED, WorkingMemory, WorkingMemoryProjection
 from schemas.context_delta import positions_delta, resolve
 from schemas.models import (
     ArtifactRef,
@@ -525,6 +525,9 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         "model_calls_without_context",
         "last_context_items",
     )
+
+    # its copy of the working memory's evidence index
+    paged: tuple[str, ...] = tuple(f"memory.{path}" for path in INDEX_PAGED)
 
     def __init__(self, budget: ContextBudget | None = None) -> None:
         self.budget = budget or ContextBudget()

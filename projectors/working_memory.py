@@ -206,6 +206,10 @@ _CONTENT_FIELDS = (
 )
 
 
+# the parts of the evidence index that grow with the run (checkpoint pages)
+INDEX_PAGED = ("index.entries", "index.tool_calls", "index.artifacts")
+
+
 class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     name = "working-memory"
     # 4: the newest 8 retired items of each kind kept (long runs).
@@ -217,6 +221,7 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     hot = True
     state_type = WorkingMemory
     unbounded = ("index",)  # the evidence index: every entry id of the run
+    paged: tuple[str, ...] = INDEX_PAGED
 
     def accepts(self, entry: LedgerEntry) -> bool:
         return True  # every entry may later be cited as evidence

@@ -680,6 +680,7 @@ class Engine:
             tail_bytes=0 if doc is not None else tail_bytes,
             entry_ids=entry_ids,
             conflicts=conflicts,
+            paged=projection.paged,
         )
         changed = bool(plan.apply or plan.hold or conflicts)
         if changed and projection.name in self.change_streams:

@@ -93,6 +93,8 @@ class RunWrite:
     held: tuple[int, ...]
     gaps: list[tuple[int, int]]
     state: bytes | None  # the projection's whole JSON document, when checkpointed now
+    # members of ``state`` that grow with the run (the projection's ``paged``): a store may
+    # keep them in pages outside the row, and gives the whole document back when it loads it
     head: bytes | None = None  # what readers are given (None: the state)
     hold: dict[int, bytes] = field(default_factory=dict)
     release: list[int] = field(default_factory=list)
@@ -110,6 +112,7 @@ class RunWrite:
     # traceparent of the last entry applied.
     publish: bool = False
     traceparent: str | None = None
+    paged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import orjson
 from psycopg import AsyncConnection, AsyncCursor, Connection
 from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
+from projectors import paging
 from projectors.base import HistoryRow, Projection, refold
 from projectors.stores.contract import (
     BuildKey,
@@ -232,7 +233,10 @@ async def load_runs(
             "SELECT s.projection, s.build, s.run_id, s.fleet_id, s.applied_seq, s.held, "
             "CASE WHEN s.applied_seq = k.seq THEN NULL ELSE s.state END, s.applied_seq = k.seq, "
             's.topic, s."partition", coalesce(s.checkpoint_seq, s.applied_seq), '
-            "s.checkpoint_bytes, s.tail_count, s.tail_bytes, s.conflicts "
+            "s.checkpoint_bytes, s.tail_count, s.tail_bytes, s.conflicts, "
+            "CASE WHEN s.pages > 0 AND s.applied_seq <> k.seq THEN "
+            "(SELECT jsonb_object_agg(g.page_id, g.page) FROM al_state_pages g "
+            "WHERE g.projection = s.projection AND g.build = s.build AND g.run_id = s.run_id) END "
             "FROM al_run_state s JOIN unnest(%b::text[], %b::text[], %b::text[], %b::int8[]) "
             "AS k(projection, build, run_id, seq) USING (projection, build, run_id)",
             columns,
@@ -255,6 +259,7 @@ async def load_runs(
             n,
             size,
             conflicts,
+            pages,
         ) in await cur.fetchall():
             source = None if t is None or p is None else (t, p)
             out[(proj, build)][run_id] = RunRow(
@@ -262,7 +267,7 @@ async def load_runs(
                 fleet_id,
                 seq,
                 tuple(held),
-                state,
+                paging.join(state, pages) if pages else state,
                 {},
                 hit,
                 source,
@@ -348,6 +353,34 @@ def _held(w: RunWrite) -> str:
     return "{" + ",".join(map(str, w.held)) + "}"
 
 
+async def _write_pages(
+    cur: AsyncCursor[Any], checkpoints: list[tuple[str, str, str, dict[str, bytes]]]
+) -> None:
+    """The pages of these checkpoints (projectors/paging.py): their runs' pages no checkpoint
+    names any more go, the new ones are added (a page already stored is the same bytes)."""
+    if not checkpoints:
+        return
+    keep = [(p, b, r, "{" + ",".join(pages) + "}") for p, b, r, pages in checkpoints]
+    await cur.execute(
+        "DELETE FROM al_state_pages g USING unnest(%b::text[], %b::text[], %b::text[], "
+        "%b::text[]) AS k(projection, build, run_id, keep) WHERE g.projection = k.projection "
+        "AND g.build = k.build AND g.run_id = k.run_id AND g.page_id <> ALL (k.keep::text[])",
+        _arrays(keep, "tttt"),
+    )
+    rows = [
+        (p, b, r, page_id, _text(data))
+        for p, b, r, pages in checkpoints
+        for page_id, data in pages.items()
+    ]
+    if rows:
+        await cur.execute(
+            "INSERT INTO al_state_pages (projection, build, run_id, page_id, page) "
+            "SELECT p, b, r, i, d::jsonb FROM unnest(%b::text[], %b::text[], %b::text[], "
+            "%b::text[], %b::text[]) AS u(p, b, r, i, d) ON CONFLICT DO NOTHING",
+            _arrays(rows, "ttttt"),
+        )
+
+
 async def write_runs(
     conn: AsyncConnection[Any], writes: dict[BuildKey, Sequence[RunWrite]]
 ) -> None:
@@ -360,6 +393,10 @@ async def write_runs(
     heads = {id(w): _text(w.head if w.head is not None else w.state) for _p, _b, w in flat}
     checkpoints = [(proj, build, w) for proj, build, w in flat if w.state is not None]
     tails = [(proj, build, w) for proj, build, w in flat if w.state is None]
+    # what grows with a run leaves a large checkpoint in pages (projectors/paging.py)
+    split = {
+        id(w): paging.split(w.state, w.paged) for _p, _b, w in checkpoints if w.state is not None
+    }
     async with conn.cursor() as cur:
         if checkpoints:
             rows = [
@@ -371,33 +408,43 @@ async def write_runs(
                     w.applied_seq,
                     _held(w),
                     _gaps(w),
-                    _text(w.state),
+                    _text(split[id(w)][0]),
                     heads[id(w)],
                     w.source[0] if w.source else None,
                     w.source[1] if w.source else None,
-                    len(w.state or b""),
+                    len(w.state or b""),  # the whole checkpoint's bytes, pages included
                     w.conflicts,
+                    len(split[id(w)][1]),
                 )
                 for proj, build, w in checkpoints
             ]
             await cur.execute(
                 "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, "
                 'held, gaps, state, head, topic, "partition", checkpoint_seq, checkpoint_bytes, '
-                "tail_count, tail_bytes, conflicts, updated_at) "
+                "tail_count, tail_bytes, conflicts, pages, updated_at) "
                 "SELECT p, b, r, f, s, h::bigint[], g::jsonb, st::jsonb, hd::jsonb, t, pt, s, cb, "
-                "0, 0, c, now() FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+                "0, 0, c, pg, now() FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
                 "%b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], "
-                "%b::int[], %b::bigint[], %b::int[]) "
-                "AS u(p, b, r, f, s, h, g, st, hd, t, pt, cb, c) "
+                "%b::int[], %b::bigint[], %b::int[], %b::int[]) "
+                "AS u(p, b, r, f, s, h, g, st, hd, t, pt, cb, c, pg) "
                 "ON CONFLICT (projection, build, run_id) DO UPDATE SET "
                 "applied_seq = EXCLUDED.applied_seq, held = EXCLUDED.held, gaps = EXCLUDED.gaps, "
-                "state = EXCLUDED.state, head = EXCLUDED.head, "
+                "state = EXCLUDED.state, head = EXCLUDED.head, pages = EXCLUDED.pages, "
                 "topic = coalesce(al_run_state.topic, EXCLUDED.topic), "
                 '"partition" = coalesce(al_run_state."partition", EXCLUDED."partition"), '
                 "checkpoint_seq = EXCLUDED.checkpoint_seq, "
                 "checkpoint_bytes = EXCLUDED.checkpoint_bytes, tail_count = 0, tail_bytes = 0, "
                 "conflicts = al_run_state.conflicts + EXCLUDED.conflicts, updated_at = now()",
-                _arrays(rows, "ttttqtttttiqi"),
+                _arrays(rows, "ttttqtttttiqii"),
+            )
+            await _write_pages(
+                cur,
+                [
+                    (p, b, w.run_id, split[id(w)][1])
+                    for p, b, w in checkpoints
+                    # a run's pages go only with a checkpoint of a size that could have them
+                    if len(w.state or b"") >= paging.PAGED_FROM_BYTES // 4
+                ],
             )
             cleared = [(p, b, w.run_id) for p, b, w in checkpoints]
             await cur.execute(
@@ -589,7 +636,15 @@ async def iter_states(
 # --- reading a run's current state -------------------------------------------------------------
 
 _CURRENT = (
-    "SELECT s.run_id, s.applied_seq, s.gaps, s.state, s.tail_count FROM al_run_state s "
+    # the pages and the tail in the same statement as the row: one snapshot, so a checkpoint
+    # committed meanwhile (which drops pages and the tail) is seen wholly or not at all
+    "SELECT s.run_id, s.applied_seq, s.gaps, s.state, "
+    "CASE WHEN s.tail_count > 0 THEN (SELECT array_agg(t.payload ORDER BY t.sequence_no) "
+    "FROM al_tail t WHERE t.projection = s.projection AND t.build = s.build "
+    "AND t.run_id = s.run_id) END, "
+    "CASE WHEN s.pages > 0 THEN (SELECT jsonb_object_agg(g.page_id, g.page) "
+    "FROM al_state_pages g WHERE g.projection = s.projection AND g.build = s.build "
+    "AND g.run_id = s.run_id) END FROM al_run_state s "
     "WHERE s.projection = %s AND s.build = %s"
 )
 
@@ -611,15 +666,12 @@ def current_documents(
         params.append(list(run_ids))
     with conn.cursor(name="al_current") if run_ids is None else conn.cursor() as cur:
         cur.execute(sql + " ORDER BY s.run_id", params)
-        for run_id, applied_seq, gaps, doc, tail_count in cur:
-            if tail_count:
-                tail = conn.execute(
-                    "SELECT payload FROM al_tail WHERE projection = %s AND build = %s "
-                    "AND run_id = %s ORDER BY sequence_no",
-                    (projection.name, build, run_id),
-                ).fetchall()
+        for run_id, applied_seq, gaps, doc, tail, pages in cur:
+            if pages and doc:
+                doc = paging.join(doc, pages)
+            if tail:
                 state = projection.from_doc(doc) if doc else None
-                state = refold(projection, state, (codec.decode(bytes(p)) for (p,) in tail))
+                state = refold(projection, state, (codec.decode(bytes(p)) for p in tail))
                 doc = orjson.loads(projection.to_json(state)) if state is not None else {}
             elif doc:
                 doc = projection.whole_doc(doc)  # a checkpoint may say repeats once

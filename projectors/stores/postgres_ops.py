@@ -346,7 +346,15 @@ def build_names(conn: psycopg.Connection[Any], projection: str, prefix: str) -> 
 
 def delete_build(conn: psycopg.Connection[Any], projection: str, build: str) -> None:
     """Every row of a build: its runs, their rows, its offsets, the build itself."""
-    tables = ("al_run_state", "al_history", "al_held", "al_tail", "al_entry_id_spans", "al_offsets")
+    tables = (
+        "al_run_state",
+        "al_state_pages",
+        "al_history",
+        "al_held",
+        "al_tail",
+        "al_entry_id_spans",
+        "al_offsets",
+    )
     for table in (*tables, "al_builds"):
         conn.execute(
             sql.SQL("DELETE FROM {} WHERE projection = %s AND build = %s").format(

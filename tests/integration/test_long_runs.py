@@ -175,3 +175,58 @@ async def test_cold_loads_fold_checkpoint_and_tail_to_what_a_kept_state_gives(
         p.name: current_states(env.settings.pg_address, p, f"{env.build}k") for p in projections
     }
     assert cold == kept
+
+
+ROW_BOUND = 256 * 1024
+
+
+async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings) -> None:
+    """Issue 25: what grows with a run (the evidence index of every entry id, ...) leaves its
+    checkpoint in pages, so no row of a 10,000-entry run is over 256 KiB; every batch loads
+    the run cold (its checkpoint joined from its pages, then its tail), and what readers get
+    is still the fold of the whole run."""
+    env = await make_env(services, fleets=("fleet-01",))
+    [run] = list(simulate_runs(1, 1, 2027, entries_per_run=10_000))
+    assert len(run) >= 10_000
+    topic = ledger_topic(env.settings.topic_prefix, "fleet-01")
+    records = [
+        SourceRecord(topic, 0, i, e.run_id.encode(), CODEC.encode(e)) for i, e in enumerate(run)
+    ]
+    projections = all_projections()
+    # as a worker applies it (states kept between batches), then the last batches cold
+    for first, last, cache in ((0, len(records) - 400, 256), (len(records) - 400, None, 0)):
+        engine = Engine(
+            [Target(p, env.build) for p in projections],
+            env.settings.pg_address,
+            None,
+            _Refuse(),
+            state_cache_runs=cache,
+        )
+        await engine.start()
+        try:
+            for at in range(first, last or len(records), 200):
+                await engine.process(records[at : min(at + 200, last or len(records))])
+        finally:
+            await engine.close()
+    with psycopg.connect(env.settings.pg_address) as conn:
+        largest = {
+            table: conn.execute(
+                f"SELECT max(octet_length(t::text)), count(*) FROM {table} t WHERE build = %s",
+                (env.build,),
+            ).fetchone()
+            for table in ("al_run_state", "al_state_pages", "al_history", "al_tail")
+        }
+        paged = conn.execute(
+            "SELECT projection, pages FROM al_run_state WHERE build = %s AND pages > 0",
+            (env.build,),
+        ).fetchall()
+    print(f"\nlargest rows (bytes, rows) at {len(run)} entries: {largest}; paged: {paged}")
+    assert {name for name, _n in paged} >= {"working-memory", "context-manifests"}
+    for table, found in largest.items():
+        assert found is not None
+        assert found[0] is None or found[0] <= ROW_BOUND, (table, found)
+    for p in projections:
+        state = fold_all(p, run)
+        assert state is not None
+        stored = current_states(env.settings.pg_address, p, env.build)[run[0].run_id]
+        assert stored == (len(run), orjson.loads(p.to_json(state))), p.name

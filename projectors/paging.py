@@ -1,0 +1,119 @@
+"""Bounded checkpoint rows (issue 25): what grows with a run leaves its checkpoint in pages.
+
+A projection's checkpoint is its whole state, and some of a state grows with the run: the
+working memory's evidence index holds every entry id (480 KB of a 10,000-entry run's 834 KB),
+and the context manifests carry a copy of it. Stored as one document, the row of a long run
+grows without bound. :func:`split` takes the members a projection names (``paged``) of more
+than ``PAGE_ITEMS`` members out of a large checkpoint into pages of ``PAGE_ITEMS`` consecutive
+members, each named by the hash of its content, leaves ``{"$al_pages": [ids], "$al_kind":
+"object"|"array"}`` in their place and lists their paths at the document's top level;
+:func:`join` puts them back. Members only ever appended (an index) fill the same pages again
+and again, so a later checkpoint names the pages of the one before and adds the last; a store
+keeps the pages a checkpoint names and drops the rest.
+
+Pure functions on JSON; the store does the I/O. The document :func:`join` gives equals the
+one :func:`split` was given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+PAGE_ITEMS = 512
+# Checkpoints smaller than this are stored whole (nearly all of them: no page lookups).
+PAGED_FROM_BYTES = 96 * 1024
+MARK = "$al_pages"
+KIND = "$al_kind"
+# a document left by split lists the paths it took pages from (its top level is a state's
+# fields, never content, so no member of an agent's can be read as a reference)
+PAGED = "$al_paged"
+
+
+def split(doc: bytes, paths: Sequence[str]) -> tuple[bytes, dict[str, bytes]]:
+    """A checkpoint as (the document left, its pages by id): the members at ``paths`` (dotted,
+    e.g. ``index.entries``: the parts that grow with the run) of more than ``PAGE_ITEMS``
+    members go into pages. A document of fewer than ``PAGED_FROM_BYTES`` bytes, or with
+    nothing that large at ``paths``, is left whole, with no pages."""
+    if not paths or len(doc) < PAGED_FROM_BYTES:
+        return doc, {}
+    tree = orjson.loads(doc)
+    pages: dict[str, bytes] = {}
+    paged: list[str] = []
+    for path in paths:
+        *parents, last = path.split(".")
+        node: Any = tree
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        member = node.get(last)
+        if isinstance(member, dict) and len(member) > PAGE_ITEMS:
+            items = list(member.items())
+            chunks: list[Any] = [
+                dict(items[i : i + PAGE_ITEMS]) for i in range(0, len(items), PAGE_ITEMS)
+            ]
+            node[last] = {MARK: [_store(c, pages) for c in chunks], KIND: "object"}
+            paged.append(path)
+        elif isinstance(member, list) and len(member) > PAGE_ITEMS:
+            spans = [member[i : i + PAGE_ITEMS] for i in range(0, len(member), PAGE_ITEMS)]
+            node[last] = {MARK: [_store(c, pages) for c in spans], KIND: "array"}
+            paged.append(path)
+    if not pages:
+        return doc, {}
+    tree[PAGED] = paged
+    return orjson.dumps(tree), pages
+
+
+def join(doc: Any, pages: Mapping[str, Any]) -> Any:
+    """The document :func:`split` was given, from what it left and the pages (parsed)."""
+    if not isinstance(doc, dict) or PAGED not in doc:
+        return doc
+    whole = dict(doc)
+    for path in whole.pop(PAGED):
+        *parents, last = path.split(".")
+        node = whole
+        for name in parents:  # copied on the way down: the given document stays as it was
+            node[name] = dict(node[name])
+            node = node[name]
+        ref = node[last]
+        if ref[KIND] == "object":
+            members: dict[str, Any] = {}
+            for page_id in ref[MARK]:
+                members.update(_page(pages, page_id))
+            node[last] = members
+        else:
+            node[last] = [m for page_id in ref[MARK] for m in _page(pages, page_id)]
+    return whole
+
+
+def page_ids(doc: Any) -> list[str]:
+    """The ids of the pages a document left by :func:`split` names."""
+    if not isinstance(doc, dict) or PAGED not in doc:
+        return []
+    return [i for path in doc[PAGED] for i in _parent(doc, path)[0][path.split(".")[-1]][MARK]]
+
+
+def _parent(tree: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    *parents, last = path.split(".")
+    node = tree
+    for name in parents:
+        node = node[name]
+    return node, last
+
+
+def _page(pages: Mapping[str, Any], page_id: str) -> Any:
+    try:
+        return pages[page_id]
+    except KeyError:
+        raise LookupError(f"checkpoint page {page_id} is missing") from None
+
+
+def _store(chunk: dict[str, Any] | list[Any], pages: dict[str, bytes]) -> str:
+    data = orjson.dumps(chunk)
+    page_id = hashlib.sha256(data).hexdigest()[:32]
+    pages[page_id] = data
+    return page_id

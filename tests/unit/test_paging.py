@@ -1,0 +1,93 @@
+"""Checkpoint pages: what a large checkpoint leaves and its pages give the document back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from projectors import paging
+from projectors.base import fold_all
+from projectors.registry import all_projections
+from streams.simulate import simulate_runs
+
+PATHS = ("index", "seen", "small", "nested.0.deep", "absent.x")
+
+
+def _big(n: int) -> dict[str, Any]:
+    return {
+        "index": {f"e-{i:05d}": "ok" if i % 3 else "failed" for i in range(n)},
+        "seen": [[i, f"k{i}"] for i in range(n)],
+        "small": {"a": [1, 2, 3], "b": None},
+        "nested": [{"deep": {f"x{i}": i for i in range(n)}}],
+    }
+
+
+def test_a_small_checkpoint_is_left_whole() -> None:
+    doc = orjson.dumps({"index": {f"e{i}": "ok" for i in range(600)}})
+    assert len(doc) < paging.PAGED_FROM_BYTES
+    assert paging.split(doc, PATHS) == (doc, {})
+
+
+def test_large_members_leave_in_pages_and_join_gives_the_document_back() -> None:
+    original = _big(5_000)
+    left, pages = paging.split(orjson.dumps(original), PATHS)
+    assert pages
+    kept = orjson.loads(left)
+    assert kept["small"] == original["small"]
+    assert set(kept["index"]) == {paging.MARK, paging.KIND}
+    assert kept["nested"] == original["nested"]  # a list's members are not walked into
+    assert kept[paging.PAGED] == ["index", "seen"]
+    assert len(kept["index"][paging.MARK]) == -(-5_000 // paging.PAGE_ITEMS)
+    assert len(left) < len(orjson.dumps(original["nested"])) + 4_096  # the rest names pages
+    assert max(map(len, pages.values())) < 64 * 1024
+    assert sorted(paging.page_ids(kept)) == sorted(pages)
+    parsed = {k: orjson.loads(v) for k, v in pages.items()}
+    assert paging.join(kept, parsed) == original
+    joined: dict[str, dict[str, str]] = paging.join(kept, parsed)
+    assert list(joined["index"]) == list(original["index"])  # (in order)
+
+
+def test_a_grown_document_names_the_pages_it_had_and_adds_the_last() -> None:
+    before = paging.split(orjson.dumps(_big(3_000)), PATHS)[1]
+    after = paging.split(orjson.dumps(_big(3_300)), PATHS)[1]
+    # members appended: every full page is the same page; only the partly filled ones change
+    # (two members paged: "index" and "seen"; 3,000 members fill 5 pages of 512)
+    assert len(set(after) - set(before)) <= 2 * 2
+    assert len(set(after) & set(before)) >= 2 * 5
+
+
+def test_a_missing_page_is_an_error_not_an_empty_member() -> None:
+    kept, pages = paging.split(orjson.dumps(_big(5_000)), PATHS)
+    parsed = {k: orjson.loads(v) for k, v in pages.items()}
+    parsed.pop(next(iter(parsed)))
+    with pytest.raises(LookupError, match="missing"):
+        paging.join(orjson.loads(kept), parsed)
+
+
+def test_members_shaped_like_references_elsewhere_are_content() -> None:
+    """Only the paths a split lists are read as references: an agent's object shaped like one,
+    anywhere else in the document, comes back as it was."""
+    lookalike = {paging.MARK: ["0" * 32], paging.KIND: "object"}
+    original = {**_big(5_000), "meta": lookalike, "small": {"a": lookalike}}
+    left, pages = paging.split(orjson.dumps(original), PATHS)
+    parsed = {k: orjson.loads(v) for k, v in pages.items()}
+    kept = orjson.loads(left)
+    assert paging.join(kept, parsed) == original
+    assert kept == orjson.loads(left)  # join copies what it changes
+
+
+def test_every_projection_checkpoint_of_a_long_run_round_trips() -> None:
+    [run] = list(simulate_runs(1, 1, 7, entries_per_run=3_000))
+    for p in all_projections():
+        state = fold_all(p, run)
+        assert state is not None
+        doc = p.checkpoint_json(state)
+        left, pages = paging.split(doc, p.paged)
+        parsed = {k: orjson.loads(v) for k, v in pages.items()}
+        back = paging.join(orjson.loads(left), parsed)
+        assert back == orjson.loads(doc), p.name
+        if p.name in ("working-memory", "context-manifests"):
+            assert pages, p.name
+        assert p.from_doc(back) == p.from_doc(orjson.loads(doc)), p.name
