@@ -526,8 +526,18 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         "last_context_items",
     )
 
-    # its copy of the working memory's evidence index
-    paged: tuple[str, ...] = tuple(f"memory.{path}" for path in INDEX_PAGED)
+    # its copy of the working memory's evidence index (grows with the run), and the lists the
+    # context budget bounds but that make a checkpoint of ~450 KiB (the compaction window's
+    # pool ~190 KiB, the kept recorded manifests, the last model call's and the next turn's items,
+    # the stable prefix's keys); the head (the next turn, ~160 KiB at most here) stays in the row
+    paged: tuple[str, ...] = (
+        *(f"memory.{path}" for path in INDEX_PAGED),
+        "pool",
+        "manifests",
+        "last_context_items",
+        "next_turn.items",
+        "prefix_basis",
+    )
 
     def __init__(self, budget: ContextBudget | None = None) -> None:
         self.budget = budget or ContextBudget()

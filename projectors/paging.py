@@ -24,8 +24,11 @@ from typing import Any
 import orjson
 
 PAGE_ITEMS = 512
-# Checkpoints smaller than this are stored whole (nearly all of them: no page lookups).
-PAGED_FROM_BYTES = 96 * 1024
+PAGE_BYTES = 64 * 1024  # an array's page holds at most this much (but for one larger member)
+PAGED_ARRAY_BYTES = 16 * 1024  # an array at a paged path this large is paged
+# Checkpoints smaller than this are stored whole (most of them: no parse, no page lookups);
+# with a head of at most ~100 KiB their row stays within 256 KiB.
+PAGED_FROM_BYTES = 128 * 1024
 MARK = "$al_pages"
 KIND = "$al_kind"
 # a document left by split lists the paths it took pages from (its top level is a state's
@@ -36,8 +39,8 @@ PAGED = "$al_paged"
 def split(doc: bytes, paths: Sequence[str]) -> tuple[bytes, dict[str, bytes]]:
     """A checkpoint as (the document left, its pages by id): the members at ``paths`` (dotted,
     e.g. ``index.entries``: the parts that grow with the run) of more than ``PAGE_ITEMS``
-    members go into pages. A document of fewer than ``PAGED_FROM_BYTES`` bytes, or with
-    nothing that large at ``paths``, is left whole, with no pages."""
+    members, or arrays of more than ``PAGED_ARRAY_BYTES`` bytes, go into pages. A document of fewer
+    than ``PAGED_FROM_BYTES`` bytes, or with nothing that large at ``paths``, is left whole."""
     if not paths or len(doc) < PAGED_FROM_BYTES:
         return doc, {}
     tree = orjson.loads(doc)
@@ -58,10 +61,11 @@ def split(doc: bytes, paths: Sequence[str]) -> tuple[bytes, dict[str, bytes]]:
             ]
             node[last] = {MARK: [_store(c, pages) for c in chunks], KIND: "object"}
             paged.append(path)
-        elif isinstance(member, list) and len(member) > PAGE_ITEMS:
-            spans = [member[i : i + PAGE_ITEMS] for i in range(0, len(member), PAGE_ITEMS)]
-            node[last] = {MARK: [_store(c, pages) for c in spans], KIND: "array"}
-            paged.append(path)
+        elif isinstance(member, list) and len(member) > 1:
+            encoded = [orjson.dumps(m) for m in member]
+            if len(member) > PAGE_ITEMS or sum(map(len, encoded)) > PAGED_ARRAY_BYTES:
+                node[last] = {MARK: _array_pages(encoded, pages), KIND: "array"}
+                paged.append(path)
     if not pages:
         return doc, {}
     tree[PAGED] = paged
@@ -112,8 +116,25 @@ def _page(pages: Mapping[str, Any], page_id: str) -> Any:
         raise LookupError(f"checkpoint page {page_id} is missing") from None
 
 
-def _store(chunk: dict[str, Any] | list[Any], pages: dict[str, bytes]) -> str:
-    data = orjson.dumps(chunk)
+def _array_pages(encoded: list[bytes], pages: dict[str, bytes]) -> list[str]:
+    """Consecutive members in pages of at most ``PAGE_ITEMS`` members and, but for a single
+    member that large, ``PAGE_BYTES`` bytes."""
+    ids: list[str] = []
+    start = size = 0
+    for n, data in enumerate(encoded):
+        if n > start and (n - start == PAGE_ITEMS or size + len(data) > PAGE_BYTES):
+            ids.append(_stored(b"[" + b",".join(encoded[start:n]) + b"]", pages))
+            start, size = n, 0
+        size += len(data) + 1
+    ids.append(_stored(b"[" + b",".join(encoded[start:]) + b"]", pages))
+    return ids
+
+
+def _stored(data: bytes, pages: dict[str, bytes]) -> str:
     page_id = hashlib.sha256(data).hexdigest()[:32]
     pages[page_id] = data
     return page_id
+
+
+def _store(chunk: dict[str, Any], pages: dict[str, bytes]) -> str:
+    return _stored(orjson.dumps(chunk), pages)

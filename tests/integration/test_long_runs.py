@@ -188,9 +188,12 @@ async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings
     env = await make_env(services, fleets=("fleet-01",))
     [run] = list(simulate_runs(1, 1, 2027, entries_per_run=10_000))
     assert len(run) >= 10_000
+    # and runs of 300 whose context window is full (a ~450 KiB context-manifests checkpoint)
+    short = list(simulate_runs(1, 3, 25, entries_per_run=300))
     topic = ledger_topic(env.settings.topic_prefix, "fleet-01")
     records = [
-        SourceRecord(topic, 0, i, e.run_id.encode(), CODEC.encode(e)) for i, e in enumerate(run)
+        SourceRecord(topic, 0, i, e.run_id.encode(), CODEC.encode(e))
+        for i, e in enumerate([*(e for r in short for e in r), *run])
     ]
     projections = all_projections()
     # as a worker applies it (states kept between batches), then the last batches cold
@@ -209,12 +212,18 @@ async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings
         finally:
             await engine.close()
     with psycopg.connect(env.settings.pg_address) as conn:
+        # a row's size: the bytes of what it holds (its documents as JSON text, payloads)
+        sizes = {
+            "al_run_state": "octet_length(state::text) + coalesce(octet_length(head::text), 0)",
+            "al_state_pages": "octet_length(page::text)",
+            "al_history": "octet_length(doc::text)",
+            "al_tail": "octet_length(payload)",
+        }
         largest = {
             table: conn.execute(
-                f"SELECT max(octet_length(t::text)), count(*) FROM {table} t WHERE build = %s",
-                (env.build,),
+                f"SELECT max({size}), count(*) FROM {table} WHERE build = %s", (env.build,)
             ).fetchone()
-            for table in ("al_run_state", "al_state_pages", "al_history", "al_tail")
+            for table, size in sizes.items()
         }
         paged = conn.execute(
             "SELECT projection, pages FROM al_run_state WHERE build = %s AND pages > 0",
@@ -222,11 +231,13 @@ async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings
         ).fetchall()
     print(f"\nlargest rows (bytes, rows) at {len(run)} entries: {largest}; paged: {paged}")
     assert {name for name, _n in paged} >= {"working-memory", "context-manifests"}
+    assert len([name for name, _n in paged if name == "context-manifests"]) == 1 + len(short)
     for table, found in largest.items():
         assert found is not None
         assert found[0] is None or found[0] <= ROW_BOUND, (table, found)
     for p in projections:
-        state = fold_all(p, run)
-        assert state is not None
-        stored = current_states(env.settings.pg_address, p, env.build)[run[0].run_id]
-        assert stored == (len(run), orjson.loads(p.to_json(state))), p.name
+        stored = current_states(env.settings.pg_address, p, env.build)
+        for r in (run, *short):
+            state = fold_all(p, r)
+            assert state is not None
+            assert stored[r[0].run_id] == (len(r), orjson.loads(p.to_json(state))), p.name

@@ -50,12 +50,13 @@ def test_large_members_leave_in_pages_and_join_gives_the_document_back() -> None
 
 
 def test_a_grown_document_names_the_pages_it_had_and_adds_the_last() -> None:
-    before = paging.split(orjson.dumps(_big(3_000)), PATHS)[1]
-    after = paging.split(orjson.dumps(_big(3_300)), PATHS)[1]
+    before = paging.split(orjson.dumps(_big(6_000)), PATHS)[1]
+    after = paging.split(orjson.dumps(_big(6_300)), PATHS)[1]
     # members appended: every full page is the same page; only the partly filled ones change
-    # (two members paged: "index" and "seen"; 3,000 members fill 5 pages of 512)
+    # (two members paged: "index" and "seen"; 6,000 members fill 11 pages of 512)
+    assert before
     assert len(set(after) - set(before)) <= 2 * 2
-    assert len(set(after) & set(before)) >= 2 * 5
+    assert len(set(after) & set(before)) >= 2 * 11
 
 
 def test_a_missing_page_is_an_error_not_an_empty_member() -> None:
@@ -64,6 +65,20 @@ def test_a_missing_page_is_an_error_not_an_empty_member() -> None:
     parsed.pop(next(iter(parsed)))
     with pytest.raises(LookupError, match="missing"):
         paging.join(orjson.loads(kept), parsed)
+
+
+def test_an_array_large_in_bytes_is_paged_by_bytes() -> None:
+    """A bounded list of large members (the context window's pool) is paged by size: at most
+    PAGE_BYTES a page, but a member larger than that alone in its page."""
+    members = [{"text": "x" * (9_000 if n != 7 else 100_000), "n": n} for n in range(40)]
+    original = {"pool": members, "other": 1}
+    left, pages = paging.split(orjson.dumps(original), ("pool",))
+    sizes = sorted(map(len, pages.values()))
+    assert sizes[-1] > 100_000  # the one large member, alone
+    assert all(n <= paging.PAGE_BYTES for n in sizes[:-1])
+    assert len(left) < 1_024
+    parsed = {k: orjson.loads(v) for k, v in pages.items()}
+    assert paging.join(orjson.loads(left), parsed) == original
 
 
 def test_members_shaped_like_references_elsewhere_are_content() -> None:
