@@ -19,7 +19,8 @@ The corpora are made by ``tests/data/secrets/fetch.py`` (see NOTICE.md there): t
 (Nosey Parker's rule examples, secretlint's snapshots, a third of Kingfisher's rule files) and
 held-out ones, each measured once after the detector was frozen (``<source>.measured.json``):
 another third of Kingfisher's files (looked at since), and three slices of google/osv-scalibr's
-veles detector tests (``veles``, ``veles2`` tuned on after their measurement; ``veles3``).
+veles detector tests (all three tuned on after their measurement), and the plugin tests of
+Yelp/detect-secrets (``detectsecrets``, held out: measured once at e78a80a).
 """
 
 from __future__ import annotations

@@ -55,6 +55,18 @@ FOUND = [
         "seed-phrase",
         "mnemonic: river stone tiger unit valve window apple banana cherry grape lemon mango",
     ),
+    # seventh round: dash-grouped keys, letters-only prefixed bodies, hex under a credential
+    # key, XML elements, vault blocks, escaped JSON quotes, long versioned values
+    ("dash-grouped-key", "The value is Q7-K2M9XD-4RT8WQ-ZP3LN-8HC2V-QW7RT-M4KX9 for now."),
+    ("dash-grouped-key", "recovery: 7QRC-K2M9-XD4R-T8WQ-ZP3L-N8HC-2VQW-7RTM-4KX9"),
+    ("prefixed-letters-token", "The value is zb_QvXkTrMwPzLsNbHdGcJfRyWqKtPmXvZsLn for now."),
+    ("named-hex-credential", "zorblax key: 9c1f4e7a2b8d0f3e6a5c"),
+    ("named-hex-credential", "QUUX_KEY: 9c1f4e7a2b8d0f3e6a5c"),
+    ("xml-secret-element", "<quuxApiKey>Zx9Yw8Vu7Ts6Rq5</quuxApiKey>"),
+    ("vault-encrypted-block", "$ANSIBLE_VAULT;1.1;AES256\n" + "3" * 20 + "6139" * 15 + "\n"),
+    ("quoted-secret-assignment", '{\\"quux_secret\\": \\"Zq8rT1pXw9Lm3Nv7Bc\\"}'),
+    ("service-named-token", "zorblax :'9c1F4e7A2b8D0f3E6a5C9k7R1t'"),
+    ("named-uuid-credential", "quux42 = 4f2b8c1d-9e3a-4b7c-8d6e-1f0a2b3c4d5e"),
 ]
 
 LEFT = [
@@ -76,6 +88,13 @@ LEFT = [
     "SGVsbG8gZnJvbSB0aGUgaW5nZXN0IHdvcmtlciwgdGhpcyBpcyBhbiBvcmRpbmFyeSBsb2cgbWVzc2FnZS4=",
     "golang.org/x/net v0.24.0 h1:5jiYB0BjLKN8Ih+rSbz0UZUfaMVj1CFrcNQK47ygmrC4v=",
     "the wallet: is in the drawer and the seed phrase is written on the back of a card",
+    # seventh round's look-alikes: dates and part numbers in groups, snake_case tests with
+    # CamelCase words, hashes under resource-type names, versions
+    "ISBN 978-3-16-148410-0, part ABCD-EFGH-IJKL-MNOP-QRST-UVWX, call 555-0100-2000-3000",
+    "def test_ReturnsTheValueWhenTheCacheIsEmptyAndExpired():",
+    '"AWS::ApiGateway::ApiKey": "48205d4ffd7feba3",',
+    "<passwordLength>16</passwordLength> <tokenType>Bearer</tokenType>",
+    "api_version: v1.2-rc3",
 ]
 
 

@@ -7,7 +7,8 @@ Two steps, each runnable alone::
 
 Sources: ``noseyparker``, ``kingfisher`` (held-out third), ``kingfisher-tuning`` (another third),
 ``secretlint`` (snapshots, see ``build_secretlint``) and ``veles``, ``veles2``, ``veles3`` (the
-detector tests of google/osv-scalibr, see ``build_veles``).
+detector tests of google/osv-scalibr, see ``build_veles``), ``detectsecrets`` (the plugin tests of
+Yelp/detect-secrets, see ``build_detectsecrets``).
 
 ``fetch`` downloads every rule file listed in ``<source>-rules.yml`` from GitHub at the commit
 recorded there (``raw.githubusercontent.com/<repo>/<commit>/<path>``) and writes the trimmed copy
@@ -72,6 +73,7 @@ SOURCES = (
     "veles",
     "veles2",
     "veles3",
+    "detectsecrets",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -457,6 +459,92 @@ def fetch_veles(source: str = "veles") -> None:
             assert value in text or value[:-1] in text or value[1:] in text, (case["path"], value)
 
 
+DETECTSECRETS_REPO = "Yelp/detect-secrets"
+# Fields that are no credential: an AWS access key id, an OAuth client id, a PuTTY file header,
+# a candidate the test itself calls a false secret (aws_key_test: "TEST" * 10).
+DETECTSECRETS_NOT_SECRET = frozenset({"AccessKeyID", "ClientID", "Header", "Candidate"})
+# The literal each format starts with (the providers' documented prefixes).
+DETECTSECRETS_PREFIXES = (
+    "AVNS_", "ABSK", "bedrock-api-key-", "AIza", "ghp_", "glpat-", "gldt-", "glsoat-", "glsa_",
+    "glc_", "hvs.", "eyJ", "sk-proj-", "sk-", "pypi-", "SG.", "xoxp-", "xoxo-", "xoxs-", "xoxa-",
+    "xoxr-", "xoxb-", "sk_live_", "rk_live_", "npm_", "sq0csp-",
+)  # fmt: skip
+
+
+def build_detectsecrets() -> tuple[list[dict[str, Any]], Counter[str]]:
+    """Each line of ``detectsecrets-tests.jsonl`` is one positive case of a plugin test of
+    Yelp/detect-secrets (``tests/plugins/*_test.py``: a ``should_flag`` True payload, or a
+    payload of a positives list), the input as the test builds it (``format()`` applied by hand)
+    and the credential it holds (``want``; read by hand from the payload: the password of a
+    connection string, the key after its name, the whole token). The same drop rules as the
+    other sources, and a case whose input and value another plugin's test already gave is a
+    duplicate (``gh_tight`` and ``gh_v2`` repeat ``gh_enterprise``'s lines)."""
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    for line in (HERE / "detectsecrets-tests.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        stem = case["path"].removeprefix("tests/plugins/").removesuffix("_test.py")
+        rule = "ds." + stem
+        for field, value in case["want"].items():
+            if field in DETECTSECRETS_NOT_SECRET:
+                dropped["not-a-secret"] += 1
+                continue
+            if (case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((case["input"], value))
+            if len(value) < 8:
+                dropped["short"] += 1
+            elif placeholder(value):
+                dropped["placeholder"] += 1
+            else:
+                prefix = next((p for p in DETECTSECRETS_PREFIXES if value.startswith(p)), "")
+                rows.append(
+                    {
+                        "source": "detectsecrets",
+                        "rule": rule,
+                        "name": case["test"],
+                        "example": case["input"],
+                        "secret": value,
+                        "how": "wanted",
+                        "prefix": prefix,
+                        "file": case["path"],
+                        "commit": case["commit"],
+                    }
+                )
+    return rows, dropped
+
+
+def write_detectsecrets() -> None:
+    rows, dropped = build_detectsecrets()
+    with (HERE / "detectsecrets.jsonl").open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
+    summary["prefixed"] = sum(1 for r in rows if r["prefix"])
+    summary["files"] = len({r["file"] for r in rows})
+    summary["per_file"] = dict(sorted(Counter(r["file"] for r in rows).items()))
+    (HERE / "detectsecrets.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("detectsecrets", json.dumps(summary))
+
+
+def fetch_detectsecrets() -> None:
+    """Download each test file at its commit and check that each stored value, or the part of
+    it the test builds with ``format()``, is in it (a check of the copy, not a Python
+    evaluator)."""
+    texts: dict[tuple[str, str], str] = {}
+    for line in (HERE / "detectsecrets-tests.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        key = (case["path"], case["commit"])
+        if key not in texts:
+            url = f"https://raw.githubusercontent.com/{DETECTSECRETS_REPO}/{key[1]}/{key[0]}"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                texts[key] = response.read().decode("utf-8")
+        for value in case["want"].values():
+            assert value[:24] in texts[key] or value[-24:] in texts[key], (case["path"], value)
+
+
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -479,6 +567,8 @@ def main(argv: list[str]) -> None:
                 fetch_secretlint()
             elif source in ("veles", "veles2", "veles3"):
                 fetch_veles(source)
+            elif source == "detectsecrets":
+                fetch_detectsecrets()
             else:
                 fetch(source)
     elif argv[:1] == ["build"]:
@@ -487,6 +577,8 @@ def main(argv: list[str]) -> None:
                 write_secretlint()
             elif source in ("veles", "veles2", "veles3"):
                 write_veles(source)
+            elif source == "detectsecrets":
+                write_detectsecrets()
             elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
     else:
