@@ -56,8 +56,8 @@ def provisioned(console: Console | None = None) -> Iterator[Settings]:
 def _local_stack(settings: Settings, console: Console) -> Iterator[None]:
     services = all_services(settings, console)
     started_here = [s for s in services if not s.external and s.pid() is None]
-    local.up(settings, console)
-    try:
+    try:  # a start that fails half way stops what it did start (a fresh machine's first
+        local.up(settings, console)  # run left Kafka and PostgreSQL up when Redis failed)
         yield
     finally:
         for service in reversed(started_here):

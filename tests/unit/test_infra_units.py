@@ -145,3 +145,37 @@ def test_stacks_starting_at_once_install_a_missing_package_once(
         t.join(10)
     assert not errors
     assert [argv[-1] for argv in calls] == ["update", "redis-server"]  # one install, not two
+
+
+def test_a_local_stack_that_fails_half_way_stops_what_it_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test stack's start failed on Redis on a fresh machine and left Kafka and PostgreSQL
+    running (on CI's ports): a start that fails stops the services it found stopped."""
+    from infra import local, provision
+    from infra.errors import InfraError
+
+    stopped: list[str] = []
+
+    class Service:
+        external = False
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def pid(self) -> int | None:
+            return None
+
+        def down(self) -> str:
+            stopped.append(self.name)
+            return f"{self.name}: stopped"
+
+    def failing_up(settings: object, console: object) -> None:
+        raise InfraError("installing redis-server failed")
+
+    fakes = [Service("kafka"), Service("postgres"), Service("redis")]
+    monkeypatch.setattr(provision, "all_services", lambda settings, console: fakes)
+    monkeypatch.setattr(local, "up", failing_up)
+    with pytest.raises(InfraError), provision.provisioned(Console(quiet=True)):
+        raise AssertionError("the block ran without services")
+    assert stopped == ["redis", "postgres", "kafka"]
