@@ -306,7 +306,9 @@ def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
     found = []
     for name in ANALYTICS:
         view = live_states(settings, name, [run_id]).get(run_id)
-        if view is not None:
+        # a projection that has taken none of the run's entries yet (a young run) holds an
+        # empty document: as if it had none
+        if view is not None and view["state"]:
             found.append((name, view["state"], view["applied_seq"], view["gaps"]))
     with _connect(settings) as conn:
         calls = ops.run_cost_calls(conn, run_id)

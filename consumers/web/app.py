@@ -144,7 +144,7 @@ def create_app(
         start = _offset(cursor)
         rows = queries.runs(settings, filters, limit + 1, start, who.fleets)
         more = len(rows) > limit
-        return rows[:limit], (_cursor(start + limit) if more else None)
+        return rows[:limit], (cursor_at(start + limit) if more else None)
 
     # -- API ---------------------------------------------------------------------------------
 
@@ -209,7 +209,7 @@ def create_app(
         return queries.jsonable(
             {
                 "rows": rows[start : start + limit],
-                "next_cursor": _cursor(start + limit) if more else None,
+                "next_cursor": cursor_at(start + limit) if more else None,
             }
         )
 
@@ -427,9 +427,9 @@ def create_app(
             rows=rows,
             first=start + 1,
             total=len(doc["rows"]),
-            next_url=f"/runs/{run_id}?cursor={_cursor(start + ROWS_PER_PAGE)}" if more else None,
+            next_url=f"/runs/{run_id}?cursor={cursor_at(start + ROWS_PER_PAGE)}" if more else None,
             live=doc["status"] == "RUNNING" and not more,
-            prev_url=f"/runs/{run_id}?cursor={_cursor(max(0, start - ROWS_PER_PAGE))}"
+            prev_url=f"/runs/{run_id}?cursor={cursor_at(max(0, start - ROWS_PER_PAGE))}"
             if start
             else None,
         )
@@ -550,7 +550,7 @@ def _same_origin(request: Request) -> bool:
     return origin is not None and urlparse(origin).netloc == request.url.netloc
 
 
-def _cursor(offset: int) -> str:
+def cursor_at(offset: int) -> str:
     """An opaque cursor: where the next page starts."""
     return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
 

@@ -517,45 +517,48 @@ RUN_SORTS: dict[str, LiteralString] = {
     "id": "run_id",
 }
 
+# From the runs list's index (al_run_list, migration 019: the run-stats build's runs with the
+# columns sorted and filtered on typed, kept by triggers), walked in the sort's index order; the
+# other projections' heads are looked up by primary key for the runs it yields.
 _RUNS: LiteralString = """
-WITH heads AS (
-    SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at,
-           s.conflicts
-    FROM al_run_state s JOIN al_live l USING (projection, build)
-    WHERE s.projection IN ('run-stats', 'failure-classifications', 'cost-metrics', 'working-memory')
-), runs AS (
-    SELECT r.run_id, r.fleet_id,
-           r.doc ->> 'status' AS status,
-           (r.doc ->> 'entries')::bigint AS entries,
-           (r.doc ->> 'first_at')::timestamptz AS first_at,
-           (r.doc ->> 'last_at')::timestamptz AS last_at,
-           f.doc -> 'classification' ->> 'failure_class' AS failure_class,
-           (c.doc -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
-           (c.doc -> 'totals' ->> 'calls')::integer AS calls,
-           (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
-           (c.doc -> 'totals' ->> 'usage_unknown_calls')::integer AS usage_unknown_calls,
-           (c.doc -> 'totals' ->> 'reported_calls')::integer AS reported_calls,
-           c.doc -> 'by_model' AS by_model,
-           w.doc ->> 'task_goal' AS task,
-           f.doc -> 'classification' ->> 'explanation' AS explanation,
-           coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems,
-           r.conflicts AS conflicting_duplicates
-    FROM heads r
-    LEFT JOIN heads f ON f.run_id = r.run_id AND f.projection = 'failure-classifications'
-    LEFT JOIN heads c ON c.run_id = r.run_id AND c.projection = 'cost-metrics'
-    LEFT JOIN heads w ON w.run_id = r.run_id AND w.projection = 'working-memory'
-    WHERE r.projection = 'run-stats'
-), known AS (
+SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
+       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
+       conflicting_duplicates
+FROM (
     -- the cost filtered and sorted on: unknown (NULL, never 0) unless some call has a cost of
     -- ours (projectors.cost_metrics.known_sum, which gives the cost the rows show)
     SELECT *, CASE WHEN calls > unpriced_calls + usage_unknown_calls
                    THEN priced_cost_usd END AS cost_usd
-    FROM runs
-)
-SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
-       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
-       conflicting_duplicates
-FROM known
+    FROM (
+        SELECT r.run_id, r.fleet_id, r.status, r.entries, r.first_at, r.last_at,
+               coalesce(f.head, f.state) -> 'classification' ->> 'failure_class' AS failure_class,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'calls')::integer AS calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'unpriced_calls')::integer
+                   AS unpriced_calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'usage_unknown_calls')::integer
+                   AS usage_unknown_calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'reported_calls')::integer
+                   AS reported_calls,
+               coalesce(c.head, c.state) -> 'by_model' AS by_model,
+               coalesce(w.head, w.state) ->> 'task_goal' AS task,
+               coalesce(f.head, f.state) -> 'classification' ->> 'explanation' AS explanation,
+               coalesce(coalesce(w.head, w.state) -> 'open_problems', '[]'::jsonb)::text
+                   AS problems,
+               r.conflicts AS conflicting_duplicates
+        FROM al_run_list r
+        LEFT JOIN al_run_state f ON f.projection = 'failure-classifications'
+            AND f.build = (SELECT build FROM al_live WHERE projection = 'failure-classifications')
+            AND f.run_id = r.run_id
+        LEFT JOIN al_run_state c ON c.projection = 'cost-metrics'
+            AND c.build = (SELECT build FROM al_live WHERE projection = 'cost-metrics')
+            AND c.run_id = r.run_id
+        LEFT JOIN al_run_state w ON w.projection = 'working-memory'
+            AND w.build = (SELECT build FROM al_live WHERE projection = 'working-memory')
+            AND w.run_id = r.run_id
+        WHERE r.build = (SELECT build FROM al_live WHERE projection = 'run-stats')
+    ) runs
+) known
 {where}
 ORDER BY {order}
 LIMIT %(limit)s OFFSET %(offset)s

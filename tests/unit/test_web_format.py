@@ -11,7 +11,7 @@ import pytest
 
 from consumers.access import parse_expiry, token_hash
 from consumers.queries import cost_text, parse_run_filters
-from consumers.web.app import HttpError, _cursor, _offset, _usd
+from consumers.web.app import HttpError, _offset, _usd, cursor_at
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line
 from schemas.errors import BadArgumentError
 
@@ -35,9 +35,9 @@ def test_an_unknown_cost_is_never_shown_as_zero() -> None:
 
 
 def test_a_cursor_comes_back_as_its_offset_and_junk_is_a_400() -> None:
-    assert [_offset(_cursor(n)) for n in (0, 1, 50, 10_000)] == [0, 1, 50, 10_000]
+    assert [_offset(cursor_at(n)) for n in (0, 1, 50, 10_000)] == [0, 1, 50, 10_000]
     assert _offset(None) == 0 and _offset("") == 0
-    for junk in ("not-a-cursor", _cursor(-1), "e30", "!!"):
+    for junk in ("not-a-cursor", cursor_at(-1), "e30", "!!"):
         with pytest.raises(HttpError) as caught:
             _offset(junk)
         assert caught.value.status == 400
