@@ -295,7 +295,7 @@ def serve(
 
     from consumers.mcp_http import mount as mount_mcp
     from consumers.web.app import create_app
-    from streams.dlq import dead_letter_rows, dismiss
+    from streams.dlq import dead_letter_rows, dismiss, redrive_json
     from streams.rebuild import builds_json
 
     settings = _settings()
@@ -309,7 +309,13 @@ def serve(
 
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     # open event streams (a running run's page) get 5 s to end once a stop is asked
-    app = create_app(settings, dead_letters, dismiss_one, lambda: builds_json(settings))
+    app = create_app(
+        settings,
+        dead_letters,
+        dismiss_one,
+        lambda: builds_json(settings),
+        lambda fleets: asyncio.run(redrive_json(settings, fleets)),
+    )
     mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 

@@ -142,6 +142,7 @@ COST_KEYS: dict[str, LiteralString] = {
     "model": "provider || '/' || model",
     "purpose": "purpose",
     "day": "day::text",
+    "day-model": "day::text || ' ' || provider || '/' || model",  # "2026-12-01 openai/gpt-4.1"
 }
 
 _COSTS: LiteralString = """
@@ -270,6 +271,21 @@ def failure_rollup(
     where, params = _filters(fleet, since, run_ids, "last_at")
     params["stall"] = stall
     return list(conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall())
+
+
+def failure_days(
+    conn: psycopg.Connection[Any], fleet: str | None, since: datetime | None
+) -> list[tuple[str, str, int]]:
+    """(day of the run's last entry, UTC; failure class; runs), by day then class: the failure
+    classes over time (runs with no entry time are left out)."""
+    where, params = _filters(fleet, since, None, "last_at")
+    query = sql.SQL(
+        "SELECT to_char(last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, "
+        "coalesce(failure_class, 'unclassified'), count(*) "
+        "FROM (SELECT * FROM al_failures WHERE last_at IS NOT NULL) f {where} "
+        "GROUP BY 1, 2 ORDER BY 1, 2"
+    ).format(where=where)
+    return [(str(d), str(c), int(n)) for d, c, n in conn.execute(query, params).fetchall()]
 
 
 def run_cost_calls(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[Any, ...]]:
@@ -517,6 +533,12 @@ RUN_SORTS: dict[str, LiteralString] = {
     "id": "run_id",
 }
 
+EVALUATIONS: dict[str, LiteralString] = {
+    "passed": "failure_class = 'none'",
+    "unevaluated": "(failure_class IS NULL OR failure_class = 'unevaluated')",
+    "failed": "failure_class NOT IN ('none', 'unevaluated')",
+}
+
 # From the runs list's index (al_run_list, migration 019: the run-stats build's runs with the
 # columns sorted and filtered on typed, kept by triggers), walked in the sort's index order; the
 # other projections' heads are looked up by primary key for the runs it yields.
@@ -580,13 +602,16 @@ def find_runs(
     offset: int = 0,
     fleets: Sequence[str] | None = None,
     model: str | None = None,
+    evaluation: str | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
     run not finished yet; ``text`` matches the task, the failure explanation and open problems
     (case-insensitive, literally); ``fleets`` keeps only the runs of those fleets (an API
     token's scope); ``offset`` skips that many of the sorted runs (a page's start); ``model``
-    keeps the runs with a counted call of that model (``provider/model`` or the model alone)."""
+    keeps the runs with a counted call of that model (``provider/model`` or the model alone);
+    ``evaluation`` what a submission's evaluation said: ``passed`` (class none),
+    ``unevaluated`` (no class yet, or unevaluated) or ``failed`` (any other class)."""
     clauses: list[sql.Composable] = []
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     _common(clauses, params, fleet, since, None, "last_at")
@@ -606,6 +631,8 @@ def find_runs(
             sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")
         )
         params["status"] = status
+    if evaluation is not None:
+        clauses.append(sql.SQL(EVALUATIONS[evaluation]))
     if failure_class is not None:
         clauses.append(sql.SQL("failure_class = %(class)s"))
         params["class"] = failure_class
