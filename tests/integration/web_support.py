@@ -214,9 +214,10 @@ def cli_json(settings: Settings, *args: str) -> Any:
 def cli_and_api_disagree(settings: Settings, fleet: str) -> tuple[int, list[str]]:
     """Every figure the CLI's ``--json`` gives for ``fleet`` and for each of its runs, beside
     what the API answers for it (served over ``settings``, a token for the fleet): (runs
-    compared, what differs). Runs list (and by each outcome found), each run's header,
-    timeline (paged), costs, memory, next turn and failure, and the fleet's costs by every
-    dimension and failures."""
+    compared, what differs). Runs list (and by each outcome found), each run's header (its
+    costs among it), timeline (paged) and failure, and the fleet's costs by every dimension and
+    failures. (Memory and the next turn are compared in test_web_api, on simulated runs: with
+    them here, and each run's cost asked on its own, the first pack's comparison took 236 s.)"""
     import httpx
 
     token = create_token(settings, [fleet])["token"]
@@ -286,20 +287,9 @@ def cli_and_api_disagree(settings: Settings, fleet: str) -> tuple[int, list[str]
                 cursor = page["next_cursor"]
             same(f"{run_id} row count", len(timeline["rows"]), header.pop("row_count"))
             same(f"{run_id} timeline", timeline, {**header, "rows": rows})
-            same(f"{run_id} costs", timeline["cost"], api(f"/api/v1/runs/{run_id}/costs"))
             same(
                 f"{run_id} failure",
                 cli_json(settings, "failures", run_id, "--json"),
                 api(f"/api/v1/runs/{run_id}/failure"),
-            )
-            same(
-                f"{run_id} memory",
-                cli_json(settings, "memory", run_id, "--json"),
-                api(f"/api/v1/runs/{run_id}/memory"),
-            )
-            same(
-                f"{run_id} next turn",
-                cli_json(settings, "context", run_id, "--json"),
-                api(f"/api/v1/runs/{run_id}/context"),
             )
     return len(runs), differ
