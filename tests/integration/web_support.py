@@ -5,6 +5,7 @@ into PostgreSQL by the engine, and ``agentledger serve``'s app served by uvicorn
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 import time
@@ -193,20 +194,29 @@ def web_deployment(services: Settings, logs: Path) -> Iterator[Web]:
         d.drop()
 
 
+@functools.cache
+def _cli_command() -> Any:
+    """The command line as click runs it, built once (typer builds it anew on each
+    ``CliRunner.invoke``: most of the time of a quick command)."""
+    import typer
+
+    from infra.main import app
+
+    return typer.main.get_command(app)
+
+
 def cli_json(settings: Settings, *args: str) -> Any:
     """``agentledger ARGS`` (``--json`` among them) run in this process, its document."""
     import json
 
-    from typer.testing import CliRunner
-
-    from infra.main import app
+    from click.testing import CliRunner
 
     env = {
         "AGENTLEDGER_PG_DSN": settings.pg_address,
         "AGENTLEDGER_TOPIC_PREFIX": settings.topic_prefix,
         "COLUMNS": "200",
     }
-    result = CliRunner().invoke(app, list(args), env=env)
+    result = CliRunner().invoke(_cli_command(), list(args), env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -217,7 +227,8 @@ def cli_and_api_disagree(settings: Settings, fleet: str) -> tuple[int, list[str]
     compared, what differs). Runs list (and by each outcome found), each run's header (its
     costs among it), timeline (paged) and failure, and the fleet's costs by every dimension and
     failures. (Memory and the next turn are compared in test_web_api, on simulated runs: with
-    them here, and each run's cost asked on its own, the first pack's comparison took 236 s.)"""
+    them here, each run's cost asked on its own and typer building the command line anew for
+    each command, the first pack's 244 runs took 236 s.)"""
     import httpx
 
     token = create_token(settings, [fleet])["token"]
