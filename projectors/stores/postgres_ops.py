@@ -142,6 +142,7 @@ COST_KEYS: dict[str, LiteralString] = {
     "model": "provider || '/' || model",
     "purpose": "purpose",
     "day": "day::text",
+    "day-model": "day::text || ' ' || provider || '/' || model",  # "2026-12-01 openai/gpt-4.1"
 }
 
 _COSTS: LiteralString = """
@@ -270,6 +271,21 @@ def failure_rollup(
     where, params = _filters(fleet, since, run_ids, "last_at")
     params["stall"] = stall
     return list(conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall())
+
+
+def failure_days(
+    conn: psycopg.Connection[Any], fleet: str | None, since: datetime | None
+) -> list[tuple[str, str, int]]:
+    """(day of the run's last entry, UTC; failure class; runs), by day then class: the failure
+    classes over time (runs with no entry time are left out)."""
+    where, params = _filters(fleet, since, None, "last_at")
+    query = sql.SQL(
+        "SELECT to_char(last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, "
+        "coalesce(failure_class, 'unclassified'), count(*) "
+        "FROM (SELECT * FROM al_failures WHERE last_at IS NOT NULL) f {where} "
+        "GROUP BY 1, 2 ORDER BY 1, 2"
+    ).format(where=where)
+    return [(str(d), str(c), int(n)) for d, c, n in conn.execute(query, params).fetchall()]
 
 
 def run_cost_calls(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[Any, ...]]:
@@ -525,45 +541,54 @@ RUN_SORTS: dict[str, LiteralString] = {
     "id": "run_id",
 }
 
+EVALUATIONS: dict[str, LiteralString] = {
+    "passed": "failure_class = 'none'",
+    "unevaluated": "(failure_class IS NULL OR failure_class = 'unevaluated')",
+    "failed": "failure_class NOT IN ('none', 'unevaluated')",
+}
+
+# From the runs list's index (al_run_list, migration 019: the run-stats build's runs with the
+# columns sorted and filtered on typed, kept by triggers), walked in the sort's index order; the
+# other projections' heads are looked up by primary key for the runs it yields.
 _RUNS: LiteralString = """
-WITH heads AS (
-    SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at,
-           s.conflicts
-    FROM al_run_state s JOIN al_live l USING (projection, build)
-    WHERE s.projection IN ('run-stats', 'failure-classifications', 'cost-metrics', 'working-memory')
-), runs AS (
-    SELECT r.run_id, r.fleet_id,
-           r.doc ->> 'status' AS status,
-           (r.doc ->> 'entries')::bigint AS entries,
-           (r.doc ->> 'first_at')::timestamptz AS first_at,
-           (r.doc ->> 'last_at')::timestamptz AS last_at,
-           f.doc -> 'classification' ->> 'failure_class' AS failure_class,
-           (c.doc -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
-           (c.doc -> 'totals' ->> 'calls')::integer AS calls,
-           (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
-           (c.doc -> 'totals' ->> 'usage_unknown_calls')::integer AS usage_unknown_calls,
-           (c.doc -> 'totals' ->> 'reported_calls')::integer AS reported_calls,
-           c.doc -> 'by_model' AS by_model,
-           w.doc ->> 'task_goal' AS task,
-           f.doc -> 'classification' ->> 'explanation' AS explanation,
-           coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems,
-           r.conflicts AS conflicting_duplicates
-    FROM heads r
-    LEFT JOIN heads f ON f.run_id = r.run_id AND f.projection = 'failure-classifications'
-    LEFT JOIN heads c ON c.run_id = r.run_id AND c.projection = 'cost-metrics'
-    LEFT JOIN heads w ON w.run_id = r.run_id AND w.projection = 'working-memory'
-    WHERE r.projection = 'run-stats'
-), known AS (
+SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
+       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
+       conflicting_duplicates
+FROM (
     -- the cost filtered and sorted on: unknown (NULL, never 0) unless some call has a cost of
     -- ours (projectors.cost_metrics.known_sum, which gives the cost the rows show)
     SELECT *, CASE WHEN calls > unpriced_calls + usage_unknown_calls
                    THEN priced_cost_usd END AS cost_usd
-    FROM runs
-)
-SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
-       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
-       conflicting_duplicates
-FROM known
+    FROM (
+        SELECT r.run_id, r.fleet_id, r.status, r.entries, r.first_at, r.last_at,
+               coalesce(f.head, f.state) -> 'classification' ->> 'failure_class' AS failure_class,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'calls')::integer AS calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'unpriced_calls')::integer
+                   AS unpriced_calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'usage_unknown_calls')::integer
+                   AS usage_unknown_calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'reported_calls')::integer
+                   AS reported_calls,
+               coalesce(c.head, c.state) -> 'by_model' AS by_model,
+               coalesce(w.head, w.state) ->> 'task_goal' AS task,
+               coalesce(f.head, f.state) -> 'classification' ->> 'explanation' AS explanation,
+               coalesce(coalesce(w.head, w.state) -> 'open_problems', '[]'::jsonb)::text
+                   AS problems,
+               r.conflicts AS conflicting_duplicates
+        FROM al_run_list r
+        LEFT JOIN al_run_state f ON f.projection = 'failure-classifications'
+            AND f.build = (SELECT build FROM al_live WHERE projection = 'failure-classifications')
+            AND f.run_id = r.run_id
+        LEFT JOIN al_run_state c ON c.projection = 'cost-metrics'
+            AND c.build = (SELECT build FROM al_live WHERE projection = 'cost-metrics')
+            AND c.run_id = r.run_id
+        LEFT JOIN al_run_state w ON w.projection = 'working-memory'
+            AND w.build = (SELECT build FROM al_live WHERE projection = 'working-memory')
+            AND w.run_id = r.run_id
+        WHERE r.build = (SELECT build FROM al_live WHERE projection = 'run-stats')
+    ) runs
+) known
 {where}
 ORDER BY {order}
 LIMIT %(limit)s OFFSET %(offset)s
@@ -585,13 +610,16 @@ def find_runs(
     offset: int = 0,
     fleets: Sequence[str] | None = None,
     model: str | None = None,
+    evaluation: str | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
     run not finished yet; ``text`` matches the task, the failure explanation and open problems
     (case-insensitive, literally); ``fleets`` keeps only the runs of those fleets (an API
     token's scope); ``offset`` skips that many of the sorted runs (a page's start); ``model``
-    keeps the runs with a counted call of that model (``provider/model`` or the model alone)."""
+    keeps the runs with a counted call of that model (``provider/model`` or the model alone);
+    ``evaluation`` what a submission's evaluation said: ``passed`` (class none),
+    ``unevaluated`` (no class yet, or unevaluated) or ``failed`` (any other class)."""
     clauses: list[sql.Composable] = []
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     _common(clauses, params, fleet, since, None, "last_at")
@@ -611,6 +639,8 @@ def find_runs(
             sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")
         )
         params["status"] = status
+    if evaluation is not None:
+        clauses.append(sql.SQL(EVALUATIONS[evaluation]))
     if failure_class is not None:
         clauses.append(sql.SQL("failure_class = %(class)s"))
         params["class"] = failure_class
