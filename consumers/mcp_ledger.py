@@ -22,6 +22,7 @@ The policy, the same for every token:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -33,7 +34,6 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from psycopg import Connection
-from psycopg_pool import ConnectionPool
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -78,6 +78,7 @@ class Unauthorized(AgentLedgerError):
     """No token, or one that is unknown, revoked or expired."""
 
 
+@functools.cache
 def server_version() -> str:
     try:
         return f"agentledger {package_version('agentledger')}"
@@ -115,23 +116,28 @@ class Ledger:
         self.token = token
         self._root = root  # whose Redis client and connections this one shares
         self._redis: Redis | None = None
-        self._pool: ConnectionPool[Connection[Any]] | None = None
+        self._pooled = False  # whether this (root) ledger asked ops.connect to keep connections
 
     def for_token(self, token: str | None) -> Ledger:
         """The same reads for another token (HTTP: each request's own), sharing the clients."""
         return Ledger(self.settings, token, self._root or self)
 
+    def _keep_connections(self) -> None:
+        """From the first read on, every PostgreSQL connection of this process's reads (the
+        server's own statements and the query layer's) is lent from a pool: opening one costs
+        more than a read's queries."""
+        if self._root is not None:
+            self._root._keep_connections()
+        elif not self._pooled:
+            ops.keep_connections(self.settings.pg_address)
+            self._pooled = True
+
     @contextmanager
     def _conn(self) -> Iterator[Connection[Any]]:
         """A pooled connection for the server's own statements (access, where the run stands,
         the audit); the documents come through the query layer, as the CLI's do."""
-        if self._root is not None:
-            with self._root._conn() as conn:
-                yield conn
-            return
-        if self._pool is None:
-            self._pool = ConnectionPool(self.settings.pg_address, min_size=1, max_size=8, open=True)
-        with self._pool.connection() as conn:
+        self._keep_connections()
+        with ops.connect(self.settings.pg_address) as conn:
             yield conn
 
     def _redis_client(self) -> Redis:
@@ -146,6 +152,7 @@ class Ledger:
     # -- access ------------------------------------------------------------------------------
 
     def principal(self) -> Principal:
+        self._keep_connections()
         found = authenticate(self.settings, self.token)
         if found is None:
             raise Unauthorized(
@@ -226,9 +233,9 @@ class Ledger:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        if self._pooled:
+            ops.drop_connections(self.settings.pg_address)
+            self._pooled = False
 
     # -- the reads ---------------------------------------------------------------------------
 

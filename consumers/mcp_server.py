@@ -614,5 +614,9 @@ async def serve_stdio(settings: Settings, token: str | None) -> None:
 
 def check_token(settings: Settings, token: str | None) -> str:
     """Fail fast at start-up: the token's id and fleets, in words (Unauthorized if invalid)."""
-    who = Ledger(settings, token).principal()
+    ledger = Ledger(settings, token)
+    try:
+        who = ledger.principal()
+    finally:
+        ledger.close()
     return f"token {who.token_id}, fleets {', '.join(who.fleets)}"

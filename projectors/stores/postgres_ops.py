@@ -17,6 +17,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, RECORD_BUILD, use_documents
 from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
@@ -28,12 +29,49 @@ LIVE_STATE: LiteralString = "al_run_state s JOIN al_live l USING (projection, bu
 LIVE_HISTORY: LiteralString = "al_history h JOIN al_live l USING (projection, build)"
 
 
+# dsn -> (the pool :func:`connect` lends from, how many holders asked for it)
+_READER_POOLS: dict[str, tuple[ConnectionPool[psycopg.Connection[Any]], int]] = {}
+
+
 @contextmanager
 def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """A reader's connection, reading documents as the store wrote them; commits on exit."""
+    """A reader's connection, reading documents as the store wrote them; commits on exit.
+    Lent from the process's pool for ``dsn`` while one is kept (:func:`keep_connections`),
+    else opened and closed."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is not None:
+        with pooled[0].connection() as conn:
+            yield conn
+        return
     with psycopg.connect(dsn) as conn:
         use_documents(conn)
         yield conn
+
+
+def keep_connections(dsn: str, max_size: int = 8) -> None:
+    """From now on (until as many :func:`drop_connections`), :func:`connect` to ``dsn`` lends a
+    pooled connection: a long-lived reader (the MCP server) whose reads take a few ms would
+    otherwise spend more than that opening connections."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is None:
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn, min_size=1, max_size=max_size, configure=use_documents, open=True
+        )
+        _READER_POOLS[dsn] = (pool, 1)
+    else:
+        _READER_POOLS[dsn] = (pooled[0], pooled[1] + 1)
+
+
+def drop_connections(dsn: str) -> None:
+    """Undo one :func:`keep_connections`; the last one closes the pool."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is None:
+        return
+    if pooled[1] > 1:
+        _READER_POOLS[dsn] = (pooled[0], pooled[1] - 1)
+        return
+    del _READER_POOLS[dsn]
+    pooled[0].close()
 
 
 @asynccontextmanager
