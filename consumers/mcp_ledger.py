@@ -167,30 +167,58 @@ class Ledger:
         return self._run_of(self.principal(), run_id)
 
     def _run_of(self, who: Principal, run_id: str) -> str:
+        """The run id ``run_id`` is, or the only one of the token's fleets it is the start of
+        (as the CLI resolves a prefix); NotFoundError: none of the token's runs (an unknown
+        run and another fleet's alike), AmbiguousRunError: several."""
         if not run_id:
             raise NotFoundError("no run (a run id is needed)")
         with self._conn() as conn:
-            fleet = ops.live_fleet_of(conn, run_id)
-        if fleet not in who.fleets:
-            raise NotFoundError(f"no run {run_id}")
-        return run_id
+            if ops.live_fleet_of(conn, run_id) in who.fleets:
+                return run_id
+            try:
+                return ops.resolve_run(conn, run_id, who.fleets)
+            except NotFoundError:
+                raise NotFoundError(f"no run {run_id}") from None
 
     # -- read-your-writes --------------------------------------------------------------------
 
-    def wait(
-        self, projection: str, run_id: str, min_seq: int | None, timeout_s: float | None
-    ) -> Waited:
-        """Wait until ``projection``'s live build has applied ``min_seq`` of the run (polling
-        its Redis view when it has one, else its PostgreSQL row), at most ``timeout_s``."""
-        start = time.monotonic()
-        if min_seq is None:
-            return Waited(None, True, 0.0, None)
-        if min_seq < 0:
+    @staticmethod
+    def _timeout(min_seq: int | None, timeout_s: float | None) -> float:
+        """How long a read may wait for ``min_seq`` (BadArgumentError: out of bounds)."""
+        if min_seq is not None and min_seq < 0:
             raise BadArgumentError("min_seq: a sequence number, 0 or more")
         timeout = DEFAULT_WAIT_S if timeout_s is None else timeout_s
         if not 0 <= timeout <= MAX_WAIT_S:
             raise BadArgumentError(f"timeout_s: from 0 to {MAX_WAIT_S:g} seconds")
-        deadline = start + timeout
+        return timeout
+
+    def _run_appears(self, who: Principal, run_id: str, deadline: float) -> str | None:
+        """The run, once it is one the token may read, if before ``deadline``: the first
+        entries of a new run, just published, are not projected yet. (A run of another fleet
+        is waited out the same as an unknown one: the answer's time tells nothing.)"""
+        while time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            try:
+                return self._run_of(who, run_id)
+            except NotFoundError:
+                continue
+        return None
+
+    def wait(
+        self,
+        projection: str,
+        run_id: str,
+        min_seq: int | None,
+        timeout_s: float | None,
+        start: float | None = None,
+    ) -> Waited:
+        """Wait until ``projection``'s live build has applied ``min_seq`` of the run (polling
+        its Redis view when it has one, else its PostgreSQL row), at most ``timeout_s`` from
+        ``start`` (a ``time.monotonic()``; default now)."""
+        start = time.monotonic() if start is None else start
+        if min_seq is None:
+            return Waited(None, True, 0.0, None)
+        deadline = start + self._timeout(min_seq, timeout_s)
         seq = None
         polls = 0
         while True:
@@ -250,7 +278,9 @@ class Ledger:
         """The run's working memory now (``agentledger memory RUN --json``), or as it stood
         after ``at_seq`` (``--at``)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             if at_seq is None and memory is None:
                 raise NotFoundError(f"no working-memory for run {run_id} in the live build")
             found = memory if at_seq is None else queries.memory(self.settings, run_id, at_seq)
@@ -277,7 +307,9 @@ class Ledger:
         wrappers included (``--render``)."""
         rendered: list[str] = []
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             if call is not None and call in hidden:  # (a call not MODEL_VISIBLE: not served)
                 raise NotFoundError(f"no manifest of call {call} in run {run_id}")
             found = queries.manifest(self.settings, run_id, call)
@@ -316,7 +348,9 @@ class Ledger:
         if offset < 0 or not 1 <= limit <= 1000:
             raise BadArgumentError("offset: 0 or more; limit: 1 to 1000")
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.timeline(self.settings, run_id))
             rows = [r for r in doc["rows"] if not _hidden_refs(r, hidden)]
             withheld = len(doc["rows"]) - len(rows)
@@ -352,7 +386,9 @@ class Ledger:
         """The run's cost header: calls, tokens, cost (unknown as null, never 0), budget
         (``timeline --json``'s ``cost``; ``GET /api/v1/runs/RUN/costs``)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.timeline(self.settings, run_id))["cost"]
             return doc, {}
 
@@ -369,7 +405,9 @@ class Ledger:
         """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN
         --json``)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.failure(self.settings, run_id, stalled_after_minutes))
             withheld = _drop_hidden_evidence(doc, hidden)
             return doc, {"withheld": {"evidence": withheld}}
@@ -386,7 +424,9 @@ class Ledger:
         """The run's diff: changed files, totals, flags, snapshots (the diff-timelines
         projection's state without its rows, which ``get_timeline`` serves)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             view = queries.jsonable(live_state(self.settings, "diff-timelines", run_id))
             state = view["state"]
             doc = {k: state.get(k) for k in DIFF_KEYS}
@@ -407,12 +447,34 @@ class Ledger:
         sort: str | None = None,
         limit: int = 50,
         via: str = "find_runs",
+        run_id: str | None = None,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
     ) -> Answer:
         """Runs of the token's fleets, filtered and sorted as ``agentledger runs --json``
-        does."""
+        does; with ``run_id`` and ``min_seq``, once every projection the list is read from has
+        applied that sequence number of that run (read-your-writes: a sequence number is a
+        run's)."""
+        start = time.monotonic()
         who = self.principal()
         if not 1 <= limit <= MAX_RUNS:
             raise BadArgumentError(f"limit: 1 to {MAX_RUNS}")
+        if (run_id is None) != (min_seq is None):
+            raise BadArgumentError("run_id and min_seq: both or neither (a seq is a run's)")
+        timeout = self._timeout(min_seq, timeout_s)
+        waited: list[Waited] = []
+        if run_id is not None:
+            try:
+                run_id = self._run_of(who, run_id)
+            except NotFoundError:
+                appeared = self._run_appears(who, run_id, start + timeout)
+                if appeared is None:
+                    self._count(who, via, run_id, None, refused=True)
+                    raise
+                run_id = appeared
+            waited = [
+                self.wait(p, run_id, min_seq, timeout, start) for p in ops.RUN_LIST_PROJECTIONS
+            ]
         filters = queries.parse_run_filters(
             fleet=fleet, status=status, failure_class=failure_class, search=search, sort=sort
         )
@@ -423,13 +485,31 @@ class Ledger:
         doc = {"runs": queries.jsonable(found)}
         while len(json.dumps(doc)) > MAX_CHARS and len(doc["runs"]) > 1:
             doc["runs"] = doc["runs"][: len(doc["runs"]) // 2]
-        meta = {
+        meta: dict[str, Any] = {
             "server": server_version(),
             "fleets": list(who.fleets),
             "count": len(doc["runs"]),
             "truncated": ["runs"] if len(doc["runs"]) < len(found) else [],
         }
-        self._count(who, via, "", None)
+        seq = None
+        if waited:
+            behind = list(zip(ops.RUN_LIST_PROJECTIONS, waited, strict=True))
+            seqs = [w.applied_seq for _, w in behind]
+            seq = None if None in seqs else min(s for s in seqs if s is not None)
+            meta |= {
+                "run_id": run_id,
+                "min_seq": min_seq,
+                "reached": all(w.reached for w in waited),
+                "waited_ms": round((time.monotonic() - start) * 1000, 1),
+                "applied_seqs": {p: w.applied_seq for p, w in behind},
+            }
+            late = [p for p, w in behind if not w.reached]
+            if late:
+                meta["note"] = (
+                    f"not yet: {', '.join(late)} of run {run_id} have not applied seq "
+                    f"{min_seq} after {meta['waited_ms']:.0f} ms; this list is as of older seqs"
+                )
+        self._count(who, via, run_id or "", seq)
         return Answer(doc, meta)
 
     # -- shared ------------------------------------------------------------------------------
@@ -441,18 +521,24 @@ class Ledger:
         projection: str,
         min_seq: int | None,
         timeout_s: float | None,
-        build: Callable[[set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
     ) -> Answer:
+        start = time.monotonic()
         who = self.principal()
+        timeout = self._timeout(min_seq, timeout_s)
         try:
-            self._run_of(who, run_id)
+            run_id = self._run_of(who, run_id)
         except NotFoundError:
-            self._count(who, via, run_id, None, refused=True)
-            raise
-        waited = self.wait(projection, run_id, min_seq, timeout_s)
+            # read-your-writes of a new run: its first entries may not be projected yet
+            found = None if min_seq is None else self._run_appears(who, run_id, start + timeout)
+            if found is None:
+                self._count(who, via, run_id, None, refused=True)
+                raise
+            run_id = found
+        waited = self.wait(projection, run_id, min_seq, timeout, start)
         memory = self._memory_view(run_id)
         hidden = _hidden_of(memory)
-        doc, extra = build(hidden, memory)
+        doc, extra = build(run_id, hidden, memory)
         swept = _sweep(doc, hidden)  # whatever named a hidden entry and was not left out above
         if swept:
             extra.setdefault("withheld", {})["other"] = swept

@@ -100,6 +100,18 @@ class FindRunsArgs(_Args):
     search: str | None = Field(default=None, description="text in the task or explanation")
     sort: str | None = Field(default=None, description="last, first, cost, entries or id")
     limit: int = Field(default=50, ge=1, le=MAX_RUNS)
+    run_id: str | None = Field(
+        default=None, description="with min_seq: the run whose sequence number min_seq is"
+    )
+    min_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description="read your own writes: list once run_id's entry min_seq is in the list's "
+        "projections (the answer's _meta.reached says whether it was)",
+    )
+    timeout_s: float = Field(
+        default=DEFAULT_WAIT_S, ge=0, le=MAX_WAIT_S, description="how long to wait for min_seq"
+    )
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,18 @@ def _diff(ledger: Ledger, a: _RunRead, via: str) -> Answer:
 
 
 def _find_runs(ledger: Ledger, a: FindRunsArgs, via: str) -> Answer:
-    return ledger.find_runs(a.fleet, a.status, a.failure_class, a.search, a.sort, a.limit, via=via)
+    return ledger.find_runs(
+        a.fleet,
+        a.status,
+        a.failure_class,
+        a.search,
+        a.sort,
+        a.limit,
+        via=via,
+        run_id=a.run_id,
+        min_seq=a.min_seq,
+        timeout_s=a.timeout_s,
+    )
 
 
 TOOLS: tuple[ToolSpec, ...] = (
@@ -226,7 +249,17 @@ _QUERY_ARGS = {
     "call": str,
     "stalled_after_minutes": float,
 }
-_RUNS_QUERY = ("fleet", "status", "failure_class", "search", "sort", "limit")
+_RUNS_QUERY = (
+    "fleet",
+    "status",
+    "failure_class",
+    "search",
+    "sort",
+    "limit",
+    "run_id",
+    "min_seq",
+    "timeout_s",
+)
 
 
 def run_uri(run_id: str, what: str) -> str:
@@ -448,7 +481,7 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         ]
         templates.append(
             types.ResourceTemplate(
-                uri_template="ledger://runs{?fleet,status,failure_class,search,sort,limit}",
+                uri_template="ledger://runs{?fleet,status,failure_class,search,sort,limit,run_id,min_seq}",
                 name="runs-filtered",
                 title="runs, filtered",
                 description="the token's fleets' runs, filtered and sorted (as find_runs)",

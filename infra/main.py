@@ -149,6 +149,7 @@ def bench(
     ] = None,
 ) -> None:
     """Measure throughput and latency, each beside a baseline measured in the same run."""
+    from consumers.mcp_bench import mcp_reader
     from streams.bench import run_bench
     from streams.simulate import LENGTH_PROFILES
 
@@ -158,7 +159,9 @@ def bench(
         raise typer.BadParameter("--entries takes at least 1,000")
     settings = _settings()
     local.up(settings, Console(quiet=True))
-    report = asyncio.run(run_bench(settings, quick, _budget_guard, mix, entries))
+    report = asyncio.run(
+        run_bench(settings, quick, _budget_guard, mix, entries, mcp_reader=mcp_reader)
+    )
     if as_json:
         print(report.as_json())
         return

@@ -555,6 +555,8 @@ RUN_SORTS: dict[str, LiteralString] = {
     "id": "run_id",
 }
 
+# the projections the run list (_RUNS) is read from
+RUN_LIST_PROJECTIONS = ("run-stats", "failure-classifications", "cost-metrics", "working-memory")
 _RUNS: LiteralString = """
 WITH heads AS (
     SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at,
@@ -665,24 +667,33 @@ def find_runs(
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def runs_with_prefix(conn: psycopg.Connection[Any], prefix: str, limit: int = 6) -> list[str]:
+def runs_with_prefix(
+    conn: psycopg.Connection[Any],
+    prefix: str,
+    limit: int = 6,
+    fleets: Sequence[str] | None = None,
+) -> list[str]:
     """Run ids of the live run-stats build equal to ``prefix`` (only that one, if it exists) or
-    else starting with it, at most ``limit``."""
+    else starting with it, at most ``limit`` (only of ``fleets``, when given)."""
     rows = conn.execute(
         f"SELECT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'run-stats' AND "
         "(s.run_id = %s OR left(s.run_id, length(%s)) = %s) "
+        "AND (%s::text[] IS NULL OR s.fleet_id = ANY(%s::text[])) "
         "ORDER BY s.run_id <> %s, s.run_id LIMIT %s",
-        (prefix, prefix, prefix, prefix, limit),
+        (prefix, prefix, prefix, fleets, fleets, prefix, limit),
     ).fetchall()
     found = [str(r) for (r,) in rows]
     return [prefix] if prefix in found else found
 
 
-def resolve_run(conn: psycopg.Connection[Any], prefix: str) -> str:
-    """The run id that is ``prefix`` or the only one starting with it (live builds)."""
+def resolve_run(
+    conn: psycopg.Connection[Any], prefix: str, fleets: Sequence[str] | None = None
+) -> str:
+    """The run id that is ``prefix`` or the only one starting with it (live builds; only
+    the runs of ``fleets``, when given)."""
     if not prefix:
         raise BadArgumentError("give a run id (or a unique prefix of one)")
-    found = runs_with_prefix(conn, prefix)
+    found = runs_with_prefix(conn, prefix, fleets=None if fleets is None else list(fleets))
     if not found:
         raise NotFoundError(f"no run id is or starts with {prefix!r} in the live build")
     if len(found) > 1:
