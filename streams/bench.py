@@ -182,6 +182,7 @@ async def _mcp_reads(
     reader: McpReader,
     store: RedisViewStore,
     latest: list[tuple[str, int, float]],
+    projected: list[str],
     fresh: asyncio.Event,
     stop: asyncio.Event,
     samples: _McpSamples,
@@ -189,8 +190,8 @@ async def _mcp_reads(
     """Agents that have just published: right after a batch (at most every
     :data:`MCP_RYW_EVERY_S`), one takes the batch's last entry N and reads the run's working
     memory with ``min_seq=N``, timed from N's publish as the hot path is; beside them, one
-    reads the memory of the run last read so without ``min_seq``, then its Redis view itself."""
-    projected: list[str] = []
+    reads the memory of a run already projected (``projected``: the warm-up's, then the last
+    one read so) without ``min_seq``, then its Redis view itself."""
 
     async def read_your_write(run_id: str, seq: int, published_at: float) -> None:
         asked = time.perf_counter()
@@ -316,10 +317,11 @@ async def hot_path(
     )
     mcp = _McpSamples()
     latest: list[tuple[str, int, float]] = []  # the last entry published while measuring
+    projected: list[str] = []  # a run the worker has applied (the warm-up's, to begin with)
     fresh, mcp_stop = asyncio.Event(), asyncio.Event()
     store = RedisViewStore.connect(s.redis_address, s.redis_prefix)
     agent = asyncio.create_task(
-        _mcp_reads(reader, store, latest, fresh, mcp_stop, mcp)
+        _mcp_reads(reader, store, latest, projected, fresh, mcp_stop, mcp)
         if reader is not None
         else mcp_stop.wait()
     )
@@ -332,6 +334,7 @@ async def hot_path(
             deadline = time.perf_counter() + 60
             while pending and time.perf_counter() < deadline:
                 await asyncio.sleep(0.01)
+            projected[:] = [warm[0].run_id]
             interval = 10 / rate  # ten entries per tick
             started = time.perf_counter()
             buffer: list[LedgerEntry] = []
