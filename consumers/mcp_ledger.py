@@ -454,7 +454,34 @@ class Ledger:
         """Runs of the token's fleets, filtered and sorted as ``agentledger runs --json``
         does; with ``run_id`` and ``min_seq``, once every projection the list is read from has
         applied that sequence number of that run (read-your-writes: a sequence number is a
-        run's)."""
+        run's). One transaction."""
+        with self._one_transaction():
+            return self._find_runs(
+                fleet=fleet,
+                status=status,
+                failure_class=failure_class,
+                search=search,
+                sort=sort,
+                limit=limit,
+                via=via,
+                run_id=run_id,
+                min_seq=min_seq,
+                timeout_s=timeout_s,
+            )
+
+    def _find_runs(
+        self,
+        fleet: str | None = None,
+        status: str | None = None,
+        failure_class: str | None = None,
+        search: str | None = None,
+        sort: str | None = None,
+        limit: int = 50,
+        via: str = "find_runs",
+        run_id: str | None = None,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Answer:
         start = time.monotonic()
         who = self.principal()
         if not 1 <= limit <= MAX_RUNS:
@@ -514,7 +541,27 @@ class Ledger:
 
     # -- shared ------------------------------------------------------------------------------
 
+    @contextmanager
+    def _one_transaction(self) -> Iterator[None]:
+        """A read's statements (the server's and the query layer's) on one pooled connection,
+        in one transaction; a refusal (an AgentLedgerError) still commits its count."""
+        self._keep_connections()
+        with ops.one_connection(self.settings.pg_address, commit_on=(AgentLedgerError,)):
+            yield
+
     def _read(
+        self,
+        via: str,
+        run_id: str,
+        projection: str,
+        min_seq: int | None,
+        timeout_s: float | None,
+        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+    ) -> Answer:
+        with self._one_transaction():
+            return self._read_one(via, run_id, projection, min_seq, timeout_s, build)
+
+    def _read_one(
         self,
         via: str,
         run_id: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
@@ -33,11 +34,20 @@ LIVE_HISTORY: LiteralString = "al_history h JOIN al_live l USING (projection, bu
 _READER_POOLS: dict[str, tuple[ConnectionPool[psycopg.Connection[Any]], int]] = {}
 
 
+# the connection every connect(dsn) uses inside one_connection(dsn) (this context only)
+_ONE: ContextVar[tuple[str, psycopg.Connection[Any]] | None] = ContextVar("_ONE", default=None)
+
+
 @contextmanager
 def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """A reader's connection, reading documents as the store wrote them; commits on exit.
-    Lent from the process's pool for ``dsn`` while one is kept (:func:`keep_connections`),
-    else opened and closed."""
+    Inside :func:`one_connection` for ``dsn``, that one (committed when it ends); else lent
+    from the process's pool for ``dsn`` while one is kept (:func:`keep_connections`); else
+    opened and closed."""
+    one = _ONE.get()
+    if one is not None and one[0] == dsn:
+        yield one[1]
+        return
     pooled = _READER_POOLS.get(dsn)
     if pooled is not None:
         with pooled[0].connection() as conn:
@@ -46,6 +56,26 @@ def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn) as conn:
         use_documents(conn)
         yield conn
+
+
+@contextmanager
+def one_connection(
+    dsn: str, commit_on: tuple[type[BaseException], ...] = ()
+) -> Iterator[psycopg.Connection[Any]]:
+    """Every :func:`connect` to ``dsn`` inside (in this context) uses one connection, in one
+    transaction: a read of several statements pays one BEGIN and one COMMIT, not one of each
+    per statement (on a busy machine each round trip waits for the server's turn). Committed
+    at the end, and also when one of ``commit_on`` is raised (an answer, not a failure, e.g.
+    a refused read that was counted); rolled back on any other exception."""
+    with connect(dsn) as conn:
+        token = _ONE.set((dsn, conn))
+        try:
+            yield conn
+        except commit_on:
+            conn.commit()
+            raise
+        finally:
+            _ONE.reset(token)
 
 
 def keep_connections(dsn: str, max_size: int = 8) -> None:
