@@ -163,7 +163,8 @@ class Ledger:
         return found
 
     def run_of(self, run_id: str) -> str:
-        """``run_id`` if the token may read it (NotFoundError: unknown or another fleet's)."""
+        """The run ``run_id`` is (or the only one of the token's fleets it is the start of) if
+        the token may read it (NotFoundError: unknown or another fleet's)."""
         return self._run_of(self.principal(), run_id)
 
     def _run_of(self, who: Principal, run_id: str) -> str:

@@ -457,6 +457,7 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
     """Both ways a client subscribes: ``subscriptions/listen`` (2026-07-28 sessions, the SDK's
     default) and ``resources/subscribe`` (2025-era sessions, which today's clients open)."""
     uri = f"ledger://runs/{web.live_run}/working-memory"
+    by_prefix = f"ledger://runs/{web.live_run[:13]}/working-memory"  # resolved to the run
     other = f"ledger://runs/{web.runs_of(FLEETS[1])[0]}/working-memory"
     heard: list[float] = []
     updated = asyncio.Event()
@@ -478,12 +479,12 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
         with pytest.raises(MCPError, match="no run"):
             async with client.listen(resource_subscriptions=[other]):
                 pass
-        async with client.listen(resource_subscriptions=[uri]) as sub:
+        async with client.listen(resource_subscriptions=[by_prefix]) as sub:
             committed = await next_entry()
             with anyio.fail_after(5):
                 event = await sub.__anext__()
             latency = time.monotonic() - committed
-        assert isinstance(event, ResourceUpdated) and event.uri == uri
+        assert isinstance(event, ResourceUpdated) and event.uri == by_prefix
 
     params = StdioServerParameters(command=AGENTLEDGER, args=["mcp"], env=_env(web, web.token_a))
     async with Client(params, mode="legacy", message_handler=on_message) as legacy:
