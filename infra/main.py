@@ -160,6 +160,7 @@ def bench(
     ] = 8701,
 ) -> None:
     """Measure throughput and latency, each beside a baseline measured in the same run."""
+    from consumers.mcp_bench import mcp_reader
     from streams.bench import BenchReport, machine_info, run_bench
     from streams.simulate import LENGTH_PROFILES
 
@@ -173,7 +174,9 @@ def bench(
         report = BenchReport(machine=machine_info())
         report.settings, report.figures = asyncio.run(_web_bench(settings, quick, web_port))
     else:
-        report = asyncio.run(run_bench(settings, quick, _budget_guard, mix, entries))
+        report = asyncio.run(
+            run_bench(settings, quick, _budget_guard, mix, entries, mcp_reader=mcp_reader)
+        )
     if as_json:
         print(report.as_json())
         return

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, RECORD_BUILD, use_documents
 from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
@@ -28,12 +30,78 @@ LIVE_STATE: LiteralString = "al_run_state s JOIN al_live l USING (projection, bu
 LIVE_HISTORY: LiteralString = "al_history h JOIN al_live l USING (projection, build)"
 
 
+# dsn -> (the pool :func:`connect` lends from, how many holders asked for it)
+_READER_POOLS: dict[str, tuple[ConnectionPool[psycopg.Connection[Any]], int]] = {}
+
+
+# the connection every connect(dsn) uses inside one_connection(dsn) (this context only)
+_ONE: ContextVar[tuple[str, psycopg.Connection[Any]] | None] = ContextVar("_ONE", default=None)
+
+
 @contextmanager
 def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """A reader's connection, reading documents as the store wrote them; commits on exit."""
+    """A reader's connection, reading documents as the store wrote them; commits on exit.
+    Inside :func:`one_connection` for ``dsn``, that one (committed when it ends); else lent
+    from the process's pool for ``dsn`` while one is kept (:func:`keep_connections`); else
+    opened and closed."""
+    one = _ONE.get()
+    if one is not None and one[0] == dsn:
+        yield one[1]
+        return
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is not None:
+        with pooled[0].connection() as conn:
+            yield conn
+        return
     with psycopg.connect(dsn) as conn:
         use_documents(conn)
         yield conn
+
+
+@contextmanager
+def one_connection(
+    dsn: str, commit_on: tuple[type[BaseException], ...] = ()
+) -> Iterator[psycopg.Connection[Any]]:
+    """Every :func:`connect` to ``dsn`` inside (in this context) uses one connection, in one
+    transaction: a read of several statements pays one BEGIN and one COMMIT, not one of each
+    per statement (on a busy machine each round trip waits for the server's turn). Committed
+    at the end, and also when one of ``commit_on`` is raised (an answer, not a failure, e.g.
+    a refused read that was counted); rolled back on any other exception."""
+    with connect(dsn) as conn:
+        token = _ONE.set((dsn, conn))
+        try:
+            yield conn
+        except commit_on:
+            conn.commit()
+            raise
+        finally:
+            _ONE.reset(token)
+
+
+def keep_connections(dsn: str, max_size: int = 8) -> None:
+    """From now on (until as many :func:`drop_connections`), :func:`connect` to ``dsn`` lends a
+    pooled connection: a long-lived reader (the MCP server) whose reads take a few ms would
+    otherwise spend more than that opening connections."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is None:
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn, min_size=1, max_size=max_size, configure=use_documents, open=True
+        )
+        _READER_POOLS[dsn] = (pool, 1)
+    else:
+        _READER_POOLS[dsn] = (pooled[0], pooled[1] + 1)
+
+
+def drop_connections(dsn: str) -> None:
+    """Undo one :func:`keep_connections`; the last one closes the pool."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is None:
+        return
+    if pooled[1] > 1:
+        _READER_POOLS[dsn] = (pooled[0], pooled[1] - 1)
+        return
+    del _READER_POOLS[dsn]
+    pooled[0].close()
 
 
 @asynccontextmanager
@@ -550,6 +618,8 @@ EVALUATIONS: dict[str, LiteralString] = {
 # From the runs list's index (al_run_list, migration 019: the run-stats build's runs with the
 # columns sorted and filtered on typed, kept by triggers), walked in the sort's index order; the
 # other projections' heads are looked up by primary key for the runs it yields.
+# the projections the run list (_RUNS) is read from
+RUN_LIST_PROJECTIONS = ("run-stats", "failure-classifications", "cost-metrics", "working-memory")
 _RUNS: LiteralString = """
 SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
        calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
@@ -665,24 +735,33 @@ def find_runs(
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def runs_with_prefix(conn: psycopg.Connection[Any], prefix: str, limit: int = 6) -> list[str]:
+def runs_with_prefix(
+    conn: psycopg.Connection[Any],
+    prefix: str,
+    limit: int = 6,
+    fleets: Sequence[str] | None = None,
+) -> list[str]:
     """Run ids of the live run-stats build equal to ``prefix`` (only that one, if it exists) or
-    else starting with it, at most ``limit``."""
+    else starting with it, at most ``limit`` (only of ``fleets``, when given)."""
     rows = conn.execute(
         f"SELECT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'run-stats' AND "
         "(s.run_id = %s OR left(s.run_id, length(%s)) = %s) "
+        "AND (%s::text[] IS NULL OR s.fleet_id = ANY(%s::text[])) "
         "ORDER BY s.run_id <> %s, s.run_id LIMIT %s",
-        (prefix, prefix, prefix, prefix, limit),
+        (prefix, prefix, prefix, fleets, fleets, prefix, limit),
     ).fetchall()
     found = [str(r) for (r,) in rows]
     return [prefix] if prefix in found else found
 
 
-def resolve_run(conn: psycopg.Connection[Any], prefix: str) -> str:
-    """The run id that is ``prefix`` or the only one starting with it (live builds)."""
+def resolve_run(
+    conn: psycopg.Connection[Any], prefix: str, fleets: Sequence[str] | None = None
+) -> str:
+    """The run id that is ``prefix`` or the only one starting with it (live builds; only
+    the runs of ``fleets``, when given)."""
     if not prefix:
         raise BadArgumentError("give a run id (or a unique prefix of one)")
-    found = runs_with_prefix(conn, prefix)
+    found = runs_with_prefix(conn, prefix, fleets=None if fleets is None else list(fleets))
     if not found:
         raise NotFoundError(f"no run id is or starts with {prefix!r} in the live build")
     if len(found) > 1:
