@@ -35,8 +35,8 @@ from projectors.stores import postgres_ops as ops
 from schemas.errors import AgentLedgerError, NotFoundError
 from schemas.times import parse_moment
 
-Dimension = Literal["run", "fleet", "model", "purpose", "day"]
-DIMENSIONS: tuple[Dimension, ...] = ("run", "fleet", "model", "purpose", "day")
+Dimension = Literal["run", "fleet", "model", "purpose", "day", "day-model"]
+DIMENSIONS: tuple[Dimension, ...] = ("run", "fleet", "model", "purpose", "day", "day-model")
 ANALYTICS = ("diff-timelines", "cost-metrics", "failure-classifications")
 
 
@@ -158,6 +158,16 @@ def cost_report(
     rows.sort(key=lambda r: r.key)
     total = next(_cost_row(r, None, key="total") for r in found if r[-1])
     return CostReport(by, rows, total)
+
+
+def failure_days(
+    settings: Settings, fleet: str | None = None, since: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Runs by the day of their last entry (UTC) and failure class: ``{"day", "failure_class",
+    "runs"}`` by day then class."""
+    with _connect(settings) as conn:
+        found = ops.failure_days(conn, fleet, since)
+    return [{"day": d, "failure_class": c, "runs": n} for d, c, n in found]
 
 
 def _budgets(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -306,7 +316,9 @@ def run_timeline(settings: Settings, run_id: str) -> dict[str, Any]:
     found = []
     for name in ANALYTICS:
         view = live_states(settings, name, [run_id]).get(run_id)
-        if view is not None:
+        # a projection that has taken none of the run's entries yet (a young run) holds an
+        # empty document: as if it had none
+        if view is not None and view["state"]:
             found.append((name, view["state"], view["applied_seq"], view["gaps"]))
     with _connect(settings) as conn:
         calls = ops.run_cost_calls(conn, run_id)

@@ -125,7 +125,9 @@ def _since(value: str | None, option: str = "--since") -> datetime | None:
 
 @commands.command("costs")
 def costs(
-    by: Annotated[str, typer.Option("--by", help="run, fleet, model, purpose or day")] = "model",
+    by: Annotated[
+        str, typer.Option("--by", help="run, fleet, model, purpose, day or day-model")
+    ] = "model",
     fleet: Annotated[str | None, typer.Option("--fleet", help="one fleet only")] = None,
     since: Annotated[
         str | None,
@@ -229,6 +231,10 @@ def runs_cmd(
         str | None,
         typer.Option("--model", help="runs with a call of this model (provider/model or model)"),
     ] = None,
+    outcome: Annotated[
+        str | None,
+        typer.Option(help="how runs ended, in the words of the outcome column, e.g. 'timed out'"),
+    ] = None,
     sort: Annotated[str, typer.Option(help="last, first, cost, entries or id")] = "last",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -251,6 +257,8 @@ def runs_cmd(
             raise typer.BadParameter("a number of USD", param_hint="--cost-above") from None
     if fleet is not None and len(fleet) > 1:
         raise typer.BadParameter("one fleet", param_hint="--fleet")
+    if outcome is not None and outcome not in queries.OUTCOMES:
+        raise typer.BadParameter(f"one of {'; '.join(queries.OUTCOMES)}", param_hint="--outcome")
     filters = queries.RunFilters(
         fleet=fleet[0] if fleet else None,
         status=status.upper() if status else None,
@@ -261,6 +269,7 @@ def runs_cmd(
         text=search,
         sort=sort,
         model=model,
+        outcome=outcome,
     )
     found = queries.runs(_settings(), filters, limit=limit)
     if as_json:

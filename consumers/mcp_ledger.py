@@ -22,6 +22,7 @@ The policy, the same for every token:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -33,7 +34,6 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from psycopg import Connection
-from psycopg_pool import ConnectionPool
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -78,6 +78,7 @@ class Unauthorized(AgentLedgerError):
     """No token, or one that is unknown, revoked or expired."""
 
 
+@functools.cache
 def server_version() -> str:
     try:
         return f"agentledger {package_version('agentledger')}"
@@ -115,23 +116,28 @@ class Ledger:
         self.token = token
         self._root = root  # whose Redis client and connections this one shares
         self._redis: Redis | None = None
-        self._pool: ConnectionPool[Connection[Any]] | None = None
+        self._pooled = False  # whether this (root) ledger asked ops.connect to keep connections
 
     def for_token(self, token: str | None) -> Ledger:
         """The same reads for another token (HTTP: each request's own), sharing the clients."""
         return Ledger(self.settings, token, self._root or self)
 
+    def _keep_connections(self) -> None:
+        """From the first read on, every PostgreSQL connection of this process's reads (the
+        server's own statements and the query layer's) is lent from a pool: opening one costs
+        more than a read's queries."""
+        if self._root is not None:
+            self._root._keep_connections()
+        elif not self._pooled:
+            ops.keep_connections(self.settings.pg_address)
+            self._pooled = True
+
     @contextmanager
     def _conn(self) -> Iterator[Connection[Any]]:
         """A pooled connection for the server's own statements (access, where the run stands,
         the audit); the documents come through the query layer, as the CLI's do."""
-        if self._root is not None:
-            with self._root._conn() as conn:
-                yield conn
-            return
-        if self._pool is None:
-            self._pool = ConnectionPool(self.settings.pg_address, min_size=1, max_size=8, open=True)
-        with self._pool.connection() as conn:
+        self._keep_connections()
+        with ops.connect(self.settings.pg_address) as conn:
             yield conn
 
     def _redis_client(self) -> Redis:
@@ -146,6 +152,7 @@ class Ledger:
     # -- access ------------------------------------------------------------------------------
 
     def principal(self) -> Principal:
+        self._keep_connections()
         found = authenticate(self.settings, self.token)
         if found is None:
             raise Unauthorized(
@@ -156,34 +163,63 @@ class Ledger:
         return found
 
     def run_of(self, run_id: str) -> str:
-        """``run_id`` if the token may read it (NotFoundError: unknown or another fleet's)."""
+        """The run ``run_id`` is (or the only one of the token's fleets it is the start of) if
+        the token may read it (NotFoundError: unknown or another fleet's)."""
         return self._run_of(self.principal(), run_id)
 
     def _run_of(self, who: Principal, run_id: str) -> str:
+        """The run id ``run_id`` is, or the only one of the token's fleets it is the start of
+        (as the CLI resolves a prefix); NotFoundError: none of the token's runs (an unknown
+        run and another fleet's alike), AmbiguousRunError: several."""
         if not run_id:
             raise NotFoundError("no run (a run id is needed)")
         with self._conn() as conn:
-            fleet = ops.live_fleet_of(conn, run_id)
-        if fleet not in who.fleets:
-            raise NotFoundError(f"no run {run_id}")
-        return run_id
+            if ops.live_fleet_of(conn, run_id) in who.fleets:
+                return run_id
+            try:
+                return ops.resolve_run(conn, run_id, who.fleets)
+            except NotFoundError:
+                raise NotFoundError(f"no run {run_id}") from None
 
     # -- read-your-writes --------------------------------------------------------------------
 
-    def wait(
-        self, projection: str, run_id: str, min_seq: int | None, timeout_s: float | None
-    ) -> Waited:
-        """Wait until ``projection``'s live build has applied ``min_seq`` of the run (polling
-        its Redis view when it has one, else its PostgreSQL row), at most ``timeout_s``."""
-        start = time.monotonic()
-        if min_seq is None:
-            return Waited(None, True, 0.0, None)
-        if min_seq < 0:
+    @staticmethod
+    def _timeout(min_seq: int | None, timeout_s: float | None) -> float:
+        """How long a read may wait for ``min_seq`` (BadArgumentError: out of bounds)."""
+        if min_seq is not None and min_seq < 0:
             raise BadArgumentError("min_seq: a sequence number, 0 or more")
         timeout = DEFAULT_WAIT_S if timeout_s is None else timeout_s
         if not 0 <= timeout <= MAX_WAIT_S:
             raise BadArgumentError(f"timeout_s: from 0 to {MAX_WAIT_S:g} seconds")
-        deadline = start + timeout
+        return timeout
+
+    def _run_appears(self, who: Principal, run_id: str, deadline: float) -> str | None:
+        """The run, once it is one the token may read, if before ``deadline``: the first
+        entries of a new run, just published, are not projected yet. (A run of another fleet
+        is waited out the same as an unknown one: the answer's time tells nothing.)"""
+        while time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            try:
+                return self._run_of(who, run_id)
+            except NotFoundError:
+                continue
+        return None
+
+    def wait(
+        self,
+        projection: str,
+        run_id: str,
+        min_seq: int | None,
+        timeout_s: float | None,
+        start: float | None = None,
+    ) -> Waited:
+        """Wait until ``projection``'s live build has applied ``min_seq`` of the run (polling
+        its Redis view when it has one, else its PostgreSQL row), at most ``timeout_s`` from
+        ``start`` (a ``time.monotonic()``; default now)."""
+        start = time.monotonic() if start is None else start
+        if min_seq is None:
+            return Waited(None, True, 0.0, None)
+        deadline = start + self._timeout(min_seq, timeout_s)
         seq = None
         polls = 0
         while True:
@@ -226,9 +262,9 @@ class Ledger:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        if self._pooled:
+            ops.drop_connections(self.settings.pg_address)
+            self._pooled = False
 
     # -- the reads ---------------------------------------------------------------------------
 
@@ -243,7 +279,9 @@ class Ledger:
         """The run's working memory now (``agentledger memory RUN --json``), or as it stood
         after ``at_seq`` (``--at``)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             if at_seq is None and memory is None:
                 raise NotFoundError(f"no working-memory for run {run_id} in the live build")
             found = memory if at_seq is None else queries.memory(self.settings, run_id, at_seq)
@@ -270,7 +308,9 @@ class Ledger:
         wrappers included (``--render``)."""
         rendered: list[str] = []
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             if call is not None and call in hidden:  # (a call not MODEL_VISIBLE: not served)
                 raise NotFoundError(f"no manifest of call {call} in run {run_id}")
             found = queries.manifest(self.settings, run_id, call)
@@ -309,7 +349,9 @@ class Ledger:
         if offset < 0 or not 1 <= limit <= 1000:
             raise BadArgumentError("offset: 0 or more; limit: 1 to 1000")
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.timeline(self.settings, run_id))
             rows = [r for r in doc["rows"] if not _hidden_refs(r, hidden)]
             withheld = len(doc["rows"]) - len(rows)
@@ -345,7 +387,9 @@ class Ledger:
         """The run's cost header: calls, tokens, cost (unknown as null, never 0), budget
         (``timeline --json``'s ``cost``; ``GET /api/v1/runs/RUN/costs``)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.timeline(self.settings, run_id))["cost"]
             return doc, {}
 
@@ -362,7 +406,9 @@ class Ledger:
         """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN
         --json``)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             doc = queries.jsonable(queries.failure(self.settings, run_id, stalled_after_minutes))
             withheld = _drop_hidden_evidence(doc, hidden)
             return doc, {"withheld": {"evidence": withheld}}
@@ -379,7 +425,9 @@ class Ledger:
         """The run's diff: changed files, totals, flags, snapshots (the diff-timelines
         projection's state without its rows, which ``get_timeline`` serves)."""
 
-        def build(hidden: set[str], memory: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
             view = queries.jsonable(live_state(self.settings, "diff-timelines", run_id))
             state = view["state"]
             doc = {k: state.get(k) for k in DIFF_KEYS}
@@ -400,12 +448,61 @@ class Ledger:
         sort: str | None = None,
         limit: int = 50,
         via: str = "find_runs",
+        run_id: str | None = None,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
     ) -> Answer:
         """Runs of the token's fleets, filtered and sorted as ``agentledger runs --json``
-        does."""
+        does; with ``run_id`` and ``min_seq``, once every projection the list is read from has
+        applied that sequence number of that run (read-your-writes: a sequence number is a
+        run's). One transaction."""
+        with self._one_transaction():
+            return self._find_runs(
+                fleet=fleet,
+                status=status,
+                failure_class=failure_class,
+                search=search,
+                sort=sort,
+                limit=limit,
+                via=via,
+                run_id=run_id,
+                min_seq=min_seq,
+                timeout_s=timeout_s,
+            )
+
+    def _find_runs(
+        self,
+        fleet: str | None = None,
+        status: str | None = None,
+        failure_class: str | None = None,
+        search: str | None = None,
+        sort: str | None = None,
+        limit: int = 50,
+        via: str = "find_runs",
+        run_id: str | None = None,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Answer:
+        start = time.monotonic()
         who = self.principal()
         if not 1 <= limit <= MAX_RUNS:
             raise BadArgumentError(f"limit: 1 to {MAX_RUNS}")
+        if (run_id is None) != (min_seq is None):
+            raise BadArgumentError("run_id and min_seq: both or neither (a seq is a run's)")
+        timeout = self._timeout(min_seq, timeout_s)
+        waited: list[Waited] = []
+        if run_id is not None:
+            try:
+                run_id = self._run_of(who, run_id)
+            except NotFoundError:
+                appeared = self._run_appears(who, run_id, start + timeout)
+                if appeared is None:
+                    self._count(who, via, run_id, None, refused=True)
+                    raise
+                run_id = appeared
+            waited = [
+                self.wait(p, run_id, min_seq, timeout, start) for p in ops.RUN_LIST_PROJECTIONS
+            ]
         filters = queries.parse_run_filters(
             fleet=fleet, status=status, failure_class=failure_class, search=search, sort=sort
         )
@@ -416,16 +513,42 @@ class Ledger:
         doc = {"runs": queries.jsonable(found)}
         while len(json.dumps(doc)) > MAX_CHARS and len(doc["runs"]) > 1:
             doc["runs"] = doc["runs"][: len(doc["runs"]) // 2]
-        meta = {
+        meta: dict[str, Any] = {
             "server": server_version(),
             "fleets": list(who.fleets),
             "count": len(doc["runs"]),
             "truncated": ["runs"] if len(doc["runs"]) < len(found) else [],
         }
-        self._count(who, via, "", None)
+        seq = None
+        if waited:
+            behind = list(zip(ops.RUN_LIST_PROJECTIONS, waited, strict=True))
+            seqs = [w.applied_seq for _, w in behind]
+            seq = None if None in seqs else min(s for s in seqs if s is not None)
+            meta |= {
+                "run_id": run_id,
+                "min_seq": min_seq,
+                "reached": all(w.reached for w in waited),
+                "waited_ms": round((time.monotonic() - start) * 1000, 1),
+                "applied_seqs": {p: w.applied_seq for p, w in behind},
+            }
+            late = [p for p, w in behind if not w.reached]
+            if late:
+                meta["note"] = (
+                    f"not yet: {', '.join(late)} of run {run_id} have not applied seq "
+                    f"{min_seq} after {meta['waited_ms']:.0f} ms; this list is as of older seqs"
+                )
+        self._count(who, via, run_id or "", seq)
         return Answer(doc, meta)
 
     # -- shared ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _one_transaction(self) -> Iterator[None]:
+        """A read's statements (the server's and the query layer's) on one pooled connection,
+        in one transaction; a refusal (an AgentLedgerError) still commits its count."""
+        self._keep_connections()
+        with ops.one_connection(self.settings.pg_address, commit_on=(AgentLedgerError,)):
+            yield
 
     def _read(
         self,
@@ -434,18 +557,36 @@ class Ledger:
         projection: str,
         min_seq: int | None,
         timeout_s: float | None,
-        build: Callable[[set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
     ) -> Answer:
+        with self._one_transaction():
+            return self._read_one(via, run_id, projection, min_seq, timeout_s, build)
+
+    def _read_one(
+        self,
+        via: str,
+        run_id: str,
+        projection: str,
+        min_seq: int | None,
+        timeout_s: float | None,
+        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+    ) -> Answer:
+        start = time.monotonic()
         who = self.principal()
+        timeout = self._timeout(min_seq, timeout_s)
         try:
-            self._run_of(who, run_id)
+            run_id = self._run_of(who, run_id)
         except NotFoundError:
-            self._count(who, via, run_id, None, refused=True)
-            raise
-        waited = self.wait(projection, run_id, min_seq, timeout_s)
+            # read-your-writes of a new run: its first entries may not be projected yet
+            found = None if min_seq is None else self._run_appears(who, run_id, start + timeout)
+            if found is None:
+                self._count(who, via, run_id, None, refused=True)
+                raise
+            run_id = found
+        waited = self.wait(projection, run_id, min_seq, timeout, start)
         memory = self._memory_view(run_id)
         hidden = _hidden_of(memory)
-        doc, extra = build(hidden, memory)
+        doc, extra = build(run_id, hidden, memory)
         swept = _sweep(doc, hidden)  # whatever named a hidden entry and was not left out above
         if swept:
             extra.setdefault("withheld", {})["other"] = swept

@@ -100,6 +100,18 @@ class FindRunsArgs(_Args):
     search: str | None = Field(default=None, description="text in the task or explanation")
     sort: str | None = Field(default=None, description="last, first, cost, entries or id")
     limit: int = Field(default=50, ge=1, le=MAX_RUNS)
+    run_id: str | None = Field(
+        default=None, description="with min_seq: the run whose sequence number min_seq is"
+    )
+    min_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description="read your own writes: list once run_id's entry min_seq is in the list's "
+        "projections (the answer's _meta.reached says whether it was)",
+    )
+    timeout_s: float = Field(
+        default=DEFAULT_WAIT_S, ge=0, le=MAX_WAIT_S, description="how long to wait for min_seq"
+    )
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,18 @@ def _diff(ledger: Ledger, a: _RunRead, via: str) -> Answer:
 
 
 def _find_runs(ledger: Ledger, a: FindRunsArgs, via: str) -> Answer:
-    return ledger.find_runs(a.fleet, a.status, a.failure_class, a.search, a.sort, a.limit, via=via)
+    return ledger.find_runs(
+        a.fleet,
+        a.status,
+        a.failure_class,
+        a.search,
+        a.sort,
+        a.limit,
+        via=via,
+        run_id=a.run_id,
+        min_seq=a.min_seq,
+        timeout_s=a.timeout_s,
+    )
 
 
 TOOLS: tuple[ToolSpec, ...] = (
@@ -226,7 +249,17 @@ _QUERY_ARGS = {
     "call": str,
     "stalled_after_minutes": float,
 }
-_RUNS_QUERY = ("fleet", "status", "failure_class", "search", "sort", "limit")
+_RUNS_QUERY = (
+    "fleet",
+    "status",
+    "failure_class",
+    "search",
+    "sort",
+    "limit",
+    "run_id",
+    "min_seq",
+    "timeout_s",
+)
 
 
 def run_uri(run_id: str, what: str) -> str:
@@ -302,6 +335,7 @@ class Watcher:
         self.sessions: dict[str, set[ServerSession]] = {}  # uri -> 2025-era subscribers
         self.listeners: dict[str, int] = {}  # uri -> open listen streams asking for it
         self.seen: dict[str, int | None] = {}
+        self.runs: dict[str, str] = {}  # uri -> the run it names (a prefix resolved)
 
     @staticmethod
     def parse(uri: str) -> tuple[str, str]:
@@ -312,16 +346,19 @@ class Watcher:
         return found["run"], PROJECTION_OF[found["what"]]
 
     @staticmethod
-    def check(ledger: Ledger, uri: str) -> None:
-        """NotFoundError unless ``uri`` is a run resource ``ledger``'s token may read."""
-        ledger.run_of(Watcher.parse(uri)[0])
+    def check(ledger: Ledger, uri: str) -> str:
+        """The run ``uri`` names, if it is a run resource ``ledger``'s token may read (a run id
+        prefix resolved); NotFoundError if not."""
+        return ledger.run_of(Watcher.parse(uri)[0])
 
     def _where(self, uri: str) -> int | None:
-        run_id, projection = self.parse(uri)
+        named, projection = self.parse(uri)
+        run_id = self.runs.get(uri, named)
         hot = self.ledger.applied_hot(projection, run_id)
         return hot if hot is not None else self.ledger.applied_pg(projection, run_id)
 
-    async def add(self, uri: str) -> None:
+    async def add(self, uri: str, run_id: str) -> None:
+        self.runs[uri] = run_id
         if uri not in self.seen:
             self.seen[uri] = await anyio.to_thread.run_sync(self._where, uri)
 
@@ -330,6 +367,7 @@ class Watcher:
             self.sessions.pop(uri, None)
             self.listeners.pop(uri, None)
             self.seen.pop(uri, None)
+            self.runs.pop(uri, None)
 
     async def run(self) -> None:
         while True:
@@ -448,7 +486,7 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         ]
         templates.append(
             types.ResourceTemplate(
-                uri_template="ledger://runs{?fleet,status,failure_class,search,sort,limit}",
+                uri_template="ledger://runs{?fleet,status,failure_class,search,sort,limit,run_id,min_seq}",
                 name="runs-filtered",
                 title="runs, filtered",
                 description="the token's fleets' runs, filtered and sorted (as find_runs)",
@@ -516,9 +554,9 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
 
     async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        await _checked(of(ctx), uri)
+        run_id = await _checked(of(ctx), uri)
         watcher.sessions.setdefault(uri, set()).add(ctx.session)
-        await watcher.add(uri)
+        await watcher.add(uri, run_id)
         return types.EmptyResult()
 
     async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
@@ -531,11 +569,10 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         ctx: Any, params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         uris = list(params.notifications.resource_subscriptions or ())
-        for uri in uris:
-            await _checked(of(ctx), uri)
-        for uri in uris:
+        runs = [await _checked(of(ctx), uri) for uri in uris]
+        for uri, run_id in zip(uris, runs, strict=True):
             watcher.listeners[uri] = watcher.listeners.get(uri, 0) + 1
-            await watcher.add(uri)
+            await watcher.add(uri, run_id)
         try:
             return await listen(ctx, params)
         finally:
@@ -572,9 +609,9 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
     )
 
 
-async def _checked(ledger: Ledger, uri: str) -> None:
+async def _checked(ledger: Ledger, uri: str) -> str:
     try:
-        await anyio.to_thread.run_sync(Watcher.check, ledger, uri)
+        return await anyio.to_thread.run_sync(Watcher.check, ledger, uri)
     except NotFoundError as exc:
         raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": uri}) from None
     except Unauthorized as exc:
@@ -614,5 +651,9 @@ async def serve_stdio(settings: Settings, token: str | None) -> None:
 
 def check_token(settings: Settings, token: str | None) -> str:
     """Fail fast at start-up: the token's id and fleets, in words (Unauthorized if invalid)."""
-    who = Ledger(settings, token).principal()
+    ledger = Ledger(settings, token)
+    try:
+        who = ledger.principal()
+    finally:
+        ledger.close()
     return f"token {who.token_id}, fleets {', '.join(who.fleets)}"

@@ -15,12 +15,23 @@ from typing import Any
 from consumers.analytics import (
     DIMENSIONS,
     cost_report,
+    failure_days,
     failure_report,
     parse_since,
     run_failure,
     run_timeline,
 )
-from consumers.views import find_runs, history_at, history_row, live_state, run_outcome
+from consumers.views import (
+    OUTCOMES as VIEW_OUTCOMES,
+)
+from consumers.views import (
+    find_runs,
+    history_at,
+    history_row,
+    live_state,
+    outcome_filter,
+    run_outcome,
+)
 from infra.settings import Settings
 from projectors.context_manifests import ContextManifest, resolve_manifest
 from projectors.context_render import render
@@ -48,6 +59,7 @@ class RunFilters:
     text: str | None = None
     sort: str = "last"
     model: str | None = None  # a run with a counted call of this model (provider/model or model)
+    outcome: str | None = None  # one of consumers.views.OUTCOMES
 
 
 def runs(
@@ -59,10 +71,17 @@ def runs(
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted, each with its outcome in words; ``status``
     RUNNING for a run not finished. ``fleets``: only the runs of these fleets."""
+    status, evaluation = filters.status, None
+    if filters.outcome is not None:
+        outcome_status, evaluation = outcome_filter(filters.outcome)
+        if status is not None and status != outcome_status:
+            return []  # a status and an outcome that cannot both hold
+        status = outcome_status
     found = find_runs(
         settings,
         fleet=filters.fleet,
-        status=filters.status,
+        status=status,
+        evaluation=evaluation,
         failure_class=filters.failure_class,
         since=filters.since,
         until=filters.until,
@@ -193,6 +212,13 @@ def failures(
     return failure_report(settings, fleet, since, stalled_after_minutes).as_json()
 
 
+def failures_by_day(
+    settings: Settings, fleet: str | None = None, since: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Failure classes over time: runs by the day of their last entry and class."""
+    return failure_days(settings, fleet, since)
+
+
 def failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0) -> dict[str, Any]:
     """Why the run failed: class, rule, explanation, evidence (``agentledger failures RUN``)."""
     return run_failure(settings, run_id, stalled_after_minutes).as_json()
@@ -220,6 +246,7 @@ def entry(settings: Settings, run_id: str, seq: int) -> dict[str, Any]:
 
 
 RUN_STATUSES = ("RUNNING", *(status.value for status in RunStatus))
+OUTCOMES = VIEW_OUTCOMES  # the outcome filter's words (the runs' outcome column)
 
 
 def parse_run_filters(
@@ -233,6 +260,7 @@ def parse_run_filters(
     search: str | None = None,
     sort: str | None = None,
     model: str | None = None,
+    outcome: str | None = None,
 ) -> RunFilters:
     """:class:`RunFilters` from text (a query string's values; empty means not given), checked
     as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
@@ -240,6 +268,8 @@ def parse_run_filters(
         raise BadArgumentError(f"status: one of {', '.join(RUN_STATUSES)}")
     if sort and sort not in ops.RUN_SORTS:
         raise BadArgumentError(f"sort: one of {', '.join(ops.RUN_SORTS)}")
+    if outcome and outcome not in OUTCOMES:
+        raise BadArgumentError(f"outcome: one of {'; '.join(OUTCOMES)}")
     cost = None
     if cost_above:
         try:
@@ -256,6 +286,7 @@ def parse_run_filters(
         text=search or None,
         sort=sort or "last",
         model=model or None,
+        outcome=outcome or None,
     )
 
 

@@ -10,7 +10,8 @@ from projectors import registry
 from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
 from projectors.stores import postgres_ops as ops
 from projectors.stores.postgres import current_documents
-from schemas.errors import NotFoundError
+from schemas.errors import BadArgumentError, NotFoundError
+from schemas.models import RunStatus
 
 
 def find_runs(settings: Settings, **filters: Any) -> list[dict[str, Any]]:
@@ -39,6 +40,30 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     run["cost_partly_unknown"] = "cost" in partly_unknown(counts)
     run["outcome"] = run_outcome(run["status"], run["failure_class"])
     return run
+
+
+# A submission's outcome by what its evaluation said (failure-classifications' class).
+_EVALUATED = {
+    "submitted, evaluation passed": "passed",
+    "submitted, not evaluated yet": "unevaluated",
+    "submitted, evaluation failed": "failed",
+}
+OUTCOMES = (
+    "running",
+    *(s.value.lower().replace("_", " ") for s in RunStatus if s is not RunStatus.SUBMITTED),
+    *_EVALUATED,
+)
+
+
+def outcome_filter(outcome: str) -> tuple[str, str | None]:
+    """The ``(status, evaluation)`` filters of :func:`find_runs` that keep the runs whose
+    :func:`run_outcome` is ``outcome`` (one of :data:`OUTCOMES`; "submitted, evaluation
+    failed" whatever the class)."""
+    if outcome not in OUTCOMES:
+        raise BadArgumentError(f"outcome: one of {'; '.join(OUTCOMES)}")
+    if outcome in _EVALUATED:
+        return RunStatus.SUBMITTED.value, _EVALUATED[outcome]
+    return outcome.upper().replace(" ", "_"), None
 
 
 def run_outcome(status: str | None, failure_class: str | None) -> str:

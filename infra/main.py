@@ -147,9 +147,21 @@ def bench(
     entries: Annotated[
         int | None, typer.Option(help="entries for the ingest and rebuild figures")
     ] = None,
+    web: Annotated[
+        bool,
+        typer.Option(
+            "--web",
+            help="only the web's figures: runs list over many runs, a big run's page in "
+            "Chromium, live rows",
+        ),
+    ] = False,
+    web_port: Annotated[
+        int, typer.Option(help="--web: the port of the bench's `agentledger serve`", min=1)
+    ] = 8701,
 ) -> None:
     """Measure throughput and latency, each beside a baseline measured in the same run."""
-    from streams.bench import run_bench
+    from consumers.mcp_bench import mcp_reader
+    from streams.bench import BenchReport, machine_info, run_bench
     from streams.simulate import LENGTH_PROFILES
 
     if mix not in LENGTH_PROFILES:
@@ -158,7 +170,13 @@ def bench(
         raise typer.BadParameter("--entries takes at least 1,000")
     settings = _settings()
     local.up(settings, Console(quiet=True))
-    report = asyncio.run(run_bench(settings, quick, _budget_guard, mix, entries))
+    if web:
+        report = BenchReport(machine=machine_info())
+        report.settings, report.figures = asyncio.run(_web_bench(settings, quick, web_port))
+    else:
+        report = asyncio.run(
+            run_bench(settings, quick, _budget_guard, mix, entries, mcp_reader=mcp_reader)
+        )
     if as_json:
         print(report.as_json())
         return
@@ -169,6 +187,95 @@ def bench(
         table.add_row(f.name, f"{f.value:,.1f} {f.unit}", base, ratio)
     console.print(table)
     console.print(json.dumps(report.machine))
+
+
+WEB_SIZES = {  # quick: exercises the code only
+    False: {
+        "runs": 100_000,
+        "seed_runs": 1_000,
+        "samples": 100,
+        "loads": 20,
+        "big": 10_000,
+        "live_entries": 160,
+    },
+    True: {
+        "runs": 2_000,
+        "seed_runs": 200,
+        "samples": 10,
+        "loads": 3,
+        "big": 1_000,
+        "live_entries": 40,
+    },
+}
+
+
+async def _web_bench(settings: Settings, quick: bool, port: int) -> tuple[dict[str, Any], Any]:
+    """``bench --web``: a private deployment filled by the write side (streams.bench_web), the
+    real ``agentledger serve`` process over it, timed by the read side (consumers.web.bench)."""
+    import time
+    import urllib.request
+
+    from consumers.access import create_token
+    from consumers.web import bench as web_bench
+    from streams import bench as write_bench
+    from streams import bench_web
+    from streams.deployment import PrivateDeployment
+
+    sizes = WEB_SIZES[quick]
+    chromium = os.environ.get("AGENTLEDGER_CHROMIUM", web_bench.CHROMIUM)
+    if not os.path.exists(chromium):
+        raise BadArgumentError(f"bench --web needs Chromium at {chromium} (tests/ensure-chromium)")
+    fleets = write_bench.FLEETS
+    d = PrivateDeployment(settings, "benchweb", fleets, settings.state_dir / "bench")
+    await d.create()
+    figures: list[Any] = []
+    try:
+        filled = await bench_web.fill_runs(d.settings, fleets, sizes["runs"], sizes["seed_runs"])
+        big = await bench_web.big_run(d.settings, fleets[0], sizes["big"])
+        live = bench_web.LiveRun(d.settings, fleets[0], sizes["live_entries"], 10)
+        live_run = await live.start()
+        token = str(create_token(d.settings, fleets)["token"])
+        d.start_process("serve", ["-m", "infra.main", "serve", "--port", str(port)])
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    log = d.log_of("serve")
+                    raise RuntimeError(f"the bench's server did not answer; {log}") from None
+                await asyncio.sleep(0.2)
+        try:
+            figures += await asyncio.to_thread(
+                web_bench.runs_list,
+                d.settings,
+                base,
+                token,
+                fleets,
+                web_bench.RUN_QUERIES,
+                sizes["samples"],
+            )
+            figures += await web_bench.big_page(base, token, big, sizes["loads"], chromium)
+            figures += await web_bench.live_rows(
+                base, token, live_run, live.left(), live.step, chromium
+            )
+        finally:
+            await live.close()
+    finally:
+        d.drop()
+    settings_doc = {
+        "web": True,
+        "quick": quick,
+        **sizes,
+        "runs_made": filled.runs,
+        "seed_entries": filled.seed_entries,
+        "seed_engine_s": round(filled.engine_s, 1),
+        "copies_s": round(filled.copy_s, 1),
+        "load_average": os.getloadavg(),
+    }
+    return settings_doc, [write_bench.Figure(*f) for f in figures]
 
 
 def _budget_guard(settings: Settings) -> BudgetGuard:
@@ -191,7 +298,7 @@ def serve(
 
     from consumers.mcp_http import mount as mount_mcp
     from consumers.web.app import create_app
-    from streams.dlq import dead_letter_rows, dismiss
+    from streams.dlq import dead_letter_rows, dismiss, redrive_json
     from streams.rebuild import builds_json
 
     settings = _settings()
@@ -205,7 +312,13 @@ def serve(
 
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     # open event streams (a running run's page) get 5 s to end once a stop is asked
-    app = create_app(settings, dead_letters, dismiss_one, lambda: builds_json(settings))
+    app = create_app(
+        settings,
+        dead_letters,
+        dismiss_one,
+        lambda: builds_json(settings),
+        lambda fleets: asyncio.run(redrive_json(settings, fleets)),
+    )
     mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 

@@ -250,6 +250,15 @@ class PriceSource(Protocol):
 _GENAI_PROVIDERS = {"meta": "groq"}
 
 
+@functools.cache
+def _genai_version() -> str:
+    """The installed genai-prices' version (looked up once: ~2 ms, and a projection is made
+    for each read of a live state)."""
+    from importlib.metadata import version
+
+    return version("genai-prices")
+
+
 class GenaiPrices:
     """Pydantic's maintained price database (`genai-prices`): historic prices by date, cache
     read and write rates, per-request tiers (long context). Only its bundled data is read (no
@@ -259,9 +268,7 @@ class GenaiPrices:
     price alone: :class:`_GenaiMemo` does that work once per price and gives the same Decimal."""
 
     def __init__(self) -> None:
-        from importlib.metadata import version
-
-        self.version = f"genai-prices {version('genai-prices')}"
+        self.version = f"genai-prices {_genai_version()}"
         self._memo: _GenaiMemo | None = None
 
     def price_call(

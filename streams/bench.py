@@ -6,6 +6,9 @@ Redis prefix, with its own background worker, so it never touches live projectio
 - hot path: publish -> the run's Redis views reflect the entry, p50/p99, while a steady background
   load is published; beside it the floors measured in the same run: the publisher's Kafka ack
   latency and a Redis round trip.
+- MCP (issue 30): under the same load, an agent's read-your-writes through ``agentledger mcp``
+  (publish entry N, then ``get_working_memory`` with ``min_seq=N``) beside the hot path, and a
+  plain MCP read beside the Redis view read itself, of the same run at the same moment.
 - replay: entries/s the engine applies reading the topics directly, beside the ceiling of
   consuming and decoding only.
 - redaction: the publisher's secret scan (``redact_entry``) per realistic entry, beside the
@@ -23,6 +26,7 @@ import platform
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,7 +39,7 @@ from infra.clients import redis_client
 from infra.settings import Settings
 from projectors.registry import all_projections, projection
 from projectors.stores import postgres_ops as ops
-from projectors.stores.redis import view_key
+from projectors.stores.redis import RedisViewStore, view_key
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
 from schemas.topics import ledger_topic
@@ -138,15 +142,155 @@ class Guard(Protocol):
 GuardFactory = Callable[[Settings], Guard]
 
 
+class McpRead(Protocol):
+    @property
+    def reached(self) -> bool: ...  # the answer says min_seq was reached
+    @property
+    def waited_ms(self) -> float: ...  # how long the server waited for it
+
+
+class McpReader(Protocol):
+    """An MCP client reading a run's working memory through ``agentledger mcp``
+    (``consumers.mcp_bench``, handed in by the composition root)."""
+
+    async def working_memory(self, run_id: str, min_seq: int | None) -> McpRead: ...
+
+
+McpReaderFactory = Callable[[Settings], AbstractAsyncContextManager[McpReader]]
+MCP_PAUSE_S = 0.05  # between the plain reads (~15 a second with the Redis read beside each)
+MCP_RYW_EVERY_S = 0.2  # an agent's read-your-writes after a publish, at most this often
+MCP_RYW_IN_FLIGHT = 8  # at most this many waiting at once (the worker's lag may be seconds)
+MCP_RYW = "MCP read-your-writes p99 (publish entry N -> get_working_memory(min_seq=N) answers)"
+MCP_READ = "MCP get_working_memory p99 (no min_seq), under the load"
+
+
+@dataclass
+class _McpSamples:
+    ryw: list[float] = field(default_factory=list)  # publish of N -> the answer at >= N
+    own: list[float] = field(default_factory=list)  # that call less the server's wait for N
+    reached: int = 0
+    plain: list[float] = field(default_factory=list)  # a read without min_seq
+    redis: list[float] = field(default_factory=list)  # the Redis view read, same run and moment
+
+    def clear(self) -> None:
+        for values in (self.ryw, self.own, self.plain, self.redis):
+            values.clear()
+        self.reached = 0
+
+
+async def _mcp_reads(
+    reader: McpReader,
+    store: RedisViewStore,
+    latest: list[tuple[str, int, float]],
+    projected: list[str],
+    fresh: asyncio.Event,
+    stop: asyncio.Event,
+    samples: _McpSamples,
+) -> None:
+    """Agents that have just published: right after a batch (at most every
+    :data:`MCP_RYW_EVERY_S`), one takes the batch's last entry N and reads the run's working
+    memory with ``min_seq=N``, timed from N's publish as the hot path is; beside them, one
+    reads the memory of a run already projected (``projected``: the warm-up's, then the last
+    one read so) without ``min_seq``, then its Redis view itself."""
+
+    async def read_your_write(run_id: str, seq: int, published_at: float) -> None:
+        asked = time.perf_counter()
+        read = await reader.working_memory(run_id, seq)
+        done = time.perf_counter()
+        samples.ryw.append(done - published_at)
+        samples.own.append(done - asked - read.waited_ms / 1000)
+        samples.reached += read.reached
+        if read.reached:
+            projected[:] = [run_id]
+
+    async def plain() -> None:
+        while not stop.is_set():
+            if projected:  # (a run the worker has reached: the newest may be unknown yet)
+                run_id = projected[0]
+                asked = time.perf_counter()
+                await reader.working_memory(run_id, None)
+                samples.plain.append(time.perf_counter() - asked)
+                asked = time.perf_counter()
+                await store.read_live("working-memory", run_id)
+                samples.redis.append(time.perf_counter() - asked)
+            await asyncio.sleep(MCP_PAUSE_S)
+
+    waiting: set[asyncio.Task[None]] = set()
+    plain_reads = asyncio.create_task(plain())
+    try:
+        while not stop.is_set():
+            fresh.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fresh.wait(), 1)
+            if stop.is_set() or not latest or len(waiting) >= MCP_RYW_IN_FLIGHT:
+                continue
+            task = asyncio.create_task(read_your_write(*latest[0]))
+            waiting.add(task)
+            task.add_done_callback(waiting.discard)
+            await asyncio.sleep(MCP_RYW_EVERY_S)
+        await plain_reads
+        await asyncio.gather(*waiting)
+    finally:
+        plain_reads.cancel()
+        for task in waiting:
+            task.cancel()
+
+
+def _mcp_figures(m: _McpSamples, hot: list[float]) -> list[Figure]:
+    ms = 1000.0
+    return [
+        Figure(
+            MCP_RYW, _pct(m.ryw, 0.99) * ms, "ms", "hot path p99, same load", _pct(hot, 0.99) * ms
+        ),
+        Figure(
+            "MCP read-your-writes p50",
+            _pct(m.ryw, 0.5) * ms,
+            "ms",
+            "hot path p50, same load",
+            _pct(hot, 0.5) * ms,
+        ),
+        Figure(
+            "MCP read-your-writes: answers that reached min_seq",
+            float(m.reached),
+            "reads",
+            "reads asked",
+            float(len(m.ryw)),
+        ),
+        Figure(  # what MCP itself adds: the call's time less the server's wait for the worker
+            "MCP read-your-writes p99, MCP's own part (the call less its wait for min_seq)",
+            _pct(m.own, 0.99) * ms,
+            "ms",
+            "Redis view read p99",
+            _pct(m.redis, 0.99) * ms,
+        ),
+        Figure(
+            MCP_READ,
+            _pct(m.plain, 0.99) * ms,
+            "ms",
+            "Redis view read p99 (read_live)",
+            _pct(m.redis, 0.99) * ms,
+        ),
+        Figure(
+            "MCP get_working_memory p50 (no min_seq), under the load",
+            _pct(m.plain, 0.5) * ms,
+            "ms",
+            "Redis view read p50 (read_live)",
+            _pct(m.redis, 0.5) * ms,
+        ),
+    ]
+
+
 async def hot_path(
     d: PrivateDeployment,
     rate: float,
     seconds: float,
-    guard_factory: GuardFactory,
+    guard_factory: GuardFactory | None,
     warmup: float = 3.0,
+    reader: McpReader | None = None,
 ) -> list[Figure]:
     """Publish at ``rate`` entries/s; after ``warmup`` seconds of that load, time publish ->
-    every hot view reflects each entry for ``seconds``."""
+    every hot view reflects each entry for ``seconds`` (and, with ``guard_factory``, the budget
+    guard; with ``reader``, an agent reading its own writes through MCP)."""
     s = d.settings
     # The runs drawn, generated before the clock (with the entry at which each crosses its
     # budget, folded as the worker will), so generating them costs nothing while measuring.
@@ -168,6 +312,18 @@ async def hot_path(
     guard_stop = asyncio.Event()
     guard = asyncio.create_task(
         _guard_watch(guard_factory(s), crossing_at, published, guard_latencies, guard_stop)
+        if guard_factory is not None
+        else guard_stop.wait()
+    )
+    mcp = _McpSamples()
+    latest: list[tuple[str, int, float]] = []  # the last entry published while measuring
+    projected: list[str] = []  # a run the worker has applied (the warm-up's, to begin with)
+    fresh, mcp_stop = asyncio.Event(), asyncio.Event()
+    store = RedisViewStore.connect(s.redis_address, s.redis_prefix)
+    agent = asyncio.create_task(
+        _mcp_reads(reader, store, latest, projected, fresh, mcp_stop, mcp)
+        if reader is not None
+        else mcp_stop.wait()
     )
     try:
         async with AsyncPublisher(s) as publisher:
@@ -178,6 +334,7 @@ async def hot_path(
             deadline = time.perf_counter() + 60
             while pending and time.perf_counter() < deadline:
                 await asyncio.sleep(0.01)
+            projected[:] = [warm[0].run_id]
             interval = 10 / rate  # ten entries per tick
             started = time.perf_counter()
             buffer: list[LedgerEntry] = []
@@ -189,6 +346,7 @@ async def hot_path(
                     latencies.clear()
                     acks.clear()
                     guard_latencies.clear()
+                    mcp.clear()
                 while len(buffer) < 10:
                     buffer.extend(next(runs))
                 batch, buffer = buffer[:10], buffer[10:]
@@ -199,38 +357,36 @@ async def hot_path(
                     pending.setdefault(e.run_id, []).append((e.sequence_no, t0))
                     if crossing_at.get(e.run_id) == e.sequence_no:
                         published[(e.run_id, e.sequence_no)] = t0
+                if measuring:
+                    latest[:] = [(batch[-1].run_id, batch[-1].sequence_no, t0)]
+                    fresh.set()
                 tick += 1
                 delay = started + tick * interval - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
+        mcp_stop.set()
+        fresh.set()
+        await asyncio.wait_for(agent, 60)  # (a read begun under the load is finished and kept)
         views.stop.set()
         await asyncio.wait_for(watcher, 60)
-        await asyncio.sleep(3)  # the last crossings reach the guard
+        if guard_factory is not None:
+            await asyncio.sleep(3)  # the last crossings reach the guard
     finally:
+        mcp_stop.set()
+        agent.cancel()
         views.stop.set()
         watcher.cancel()
         guard_stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(guard, 30)
         await views.client.aclose()
+        await store.close()
     rtt = await _redis_rtt(s.redis_address, 1000)
     ms = 1000.0
+    guarded = guard_factory is not None
     return [
-        Figure(
-            "budget guard p99 (crossing entry published -> guard reports it)",
-            _pct(guard_latencies, 0.99) * ms if guard_latencies else float("nan"),
-            "ms",
-            "hot path p99 (publish -> Redis views)",
-            _pct(latencies, 0.99) * ms,
-        ),
-        Figure(
-            "budget guard p50",
-            _pct(guard_latencies, 0.5) * ms if guard_latencies else float("nan"),
-            "ms",
-            "hot path p50",
-            _pct(latencies, 0.5) * ms,
-        ),
-        Figure("budget crossings measured", float(len(guard_latencies)), "runs"),
+        *(_mcp_figures(mcp, latencies) if reader is not None else []),
+        *(_guard_figures(guard_latencies, latencies) if guarded else []),
         Figure(
             "hot path p50 (publish -> Redis views)",
             _pct(latencies, 0.5) * ms,
@@ -254,6 +410,27 @@ async def hot_path(
             "rate asked for",
             rate,
         ),
+    ]
+
+
+def _guard_figures(guard_latencies: list[float], latencies: list[float]) -> list[Figure]:
+    ms = 1000.0
+    return [
+        Figure(
+            "budget guard p99 (crossing entry published -> guard reports it)",
+            _pct(guard_latencies, 0.99) * ms if guard_latencies else float("nan"),
+            "ms",
+            "hot path p99 (publish -> Redis views)",
+            _pct(latencies, 0.99) * ms,
+        ),
+        Figure(
+            "budget guard p50",
+            _pct(guard_latencies, 0.5) * ms if guard_latencies else float("nan"),
+            "ms",
+            "hot path p50",
+            _pct(latencies, 0.5) * ms,
+        ),
+        Figure("budget crossings measured", float(len(guard_latencies)), "runs"),
     ]
 
 
@@ -851,10 +1028,12 @@ async def run_bench(
     mix: str = "real",
     entries: int | None = None,
     sizes: Sizes | None = None,
+    mcp_reader: McpReaderFactory | None = None,
 ) -> BenchReport:
     """Every figure; traffic drawn from ``mix`` (a simulate length profile: ``real`` by
     default, ``short`` for the ~30-entry story); ``entries`` replaces the ingest and rebuild
-    sizes; ``sizes`` replaces the quick or full sizes altogether (the suite's smaller run)."""
+    sizes; ``sizes`` replaces the quick or full sizes altogether (the suite's smaller run);
+    with ``mcp_reader``, the hot path's load again with an agent reading through MCP."""
     if sizes is None:
         sizes = QUICK if quick else FULL
     if entries is not None:
@@ -906,6 +1085,19 @@ async def run_bench(
         report.figures += await hot_path(d, sizes.hot_rate, sizes.hot_seconds, guard_factory)
     finally:
         d.drop()
+    if mcp_reader is not None:  # a phase of its own: the hot path's figures above stay as they were
+        d = await deployment("benchmcp")
+        try:
+            d.start_worker("worker")
+            await asyncio.to_thread(d.wait_partitions, "worker")
+            async with mcp_reader(d.settings) as reader:
+                found = await hot_path(d, sizes.hot_rate, sizes.hot_seconds, None, reader=reader)
+            report.figures += [
+                f if f.name.startswith("MCP") else replace(f, name=f"MCP phase: {f.name}")
+                for f in found
+            ]
+        finally:
+            d.drop()
     d = await deployment("benchinflight")
     try:
         worker = d.start_worker("worker")

@@ -339,6 +339,23 @@ async def redrive(
     return report
 
 
+async def redrive_json(settings: Settings, fleets: Sequence[str]) -> dict[str, Any]:
+    """:func:`redrive` of ``fleets`` as the web API answers it."""
+    report = await redrive(settings, fleets)
+    return {
+        "redriven": report.redriven,
+        "already": report.already,
+        "dismissed": report.dismissed,
+        "still_bad": [
+            {
+                "source": f"{d.source_topic}/{d.source_partition}/{d.source_offset}",
+                "reason": reason,
+            }
+            for d, reason in report.still_bad
+        ],
+    }
+
+
 async def dead_letter_rows(settings: Settings, fleets: Sequence[str]) -> list[dict[str, Any]]:
     """The dead letters of ``fleets`` as ``dlq list --json`` prints them (and the API answers):
     source position, run, error class, reason, size, whether redriven or dismissed (why, when)."""

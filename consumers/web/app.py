@@ -35,7 +35,7 @@ from jinja2 import Environment, FileSystemLoader
 from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.render import as_of, memory_sections
-from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line
+from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from infra.settings import Settings
 from schemas.errors import BadArgumentError, NotFoundError
 
@@ -43,6 +43,8 @@ DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
 # (fleets, source, reason) -> newly dismissed; BadArgumentError: no such dead letter of those
 Dismiss = Callable[[Sequence[str], str, str], bool]
 Builds = Callable[[], list[dict[str, Any]]]
+# fleets -> {"redriven", "already", "dismissed", "still_bad": [{"source", "reason"}]}
+Redrive = Callable[[Sequence[str]], dict[str, Any]]
 
 COOKIE = "al_session"
 HERE = Path(__file__).parent
@@ -90,9 +92,10 @@ def create_app(
     dead_letters: DeadLetters | None = None,
     dismiss: Dismiss | None = None,
     builds: Builds | None = None,
+    redrive: Redrive | None = None,
 ) -> FastAPI:
-    """The app; ``dead_letters``, ``dismiss`` and ``builds`` come from the write side
-    (``streams.dlq``, ``streams.rebuild``, composed by ``infra.main``): without them those
+    """The app; ``dead_letters``, ``dismiss``, ``builds`` and ``redrive`` come from the write
+    side (``streams.dlq``, ``streams.rebuild``, composed by ``infra.main``): without them those
     routes answer 501."""
     app = FastAPI(
         title="AgentLedger",
@@ -144,7 +147,7 @@ def create_app(
         start = _offset(cursor)
         rows = queries.runs(settings, filters, limit + 1, start, who.fleets)
         more = len(rows) > limit
-        return rows[:limit], (_cursor(start + limit) if more else None)
+        return rows[:limit], (cursor_at(start + limit) if more else None)
 
     # -- API ---------------------------------------------------------------------------------
 
@@ -168,6 +171,7 @@ def create_app(
         cost_above: str | None = None,
         search: str | None = None,
         model: str | None = None,
+        outcome: str | None = None,
         sort: str | None = None,
         cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -184,6 +188,7 @@ def create_app(
             search=search,
             sort=sort,
             model=model,
+            outcome=outcome,
         )
         rows, next_cursor = runs_page(who, params, cursor, limit)
         return queries.jsonable({"runs": rows, "next_cursor": next_cursor})
@@ -209,7 +214,7 @@ def create_app(
         return queries.jsonable(
             {
                 "rows": rows[start : start + limit],
-                "next_cursor": _cursor(start + limit) if more else None,
+                "next_cursor": cursor_at(start + limit) if more else None,
             }
         )
 
@@ -308,6 +313,14 @@ def create_app(
         when = found(lambda: queries.moment("since", since))
         return queries.jsonable(queries.failures(settings, chosen, when, stalled_after))
 
+    @app.get("/api/v1/failures/days")
+    def api_failure_days(who: Who, fleet: str | None = None, since: str | None = None) -> Any:
+        """Failure classes over time: one fleet's runs by the day of their last entry (UTC)
+        and failure class, ``{"days": [{"day", "failure_class", "runs"}]}``."""
+        chosen = one_fleet(who, fleet)
+        when = found(lambda: queries.moment("since", since))
+        return {"days": queries.failures_by_day(settings, chosen, when)}
+
     @app.get("/api/v1/dead-letters")
     def api_dead_letters(who: Who, fleet: str | None = None) -> Any:
         """Dead letters of the token's fleets (``agentledger dlq list --json``)."""
@@ -338,6 +351,24 @@ def create_app(
             return dismiss(who.fleets, source, reason)
         except BadArgumentError as exc:
             raise HttpError(404, str(exc)) from None
+
+    @app.post("/api/v1/dead-letters/redrive")
+    async def api_redrive(request: Request, who: Who, fleet: str | None = None) -> Any:
+        """Send the dead letters of the token's fleets (or of ``fleet``) that decode now back
+        to their topics, each at most once (``agentledger dlq redrive``); an admin token only.
+        ``{"redriven", "already", "dismissed", "still_bad": [{"source", "reason"}]}``."""
+        return await asyncio.to_thread(redriven, request, who, fleet)
+
+    def redriven(request: Request, who: Principal, fleet: str | None) -> dict[str, Any]:
+        if not who.admin:
+            raise HttpError(403, "redriving dead letters needs an admin token")
+        if "authorization" not in request.headers and not _same_origin(request):
+            raise HttpError(403, "a form of this site only (the Origin header differs)")
+        if fleet and fleet not in who.fleets:
+            raise HttpError(403, f"this token does not cover fleet {fleet}")
+        if redrive is None:
+            raise HttpError(501, "this server was started without a dead-letter store")
+        return redrive([fleet] if fleet else list(who.fleets))
 
     @app.get("/api/v1/builds")
     def api_builds(who: Who) -> Any:
@@ -396,6 +427,7 @@ def create_app(
             "cost_above",
             "search",
             "model",
+            "outcome",
             "sort",
         )
         given = {name: q.get(name) or "" for name in names}
@@ -408,6 +440,7 @@ def create_app(
             runs=[{**r, "cost_text": queries.cost_text(r)} for r in rows],
             given=given,
             statuses=queries.RUN_STATUSES,
+            outcomes=queries.OUTCOMES,
             sorts=("last", "first", "cost", "entries", "id"),
             next_url=f"/runs?{urlencode({**kept, 'cursor': next_cursor})}" if next_cursor else None,
         )
@@ -427,9 +460,9 @@ def create_app(
             rows=rows,
             first=start + 1,
             total=len(doc["rows"]),
-            next_url=f"/runs/{run_id}?cursor={_cursor(start + ROWS_PER_PAGE)}" if more else None,
+            next_url=f"/runs/{run_id}?cursor={cursor_at(start + ROWS_PER_PAGE)}" if more else None,
             live=doc["status"] == "RUNNING" and not more,
-            prev_url=f"/runs/{run_id}?cursor={_cursor(max(0, start - ROWS_PER_PAGE))}"
+            prev_url=f"/runs/{run_id}?cursor={cursor_at(max(0, start - ROWS_PER_PAGE))}"
             if start
             else None,
         )
@@ -485,6 +518,8 @@ def create_app(
         when = found(lambda: queries.moment("since", since))
         by_day = queries.costs(settings, "day", chosen, when)
         by_run = queries.costs(settings, "run", chosen, when)
+        by_day_model = queries.costs(settings, "day-model", chosen, when)
+        class_days = queries.failures_by_day(settings, chosen, when)
         running = queries.runs(settings, queries.RunFilters(fleet=chosen, status="RUNNING"), 500)
         silent_since = datetime.now(UTC) - timedelta(minutes=STALLED_AFTER_MIN)
         stalled = [r for r in running if r["last_at"] is not None and r["last_at"] < silent_since]
@@ -495,6 +530,13 @@ def create_app(
             since=since,
             by_day=by_day,
             day_bars=bars([(r["key"], r["cost_usd"]) for r in by_day["rows"]]),
+            model_days=stacked(
+                [(*r["key"].split(" ", 1), r["cost_usd"]) for r in by_day_model["rows"]]
+            ),
+            class_days=stacked(
+                [(r["day"], r["failure_class"], r["runs"]) for r in class_days], "count"
+            ),
+            class_day_rows=class_days,
             by_model=queries.costs(settings, "model", chosen, when),
             failures=queries.failures(settings, chosen, when),
             over_budget=[r for r in by_run["rows"] if r["over_budget"]],
@@ -509,6 +551,11 @@ def create_app(
     @app.get("/builds", include_in_schema=False)
     def builds_html(who: Who) -> HTMLResponse:
         return page("builds.html", who, builds=all_builds(who))
+
+    @app.post("/dead-letters/redrive", include_in_schema=False)
+    def redrive_html(request: Request, who: Who) -> HTMLResponse:
+        report = redriven(request, who, None)
+        return page("dead_letters.html", who, letters=letters(who, None), redrive_report=report)
 
     @app.post("/dead-letters/dismiss", include_in_schema=False)
     async def dismiss_html(request: Request, who: Who) -> Response:
@@ -550,7 +597,7 @@ def _same_origin(request: Request) -> bool:
     return origin is not None and urlparse(origin).netloc == request.url.netloc
 
 
-def _cursor(offset: int) -> str:
+def cursor_at(offset: int) -> str:
     """An opaque cursor: where the next page starts."""
     return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
 

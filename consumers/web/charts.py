@@ -58,3 +58,53 @@ def bars(items: Sequence[tuple[str, Any]]) -> list[Bar]:
         shown = "unknown" if value is None else f"${value:.4f}"
         out.append(Bar(n * step + 1, HEIGHT - height, max(step - 2, 1), height, label, shown))
     return out
+
+
+PALETTE = ("#4a78a8", "#e08a3c", "#5aa469", "#c8504b", "#8a6bb8", "#8c6d5a", "#d67fb8", "#7f7f7f")
+
+
+@dataclass(frozen=True)
+class Segment:
+    x: float
+    y: float
+    width: float
+    height: float
+    label: str  # the bar's (a day)
+    series: str  # the segment's (a model, a failure class)
+    value: str
+    color: str
+
+
+def stacked(
+    items: Sequence[tuple[str, str, Any]], unit: str = "usd"
+) -> tuple[list[Segment], list[tuple[str, str]]]:
+    """A bar per label (in the order first given) stacked with a segment per (label, series,
+    value); a value of None is a segment of height 0 that reads ``unknown``. ``unit``: ``usd``
+    or ``count``. Also the legend: (series, color), series in sorted order (colors repeat after
+    eight)."""
+    labels = list(dict.fromkeys(label for label, _, _ in items))
+    series = sorted({s for _, s, _ in items})
+    color = {s: PALETTE[n % len(PALETTE)] for n, s in enumerate(series)}
+    values = [Decimal(str(v)) if v is not None else None for _, _, v in items]
+    totals: dict[str, Decimal] = {}
+    for (label, _, _), value in zip(items, values, strict=True):
+        totals[label] = totals.get(label, Decimal(0)) + (value or Decimal(0))
+    top = max(totals.values(), default=Decimal(0)) or Decimal(1)
+    step = WIDTH / max(len(labels), 1)
+    base = dict.fromkeys(labels, float(HEIGHT))
+    out = []
+    for (label, name, _), value in zip(items, values, strict=True):
+        height = float(value / top) * HEIGHT if value is not None else 0.0
+        base[label] -= height
+        shown = _shown(value, unit)
+        x = labels.index(label) * step + 1
+        out.append(
+            Segment(x, base[label], max(step - 2, 1), height, label, name, shown, color[name])
+        )
+    return out, [(s, color[s]) for s in series]
+
+
+def _shown(value: Decimal | None, unit: str) -> str:
+    if value is None:
+        return "unknown"
+    return f"${value:.4f}" if unit == "usd" else f"{value:,}"

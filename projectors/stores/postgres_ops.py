@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, RECORD_BUILD, use_documents
 from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
@@ -28,12 +30,78 @@ LIVE_STATE: LiteralString = "al_run_state s JOIN al_live l USING (projection, bu
 LIVE_HISTORY: LiteralString = "al_history h JOIN al_live l USING (projection, build)"
 
 
+# dsn -> (the pool :func:`connect` lends from, how many holders asked for it)
+_READER_POOLS: dict[str, tuple[ConnectionPool[psycopg.Connection[Any]], int]] = {}
+
+
+# the connection every connect(dsn) uses inside one_connection(dsn) (this context only)
+_ONE: ContextVar[tuple[str, psycopg.Connection[Any]] | None] = ContextVar("_ONE", default=None)
+
+
 @contextmanager
 def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """A reader's connection, reading documents as the store wrote them; commits on exit."""
+    """A reader's connection, reading documents as the store wrote them; commits on exit.
+    Inside :func:`one_connection` for ``dsn``, that one (committed when it ends); else lent
+    from the process's pool for ``dsn`` while one is kept (:func:`keep_connections`); else
+    opened and closed."""
+    one = _ONE.get()
+    if one is not None and one[0] == dsn:
+        yield one[1]
+        return
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is not None:
+        with pooled[0].connection() as conn:
+            yield conn
+        return
     with psycopg.connect(dsn) as conn:
         use_documents(conn)
         yield conn
+
+
+@contextmanager
+def one_connection(
+    dsn: str, commit_on: tuple[type[BaseException], ...] = ()
+) -> Iterator[psycopg.Connection[Any]]:
+    """Every :func:`connect` to ``dsn`` inside (in this context) uses one connection, in one
+    transaction: a read of several statements pays one BEGIN and one COMMIT, not one of each
+    per statement (on a busy machine each round trip waits for the server's turn). Committed
+    at the end, and also when one of ``commit_on`` is raised (an answer, not a failure, e.g.
+    a refused read that was counted); rolled back on any other exception."""
+    with connect(dsn) as conn:
+        token = _ONE.set((dsn, conn))
+        try:
+            yield conn
+        except commit_on:
+            conn.commit()
+            raise
+        finally:
+            _ONE.reset(token)
+
+
+def keep_connections(dsn: str, max_size: int = 8) -> None:
+    """From now on (until as many :func:`drop_connections`), :func:`connect` to ``dsn`` lends a
+    pooled connection: a long-lived reader (the MCP server) whose reads take a few ms would
+    otherwise spend more than that opening connections."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is None:
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn, min_size=1, max_size=max_size, configure=use_documents, open=True
+        )
+        _READER_POOLS[dsn] = (pool, 1)
+    else:
+        _READER_POOLS[dsn] = (pooled[0], pooled[1] + 1)
+
+
+def drop_connections(dsn: str) -> None:
+    """Undo one :func:`keep_connections`; the last one closes the pool."""
+    pooled = _READER_POOLS.get(dsn)
+    if pooled is None:
+        return
+    if pooled[1] > 1:
+        _READER_POOLS[dsn] = (pooled[0], pooled[1] - 1)
+        return
+    del _READER_POOLS[dsn]
+    pooled[0].close()
 
 
 @asynccontextmanager
@@ -142,6 +210,7 @@ COST_KEYS: dict[str, LiteralString] = {
     "model": "provider || '/' || model",
     "purpose": "purpose",
     "day": "day::text",
+    "day-model": "day::text || ' ' || provider || '/' || model",  # "2026-12-01 openai/gpt-4.1"
 }
 
 _COSTS: LiteralString = """
@@ -270,6 +339,21 @@ def failure_rollup(
     where, params = _filters(fleet, since, run_ids, "last_at")
     params["stall"] = stall
     return list(conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall())
+
+
+def failure_days(
+    conn: psycopg.Connection[Any], fleet: str | None, since: datetime | None
+) -> list[tuple[str, str, int]]:
+    """(day of the run's last entry, UTC; failure class; runs), by day then class: the failure
+    classes over time (runs with no entry time are left out)."""
+    where, params = _filters(fleet, since, None, "last_at")
+    query = sql.SQL(
+        "SELECT to_char(last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day, "
+        "coalesce(failure_class, 'unclassified'), count(*) "
+        "FROM (SELECT * FROM al_failures WHERE last_at IS NOT NULL) f {where} "
+        "GROUP BY 1, 2 ORDER BY 1, 2"
+    ).format(where=where)
+    return [(str(d), str(c), int(n)) for d, c, n in conn.execute(query, params).fetchall()]
 
 
 def run_cost_calls(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[Any, ...]]:
@@ -525,45 +609,56 @@ RUN_SORTS: dict[str, LiteralString] = {
     "id": "run_id",
 }
 
+EVALUATIONS: dict[str, LiteralString] = {
+    "passed": "failure_class = 'none'",
+    "unevaluated": "(failure_class IS NULL OR failure_class = 'unevaluated')",
+    "failed": "failure_class NOT IN ('none', 'unevaluated')",
+}
+
+# From the runs list's index (al_run_list, migration 019: the run-stats build's runs with the
+# columns sorted and filtered on typed, kept by triggers), walked in the sort's index order; the
+# other projections' heads are looked up by primary key for the runs it yields.
+# the projections the run list (_RUNS) is read from
+RUN_LIST_PROJECTIONS = ("run-stats", "failure-classifications", "cost-metrics", "working-memory")
 _RUNS: LiteralString = """
-WITH heads AS (
-    SELECT s.projection, s.run_id, s.fleet_id, coalesce(s.head, s.state) AS doc, s.updated_at,
-           s.conflicts
-    FROM al_run_state s JOIN al_live l USING (projection, build)
-    WHERE s.projection IN ('run-stats', 'failure-classifications', 'cost-metrics', 'working-memory')
-), runs AS (
-    SELECT r.run_id, r.fleet_id,
-           r.doc ->> 'status' AS status,
-           (r.doc ->> 'entries')::bigint AS entries,
-           (r.doc ->> 'first_at')::timestamptz AS first_at,
-           (r.doc ->> 'last_at')::timestamptz AS last_at,
-           f.doc -> 'classification' ->> 'failure_class' AS failure_class,
-           (c.doc -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
-           (c.doc -> 'totals' ->> 'calls')::integer AS calls,
-           (c.doc -> 'totals' ->> 'unpriced_calls')::integer AS unpriced_calls,
-           (c.doc -> 'totals' ->> 'usage_unknown_calls')::integer AS usage_unknown_calls,
-           (c.doc -> 'totals' ->> 'reported_calls')::integer AS reported_calls,
-           c.doc -> 'by_model' AS by_model,
-           w.doc ->> 'task_goal' AS task,
-           f.doc -> 'classification' ->> 'explanation' AS explanation,
-           coalesce(w.doc -> 'open_problems', '[]'::jsonb)::text AS problems,
-           r.conflicts AS conflicting_duplicates
-    FROM heads r
-    LEFT JOIN heads f ON f.run_id = r.run_id AND f.projection = 'failure-classifications'
-    LEFT JOIN heads c ON c.run_id = r.run_id AND c.projection = 'cost-metrics'
-    LEFT JOIN heads w ON w.run_id = r.run_id AND w.projection = 'working-memory'
-    WHERE r.projection = 'run-stats'
-), known AS (
+SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
+       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
+       conflicting_duplicates
+FROM (
     -- the cost filtered and sorted on: unknown (NULL, never 0) unless some call has a cost of
     -- ours (projectors.cost_metrics.known_sum, which gives the cost the rows show)
     SELECT *, CASE WHEN calls > unpriced_calls + usage_unknown_calls
                    THEN priced_cost_usd END AS cost_usd
-    FROM runs
-)
-SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
-       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
-       conflicting_duplicates
-FROM known
+    FROM (
+        SELECT r.run_id, r.fleet_id, r.status, r.entries, r.first_at, r.last_at,
+               coalesce(f.head, f.state) -> 'classification' ->> 'failure_class' AS failure_class,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'cost_usd')::numeric AS priced_cost_usd,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'calls')::integer AS calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'unpriced_calls')::integer
+                   AS unpriced_calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'usage_unknown_calls')::integer
+                   AS usage_unknown_calls,
+               (coalesce(c.head, c.state) -> 'totals' ->> 'reported_calls')::integer
+                   AS reported_calls,
+               coalesce(c.head, c.state) -> 'by_model' AS by_model,
+               coalesce(w.head, w.state) ->> 'task_goal' AS task,
+               coalesce(f.head, f.state) -> 'classification' ->> 'explanation' AS explanation,
+               coalesce(coalesce(w.head, w.state) -> 'open_problems', '[]'::jsonb)::text
+                   AS problems,
+               r.conflicts AS conflicting_duplicates
+        FROM al_run_list r
+        LEFT JOIN al_run_state f ON f.projection = 'failure-classifications'
+            AND f.build = (SELECT build FROM al_live WHERE projection = 'failure-classifications')
+            AND f.run_id = r.run_id
+        LEFT JOIN al_run_state c ON c.projection = 'cost-metrics'
+            AND c.build = (SELECT build FROM al_live WHERE projection = 'cost-metrics')
+            AND c.run_id = r.run_id
+        LEFT JOIN al_run_state w ON w.projection = 'working-memory'
+            AND w.build = (SELECT build FROM al_live WHERE projection = 'working-memory')
+            AND w.run_id = r.run_id
+        WHERE r.build = (SELECT build FROM al_live WHERE projection = 'run-stats')
+    ) runs
+) known
 {where}
 ORDER BY {order}
 LIMIT %(limit)s OFFSET %(offset)s
@@ -585,13 +680,16 @@ def find_runs(
     offset: int = 0,
     fleets: Sequence[str] | None = None,
     model: str | None = None,
+    evaluation: str | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
     run not finished yet; ``text`` matches the task, the failure explanation and open problems
     (case-insensitive, literally); ``fleets`` keeps only the runs of those fleets (an API
     token's scope); ``offset`` skips that many of the sorted runs (a page's start); ``model``
-    keeps the runs with a counted call of that model (``provider/model`` or the model alone)."""
+    keeps the runs with a counted call of that model (``provider/model`` or the model alone);
+    ``evaluation`` what a submission's evaluation said: ``passed`` (class none),
+    ``unevaluated`` (no class yet, or unevaluated) or ``failed`` (any other class)."""
     clauses: list[sql.Composable] = []
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     _common(clauses, params, fleet, since, None, "last_at")
@@ -611,6 +709,8 @@ def find_runs(
             sql.SQL("status IS NULL") if status == "RUNNING" else sql.SQL("status = %(status)s")
         )
         params["status"] = status
+    if evaluation is not None:
+        clauses.append(sql.SQL(EVALUATIONS[evaluation]))
     if failure_class is not None:
         clauses.append(sql.SQL("failure_class = %(class)s"))
         params["class"] = failure_class
@@ -635,24 +735,33 @@ def find_runs(
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def runs_with_prefix(conn: psycopg.Connection[Any], prefix: str, limit: int = 6) -> list[str]:
+def runs_with_prefix(
+    conn: psycopg.Connection[Any],
+    prefix: str,
+    limit: int = 6,
+    fleets: Sequence[str] | None = None,
+) -> list[str]:
     """Run ids of the live run-stats build equal to ``prefix`` (only that one, if it exists) or
-    else starting with it, at most ``limit``."""
+    else starting with it, at most ``limit`` (only of ``fleets``, when given)."""
     rows = conn.execute(
         f"SELECT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'run-stats' AND "
         "(s.run_id = %s OR left(s.run_id, length(%s)) = %s) "
+        "AND (%s::text[] IS NULL OR s.fleet_id = ANY(%s::text[])) "
         "ORDER BY s.run_id <> %s, s.run_id LIMIT %s",
-        (prefix, prefix, prefix, prefix, limit),
+        (prefix, prefix, prefix, fleets, fleets, prefix, limit),
     ).fetchall()
     found = [str(r) for (r,) in rows]
     return [prefix] if prefix in found else found
 
 
-def resolve_run(conn: psycopg.Connection[Any], prefix: str) -> str:
-    """The run id that is ``prefix`` or the only one starting with it (live builds)."""
+def resolve_run(
+    conn: psycopg.Connection[Any], prefix: str, fleets: Sequence[str] | None = None
+) -> str:
+    """The run id that is ``prefix`` or the only one starting with it (live builds; only
+    the runs of ``fleets``, when given)."""
     if not prefix:
         raise BadArgumentError("give a run id (or a unique prefix of one)")
-    found = runs_with_prefix(conn, prefix)
+    found = runs_with_prefix(conn, prefix, fleets=None if fleets is None else list(fleets))
     if not found:
         raise NotFoundError(f"no run id is or starts with {prefix!r} in the live build")
     if len(found) > 1:

@@ -1,6 +1,7 @@
-"""MCP read latency beside the Redis read itself, on an idle stack (the figures of docs/mcp.md,
-*Tests*): ``PYTHONPATH=. .venv/bin/python -m tests.integration.mcp_latency`` with the stack's
-settings. Not collected by pytest and not part of ``bench`` (see docs/mcp.md, *Not done*)."""
+"""MCP read latency beside the Redis read itself, on an idle stack (no worker, no load: what a
+read costs; docs/mcp.md, *Read latency*): ``PYTHONPATH=. .venv/bin/python -m
+tests.integration.mcp_latency`` with the stack's settings. Not collected by pytest; the same
+reads under the hot path's load are ``agentledger bench``'s MCP phase (``streams.bench``)."""
 
 from __future__ import annotations
 

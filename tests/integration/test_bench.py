@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from consumers.examples.budget_guard import BudgetGuard
+from consumers.mcp_bench import mcp_reader
 from infra.settings import Settings
 from projectors.registry import all_projections
-from streams.bench import IMPORT_FIGURE, QUICK, REDACT_FIGURE, run_bench
+from streams.bench import IMPORT_FIGURE, MCP_READ, MCP_RYW, QUICK, REDACT_FIGURE, run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -20,6 +21,8 @@ BESIDE_A_BASELINE = (
     REDACT_FIGURE,  # beside the codec's encode of the same entries (keep engine CPU at [-2])
     "hot path p50 (publish -> Redis views)",
     "hot path p99 (publish -> Redis views)",
+    MCP_RYW,  # beside the hot path in the same load (the worker's lag)
+    MCP_READ,  # beside the Redis view read itself, same run and moment
     "ingest: publish -> all projections committed",
     "ingest vs the naive baseline",
     "rebuild: every projection from offset 0",
@@ -52,6 +55,7 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
         quick=True,
         guard_factory=lambda s: BudgetGuard(s, idle_timeout_s=0.5),
         sizes=SMALL,
+        mcp_reader=mcp_reader,
     )
     figures = {f.name: f for f in report.figures}
     for name in BESIDE_A_BASELINE:
@@ -61,6 +65,11 @@ async def test_quick_bench_measures_every_figure_beside_its_baseline(services: S
     # enough entries for a p99 (on a loaded machine the publisher may not reach 1,000/s: the
     # bench reports the rate it measured at; this test checks the figure is not vacuous)
     assert figures["hot path entries measured"].value >= 200
+    # an agent read its own writes through a real MCP client and `agentledger mcp`: each read
+    # with min_seq came back with the sequence number reached (or the figure says how many not)
+    ryw = figures["MCP read-your-writes: answers that reached min_seq"]
+    assert ryw.baseline is not None and ryw.baseline >= 1 and 0 <= ryw.value <= ryw.baseline
+    assert figures["MCP phase: hot path entries measured"].value >= 200
     assert figures["one worker: entries of the backlog"].value >= SMALL.one_worker_entries
     ratio = figures["engine CPU / validated decode (goal: at most 5x)"]
     engine = figures[BESIDE_A_BASELINE[-2]]

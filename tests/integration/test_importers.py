@@ -24,6 +24,7 @@ import pytest
 from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
+from tests.integration.web_support import cli_and_api_disagree
 from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
@@ -389,3 +390,12 @@ def test_a_bad_file_skips_only_itself_and_json_always_prints(
         assert "Traceback" not in text.stderr
     finally:
         d.drop()
+
+
+def test_the_cli_and_the_api_agree_on_every_figure_of_the_samples(imported: Any) -> None:
+    """Issue 29's must-show: every run imported from the sample pack, and the fleet's costs and
+    failures, as ``--json`` prints them and as the API answers them."""
+    d, by_file = imported
+    compared, differ = cli_and_api_disagree(d.settings, FLEET)
+    assert compared == len({r for rep in by_file.values() for r in rep["run_ids"]})
+    assert differ == []

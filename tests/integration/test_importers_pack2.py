@@ -22,6 +22,7 @@ import pytest
 from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
+from tests.integration.web_support import cli_and_api_disagree
 from tests.packs import SHARED
 
 pytestmark = pytest.mark.integration
@@ -369,3 +370,11 @@ def test_a_failed_run_is_classed_by_what_ended_it(
     done = _cli(d, "runs", "--fleet", FLEET, "--json", "--limit", "500")
     classes = {r["run_id"]: r["failure_class"] for r in json.loads(done.stdout)}
     assert classes[_run_of(by_file, name)] == failure_class
+
+
+def test_the_cli_and_the_api_agree_on_every_figure_of_the_samples(pack2: Any) -> None:
+    """Issue 29's must-show on the second pack (its evaluation verdicts included)."""
+    d, by_file, _ = pack2
+    compared, differ = cli_and_api_disagree(d.settings, FLEET)
+    assert compared == len({r for rep in by_file.values() for r in rep["run_ids"]})
+    assert differ == []

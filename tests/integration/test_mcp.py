@@ -42,6 +42,7 @@ from streams.builds import live_targets
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
+from streams.simulate import simulate
 from streams.source import drain
 from tests.integration.web_support import FLEETS, HOSTILE_TOOL, Web, free_port, web_deployment
 
@@ -456,6 +457,7 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
     """Both ways a client subscribes: ``subscriptions/listen`` (2026-07-28 sessions, the SDK's
     default) and ``resources/subscribe`` (2025-era sessions, which today's clients open)."""
     uri = f"ledger://runs/{web.live_run}/working-memory"
+    by_prefix = f"ledger://runs/{web.live_run[:13]}/working-memory"  # resolved to the run
     other = f"ledger://runs/{web.runs_of(FLEETS[1])[0]}/working-memory"
     heard: list[float] = []
     updated = asyncio.Event()
@@ -477,12 +479,12 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
         with pytest.raises(MCPError, match="no run"):
             async with client.listen(resource_subscriptions=[other]):
                 pass
-        async with client.listen(resource_subscriptions=[uri]) as sub:
+        async with client.listen(resource_subscriptions=[by_prefix]) as sub:
             committed = await next_entry()
             with anyio.fail_after(5):
                 event = await sub.__anext__()
             latency = time.monotonic() - committed
-        assert isinstance(event, ResourceUpdated) and event.uri == uri
+        assert isinstance(event, ResourceUpdated) and event.uri == by_prefix
 
     params = StdioServerParameters(command=AGENTLEDGER, args=["mcp"], env=_env(web, web.token_a))
     async with Client(params, mode="legacy", message_handler=on_message) as legacy:
@@ -555,6 +557,71 @@ async def test_streamable_http_at_mcp_of_serve(web: Web) -> None:
             assert "a valid API token is needed" in _text(refused.content[0])
         async with httpx2.AsyncClient(timeout=30) as http:  # the web app is still there
             assert (await http.get(f"{base}/health")).json() == {"status": "ok"}
+
+
+async def test_read_your_writes_of_a_new_run_and_run_id_prefixes(web: Web) -> None:
+    """An agent that publishes the first entries of a new run and reads them with min_seq
+    gets them (the run is unknown until the engine has projected it: the read waits for it);
+    a run id prefix is resolved within the token's fleets, as the CLI resolves one."""
+    new = simulate(1, 1, seed=4747)
+    run_id, last = new[0].run_id, new[-1].sequence_no
+    assert new[0].fleet_id == FLEETS[0] and run_id not in web.runs_of(FLEETS[0])
+    async with _client(web, web.token_a) as client:
+        read = asyncio.create_task(
+            client.call_tool(
+                "get_working_memory", {"run_id": run_id, "min_seq": last, "timeout_s": 10}
+            )
+        )
+        await asyncio.sleep(0.2)
+        assert not read.done()
+        async with AsyncPublisher(web.settings) as publisher:
+            await publisher.publish_batch(new)
+        await _project(web.settings)
+        answer = await read
+        assert not answer.is_error, answer.content
+        meta = answer.meta or {}
+        assert meta["reached"] is True and meta["applied_seq"] >= last
+        assert answer.structured_content == _visible_memory(
+            _cli(web, "memory", run_id, "--json"),
+            {e.entry_id for e in new if e.visibility.value != "MODEL_VISIBLE"},
+        )
+        # an unknown run with min_seq: waited out, then "no run", like another fleet's
+        for unknown in (str(uuid.uuid4()), web.runs_of(FLEETS[1])[0]):
+            start = time.monotonic()
+            refused = await client.call_tool(
+                "get_costs", {"run_id": unknown, "min_seq": 1, "timeout_s": 0.3}
+            )
+            assert refused.is_error and _text(refused.content[0]) == f"no run {unknown}"
+            assert time.monotonic() - start >= 0.3
+
+        # find_runs with min_seq lists the new run once its entry is in the list's projections
+        listed = await _tool(client, "find_runs", run_id=run_id, min_seq=last, limit=200)
+        assert (listed.meta or {})["reached"] is True
+        assert run_id in {r["run_id"] for r in listed.structured_content["runs"]}
+        not_yet = await _tool(client, "find_runs", run_id=run_id, min_seq=last + 500, timeout_s=0.2)
+        assert (not_yet.meta or {})["reached"] is False and "not yet" in (not_yet.meta or {})[
+            "note"
+        ]
+        assert (await client.call_tool("find_runs", {"min_seq": 3})).is_error  # whose seq?
+
+        # prefixes: a unique one is the run; one of another fleet's run is no run
+        own = web.runs_of(FLEETS[0])[0]
+        prefix = next(
+            own[:n]
+            for n in range(4, len(own))
+            if sum(r.startswith(own[:n]) for r in [*web.runs_of(FLEETS[0]), run_id]) == 1
+        )
+        by_prefix = await _tool(client, "get_costs", run_id=prefix)
+        assert (by_prefix.meta or {})["run_id"] == own
+        assert (
+            by_prefix.structured_content
+            == (await _tool(client, "get_costs", run_id=own)).structured_content
+        )
+        read_uri = await client.read_resource(f"ledger://runs/{prefix}/costs")
+        assert (read_uri.contents[-1].meta or {})["run_id"] == own
+        other = web.runs_of(FLEETS[1])[0]
+        refused = await client.call_tool("get_costs", {"run_id": other[:8]})
+        assert refused.is_error and _text(refused.content[0]) == f"no run {other[:8]}"
 
 
 async def test_an_agent_resumes_a_run_from_its_next_turn(web: Web) -> None:

@@ -189,3 +189,34 @@ def test_the_analytics_docs_queries_run(deployment: Any) -> None:
             assert isinstance(rows, list)
         failures = conn.execute(blocks[2].encode()).fetchall()
         assert failures, "the failure counts of the simulated runs"
+
+
+def test_the_runs_lists_table_follows_every_run_stats_build(deployment: Any) -> None:
+    """al_run_list (migration 019) holds a row per run of every run-stats build, written and
+    dropped with the run-stats rows by triggers: a new build's rows (a rebuild's) appear in it,
+    saying what the live build's say, and go with them."""
+    d, entries = deployment
+    runs = len(_runs(entries))
+    cols = "run_id, fleet_id, status, entries, first_at, last_at, conflicts"
+    with psycopg.connect(d.settings.pg_address) as conn:
+        found = conn.execute("SELECT build FROM al_live WHERE projection = 'run-stats'").fetchone()
+        assert found is not None
+        live = found[0]
+        listed = conn.execute(
+            f"SELECT {cols} FROM al_run_list WHERE build = %s ORDER BY run_id", (live,)
+        ).fetchall()
+        assert len(listed) == runs
+        conn.execute(
+            "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, state, "
+            "head, conflicts) SELECT projection, 'other', run_id, fleet_id, applied_seq, state, "
+            "head, conflicts FROM al_run_state WHERE projection = 'run-stats' AND build = %s",
+            (live,),
+        )
+        copied = conn.execute(
+            f"SELECT {cols} FROM al_run_list WHERE build = 'other' ORDER BY run_id"
+        ).fetchall()
+        assert copied == listed
+        conn.execute("DELETE FROM al_run_state WHERE projection = 'run-stats' AND build = 'other'")
+        gone = conn.execute("SELECT count(*) FROM al_run_list WHERE build = 'other'").fetchone()
+        assert gone == (0,)
+        conn.rollback()

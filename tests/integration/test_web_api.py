@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -120,12 +121,19 @@ FILTERS: list[dict[str, str]] = [
     {"sort": "id", "fleet": FLEETS[0]},
     {"model": "anthropic/claude-haiku-4-5"},
     {"model": "o4-mini", "sort": "cost"},
+    {"outcome": "running"},
+    {"outcome": "failed", "sort": "entries"},
 ]
 
 
 @pytest.mark.parametrize("query", FILTERS, ids=lambda q: ",".join(q) or "none")
 def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None:
     args = [f"--{'cost-above' if k == 'cost_above' else k}={v}" for k, v in query.items()]
+    if query.get("outcome"):  # the runs of that outcome and only those
+        every = _api(web, "/api/v1/runs", limit=1000)["runs"]
+        kept = _api(web, "/api/v1/runs", **query)["runs"]
+        assert kept and {r["outcome"] for r in kept} == {query["outcome"]}
+        assert len(kept) == sum(r["outcome"] == query["outcome"] for r in every)
     cli = [r for r in _cli(web, "runs", "--json", *args) if r["fleet_id"] == FLEETS[0]]
     assert _api(web, "/api/v1/runs", **query)["runs"] == cli
     if query.get("search"):
@@ -154,6 +162,7 @@ def test_runs_pages_follow_the_cursor(web: Web) -> None:
     assert paged == whole["runs"]
     assert _get(web, "/api/v1/runs", web.token_a, cursor="not-a-cursor").status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, sort="cheapest").status_code == 400
+    assert _get(web, "/api/v1/runs", web.token_a, outcome="won").status_code == 400
 
 
 def test_a_token_sees_only_its_fleets(web: Web) -> None:
@@ -322,7 +331,7 @@ def test_the_event_stream_sends_each_row_once_then_the_end(web: Web) -> None:
 
 
 def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
-    for by in ("model", "day", "run", "purpose"):
+    for by in ("model", "day", "run", "purpose", "day-model"):
         cli = _cli(web, "costs", "--by", by, "--fleet", FLEETS[0], "--json")
         assert _api(web, "/api/v1/costs", by=by) == cli
         assert _api(web, "/api/v1/costs", by=by, fleet=FLEETS[0], since="2026-01-01") == _cli(
@@ -345,6 +354,53 @@ def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
     # the held-back run's entries are from 2026-11-01: it has been silent for over 30 minutes
     stalled = page.text.split('<table class="stalled">')[1].split("</table>")[0]
     assert f"/runs/{web.live_run}" in stalled and stalled.count("<tr>") == 2  # head + one run
+    # cost by model per day: the day roll-up split by model, each a segment of the chart
+    by_day = {r["key"]: r["cost_usd"] for r in _api(web, "/api/v1/costs", by="day")["rows"]}
+    split = _api(web, "/api/v1/costs", by="day-model")["rows"]
+    assert split and {r["key"].split(" ")[0] for r in split} == set(by_day)
+    for day, cost in by_day.items():
+        assert sum(Decimal(r["cost_usd"]) for r in split if r["key"].startswith(day)) == Decimal(
+            cost
+        )
+    for r in split:
+        assert f"<title>{r['key']}: ${Decimal(r['cost_usd']):.4f}</title>" in page.text
+    # failure classes over time: each run once, in its class
+    days = _api(web, "/api/v1/failures/days")["days"]
+    assert sum(d["runs"] for d in days) == failures["total"]["runs"]
+    for row in failures["rows"]:
+        in_class = [d for d in days if d["failure_class"] == row["failure_class"]]
+        assert sum(d["runs"] for d in in_class) == row["runs"]
+    for d in days:
+        assert f"<title>{d['day']} {d['failure_class']}: {d['runs']} runs</title>" in page.text
+
+
+def test_only_an_admin_redrives_and_an_undecodable_letter_stays(web: Web) -> None:
+    [letter] = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    url = f"{web.base}/api/v1/dead-letters/redrive"
+
+    def post(token: str) -> httpx.Response:
+        return httpx.post(url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    assert post(web.token_a).status_code == 403  # a read token
+    admin_a = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    report = post(admin_a).json()
+    assert (report["redriven"], report["already"]) == (0, 0)
+    if letter["dismissed"]:  # the dismissal test ran first: a dismissed letter is left alone
+        assert (report["dismissed"], report["still_bad"]) == (1, [])
+    else:  # "<script>not avro</script>" decodes no better now
+        assert report["dismissed"] == 0
+        assert [b["source"] for b in report["still_bad"]] == [letter["source"]]
+    cookie = {"al_session": admin_a}
+    forged = httpx.post(f"{web.base}/dead-letters/redrive", cookies=cookie)
+    assert forged.status_code == 403  # a cookie without this site's Origin: not our form
+    ours = httpx.post(
+        f"{web.base}/dead-letters/redrive", cookies=cookie, headers={"Origin": web.base}
+    )
+    assert ours.status_code == 200
+    shown = f"still bad {len(report['still_bad'])}."
+    assert shown in ours.text and '<form method="post" action="/dead-letters/redrive"' in ours.text
+    [after] = _api(web, "/api/v1/dead-letters")["dead_letters"]
+    assert after["redriven"] is False  # nothing was sent back
 
 
 def test_only_an_admin_of_the_fleet_dismisses_a_dead_letter(web: Web) -> None:

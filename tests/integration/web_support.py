@@ -5,6 +5,7 @@ into PostgreSQL by the engine, and ``agentledger serve``'s app served by uvicorn
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 import time
@@ -26,7 +27,7 @@ from schemas.models import LedgerEntry
 from schemas.topics import ledger_topic
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
-from streams.dlq import KafkaDeadLetterSink, dead_letter_rows, dismiss
+from streams.dlq import KafkaDeadLetterSink, dead_letter_rows, dismiss, redrive_json
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
 from streams.rebuild import builds_json
@@ -140,7 +141,13 @@ def serving(settings: Settings) -> Iterator[str]:
         return done
 
     port = free_port()
-    app = create_app(settings, dead_letters, dismiss_one, lambda: builds_json(settings))
+    app = create_app(
+        settings,
+        dead_letters,
+        dismiss_one,
+        lambda: builds_json(settings),
+        lambda fleets: asyncio.run(redrive_json(settings, fleets)),
+    )
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
     )
@@ -185,3 +192,115 @@ def web_deployment(services: Settings, logs: Path) -> Iterator[Web]:
             )
     finally:
         d.drop()
+
+
+@functools.cache
+def _cli_command() -> Any:
+    """The command line as click runs it, built once (typer builds it anew on each
+    ``CliRunner.invoke``: most of the time of a quick command)."""
+    import typer
+
+    from infra.main import app
+
+    return typer.main.get_command(app)
+
+
+def cli_json(settings: Settings, *args: str) -> Any:
+    """``agentledger ARGS`` (``--json`` among them) run in this process, its document."""
+    import json
+
+    from click.testing import CliRunner
+
+    env = {
+        "AGENTLEDGER_PG_DSN": settings.pg_address,
+        "AGENTLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        "COLUMNS": "200",
+    }
+    result = CliRunner().invoke(_cli_command(), list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def cli_and_api_disagree(settings: Settings, fleet: str) -> tuple[int, list[str]]:
+    """Every figure the CLI's ``--json`` gives for ``fleet`` and for each of its runs, beside
+    what the API answers for it (served over ``settings``, a token for the fleet): (runs
+    compared, what differs). Runs list (and by each outcome found), each run's header (its
+    costs among it), timeline (paged) and failure, and the fleet's costs by every dimension and
+    failures. (Memory and the next turn are compared in test_web_api, on simulated runs: with
+    them here, each run's cost asked on its own and typer building the command line anew for
+    each command, the first pack's 244 runs took 236 s.)"""
+    import httpx
+
+    token = create_token(settings, [fleet])["token"]
+    differ: list[str] = []
+    with (
+        serving(settings) as base,
+        httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        ) as client,
+    ):
+
+        def api(path: str, **params: Any) -> Any:
+            answer = client.get(path, params=params)
+            assert answer.status_code == 200, f"{path}: {answer.text}"
+            return answer.json()
+
+        def same(what: str, cli: Any, answer: Any) -> None:
+            if cli != answer:
+                differ.append(what)
+
+        runs = cli_json(settings, "runs", "--fleet", fleet, "--limit", "1000", "--json")
+        same("runs", runs, api("/api/v1/runs", fleet=fleet, limit=1000)["runs"])
+        for outcome in {r["outcome"].split(" (")[0] for r in runs}:  # failed (class): any class
+            kept = cli_json(
+                settings,
+                "runs",
+                "--fleet",
+                fleet,
+                "--outcome",
+                outcome,
+                "--limit",
+                "1000",
+                "--json",
+            )
+            same(
+                f"runs of outcome {outcome}",
+                kept,
+                [r for r in runs if r["outcome"].split(" (")[0] == outcome],
+            )
+            same(
+                f"runs of outcome {outcome} (API)",
+                kept,
+                api("/api/v1/runs", fleet=fleet, outcome=outcome, limit=1000)["runs"],
+            )
+        for by in ("model", "run", "purpose", "day", "fleet"):
+            same(
+                f"costs by {by}",
+                cli_json(settings, "costs", "--by", by, "--fleet", fleet, "--json"),
+                api("/api/v1/costs", by=by, fleet=fleet),
+            )
+        same(
+            "failures",
+            cli_json(settings, "failures", "--fleet", fleet, "--json"),
+            api("/api/v1/failures", fleet=fleet),
+        )
+        for run in runs:
+            run_id = run["run_id"]
+            timeline = cli_json(settings, "timeline", run_id, "--json")
+            header = api(f"/api/v1/runs/{run_id}")
+            rows: list[Any] = []
+            cursor = ""
+            while True:
+                page = api(f"/api/v1/runs/{run_id}/timeline", limit=1000, cursor=cursor)
+                rows += page["rows"]
+                if page["next_cursor"] is None:
+                    break
+                cursor = page["next_cursor"]
+            same(f"{run_id} row count", len(timeline["rows"]), header.pop("row_count"))
+            same(f"{run_id} timeline", timeline, {**header, "rows": rows})
+            same(
+                f"{run_id} failure",
+                cli_json(settings, "failures", run_id, "--json"),
+                api(f"/api/v1/runs/{run_id}/failure"),
+            )
+    return len(runs), differ

@@ -4,6 +4,8 @@ resource URIs (the real stack's tests are tests/integration/test_mcp.py)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from consumers.mcp_ledger import (
     _hidden_of,
     _sweep,
 )
-from consumers.mcp_server import TOOLS, _query, _read_uri
+from consumers.mcp_server import PROMPTS, TOOLS, _query, _read_uri
 from schemas.errors import BadArgumentError, NotFoundError
 
 HIDDEN = "0755468a-c192-4829-aea5-fc79029ccc84"
@@ -92,7 +94,22 @@ def test_every_tool_is_described_and_takes_what_it_says() -> None:
     for tool in TOOLS:
         schema = tool.args.model_json_schema()
         assert schema["type"] == "object" and tool.description
+        assert {"run_id", "min_seq", "timeout_s"} <= set(schema["properties"])  # every read
         if tool.name != "find_runs":
-            assert {"run_id", "min_seq", "timeout_s"} <= set(schema["properties"])
             assert schema["required"] == ["run_id"]
         assert schema.get("additionalProperties") is False
+
+
+def test_the_readme_and_docs_list_exactly_the_tools() -> None:
+    """How to add the server names the tools there are (the issue's must-show), no others."""
+    root = Path(__file__).resolve().parents[2]
+    readme = root.joinpath("README.md").read_text()
+    section = readme[readme.index("## Agents read their own ledger (MCP)") :]
+    section = section[: section.index("\n## ", 1)]
+    assert "claude mcp add agentledger" in section and '"mcpServers"' in section
+    named = set(re.findall(r"`((?:get|find|explain)_\w+)`", section))
+    assert named == {t.name for t in TOOLS}
+    assert all(f"`{p}`" in section for p in PROMPTS)
+    table = root.joinpath("docs", "mcp.md").read_text().split("## Tools", 1)[1]
+    table = table.split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == {t.name for t in TOOLS}

@@ -11,8 +11,9 @@ import pytest
 
 from consumers.access import parse_expiry, token_hash
 from consumers.queries import cost_text, parse_run_filters
-from consumers.web.app import HttpError, _cursor, _offset, _usd
-from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line
+from consumers.views import OUTCOMES, outcome_filter, run_outcome
+from consumers.web.app import HttpError, _offset, _usd, cursor_at
+from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from schemas.errors import BadArgumentError
 
 
@@ -35,9 +36,9 @@ def test_an_unknown_cost_is_never_shown_as_zero() -> None:
 
 
 def test_a_cursor_comes_back_as_its_offset_and_junk_is_a_400() -> None:
-    assert [_offset(_cursor(n)) for n in (0, 1, 50, 10_000)] == [0, 1, 50, 10_000]
+    assert [_offset(cursor_at(n)) for n in (0, 1, 50, 10_000)] == [0, 1, 50, 10_000]
     assert _offset(None) == 0 and _offset("") == 0
-    for junk in ("not-a-cursor", _cursor(-1), "e30", "!!"):
+    for junk in ("not-a-cursor", cursor_at(-1), "e30", "!!"):
         with pytest.raises(HttpError) as caught:
             _offset(junk)
         assert caught.value.status == 400
@@ -77,3 +78,39 @@ def test_the_charts_geometry() -> None:
     day = bars([("2026-12-01", "2"), ("2026-12-02", None), ("2026-12-03", "1")])
     assert [b.value for b in day] == ["$2.0000", "unknown", "$1.0000"]
     assert [b.height for b in day] == [HEIGHT, 0.0, HEIGHT / 2]
+
+
+def test_stacked_bars_add_up_per_day_and_unknown_is_no_height() -> None:
+    items = [
+        ("2026-12-01", "openai/gpt-4.1", "1.5"),
+        ("2026-12-01", "anthropic/claude", "0.5"),
+        ("2026-12-02", "openai/gpt-4.1", None),
+        ("2026-12-02", "anthropic/claude", "1"),
+    ]
+    segments, legend = stacked(items)
+    assert [name for name, _ in legend] == ["anthropic/claude", "openai/gpt-4.1"]
+    first = [s for s in segments if s.label == "2026-12-01"]
+    assert sum(s.height for s in first) == pytest.approx(HEIGHT)  # the tallest day fills it
+    assert first[0].y + first[0].height == pytest.approx(HEIGHT)  # stacked from the bottom
+    assert first[1].y + first[1].height == pytest.approx(first[0].y)
+    unknown = next(s for s in segments if s.value == "unknown")
+    assert (unknown.label, unknown.height) == ("2026-12-02", 0.0)
+    assert {s.x for s in segments if s.label == "2026-12-02"} == {WIDTH / 2 + 1}
+    counts, _ = stacked([("d", "tool", 3), ("d", "model", 1)], "count")
+    assert [s.value for s in counts] == ["3", "1"]
+
+
+def test_an_outcome_filter_is_the_status_and_evaluation_of_its_words() -> None:
+    assert outcome_filter("running") == ("RUNNING", None)
+    assert outcome_filter("timed out") == ("TIMED_OUT", None)
+    assert outcome_filter("submitted, evaluation passed") == ("SUBMITTED", "passed")
+    assert outcome_filter("submitted, evaluation failed") == ("SUBMITTED", "failed")
+    for outcome in OUTCOMES:  # each is what run_outcome says of runs it keeps
+        status, evaluation = outcome_filter(outcome)
+        failure_class = {"passed": "none", "failed": "tool", "unevaluated": None, None: None}
+        shown = run_outcome(None if status == "RUNNING" else status, failure_class[evaluation])
+        assert shown.split(" (")[0] == outcome
+    with pytest.raises(BadArgumentError):
+        outcome_filter("won")
+    with pytest.raises(BadArgumentError):
+        parse_run_filters(outcome="won")
