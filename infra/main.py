@@ -288,6 +288,29 @@ merge(app, web_commands.commands)
 merge(app, mcp_commands.commands)
 
 
+def web_app(settings: Settings) -> Any:
+    """``agentledger serve``'s FastAPI app: the read side's pages and API, given the write
+    side's dead letters, dismiss, redrive and builds (composed here, at the edge)."""
+    from consumers.web.app import create_app
+    from streams.dlq import dead_letter_rows, dismiss, redrive_json
+    from streams.rebuild import builds_json
+
+    def dead_letters(fleets: Sequence[str]) -> list[dict[str, Any]]:
+        return asyncio.run(dead_letter_rows(settings, fleets))
+
+    def dismiss_one(fleets: Sequence[str], source: str, reason: str) -> bool:
+        [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
+        return done
+
+    return create_app(
+        settings,
+        dead_letters,
+        dismiss_one,
+        lambda: builds_json(settings),
+        lambda fleets: asyncio.run(redrive_json(settings, fleets)),
+    )
+
+
 @app.command("serve")
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
@@ -297,28 +320,11 @@ def serve(
     import uvicorn
 
     from consumers.mcp_http import mount as mount_mcp
-    from consumers.web.app import create_app
-    from streams.dlq import dead_letter_rows, dismiss, redrive_json
-    from streams.rebuild import builds_json
 
     settings = _settings()
-
-    def dead_letters(fleets: Sequence[str]) -> list[dict[str, Any]]:
-        return asyncio.run(dead_letter_rows(settings, fleets))
-
-    def dismiss_one(fleets: Sequence[str], source: str, reason: str) -> bool:
-        [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
-        return done
-
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     # open event streams (a running run's page) get 5 s to end once a stop is asked
-    app = create_app(
-        settings,
-        dead_letters,
-        dismiss_one,
-        lambda: builds_json(settings),
-        lambda fleets: asyncio.run(redrive_json(settings, fleets)),
-    )
+    app = web_app(settings)
     mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 

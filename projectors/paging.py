@@ -94,21 +94,6 @@ def join(doc: Any, pages: Mapping[str, Any]) -> Any:
     return whole
 
 
-def page_ids(doc: Any) -> list[str]:
-    """The ids of the pages a document left by :func:`split` names."""
-    if not isinstance(doc, dict) or PAGED not in doc:
-        return []
-    return [i for path in doc[PAGED] for i in _parent(doc, path)[0][path.split(".")[-1]][MARK]]
-
-
-def _parent(tree: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
-    *parents, last = path.split(".")
-    node = tree
-    for name in parents:
-        node = node[name]
-    return node, last
-
-
 def _page(pages: Mapping[str, Any], page_id: str) -> Any:
     try:
         return pages[page_id]

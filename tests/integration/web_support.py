@@ -20,17 +20,16 @@ import uvicorn
 from aiokafka import AIOKafkaProducer
 
 from consumers.access import create_token, revoke_token
-from consumers.web.app import create_app
+from infra.main import web_app
 from infra.settings import Settings
 from schemas.json_form import from_json, to_json
 from schemas.models import LedgerEntry
 from schemas.topics import ledger_topic
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
-from streams.dlq import KafkaDeadLetterSink, dead_letter_rows, dismiss, redrive_json
+from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
-from streams.rebuild import builds_json
 from streams.simulate import simulate
 from streams.source import drain
 
@@ -132,22 +131,8 @@ def free_port() -> int:
 @contextmanager
 def serving(settings: Settings) -> Iterator[str]:
     """``agentledger serve``'s app on a free loopback port, in a thread; its base URL."""
-
-    def dead_letters(fleets: Any) -> list[dict[str, Any]]:
-        return asyncio.run(dead_letter_rows(settings, fleets))
-
-    def dismiss_one(fleets: Any, source: str, reason: str) -> bool:
-        [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
-        return done
-
     port = free_port()
-    app = create_app(
-        settings,
-        dead_letters,
-        dismiss_one,
-        lambda: builds_json(settings),
-        lambda fleets: asyncio.run(redrive_json(settings, fleets)),
-    )
+    app = web_app(settings)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
     )
