@@ -165,6 +165,16 @@ class SecretDetector:
             for k in rule.keywords:
                 self._rules_of[index[k]].append(at)
         self._always = [at for at, r in enumerate(self.rules) if not r.keywords]
+        # The keyword-less rules would each scan every text; one RE2 set of their regexes says
+        # in a single pass which of them match anywhere, so only those run (a rule that matches
+        # nowhere finds nothing: the answer is the same). The set's first pattern is empty and
+        # matches every text: should RE2's DFA give up on a text (out of memory, reported as no
+        # match at all), its absence says so and every keyword-less rule runs, as before.
+        self._always_set = re2.Set.SearchSet(_OPTIONS)
+        self._always_set.Add("")
+        for at in self._always:
+            self._always_set.Add(self.rules[at].regex.pattern)
+        self._always_set.Compile()
 
     @classmethod
     def from_files(cls, *paths: Path) -> SecretDetector:
@@ -178,10 +188,18 @@ class SecretDetector:
 
     def candidates(self, text: str) -> list[Rule]:
         """The rules whose keywords occur in ``text`` (in rule order), plus keyword-less ones."""
-        chosen = set(self._always)
+        chosen = set(self._always_matching(text))
         for keyword in self._keyword_set.Match(text) or ():  # None when nothing matched
             chosen.update(self._rules_of[keyword])
         return [self.rules[at] for at in sorted(chosen)]
+
+    def _always_matching(self, text: str) -> list[int]:
+        """The keyword-less rules whose regex matches somewhere in ``text`` (all of them when
+        the set's matcher gave up)."""
+        hits = self._always_set.Match(text)
+        if not hits or 0 not in hits:
+            return self._always
+        return [self._always[i - 1] for i in hits if i]
 
     def find(self, text: str, path: str | None = None) -> list[Finding]:
         """Every secret in ``text``, as non-overlapping spans in text order."""

@@ -34,7 +34,7 @@ from schemas.models import (
     VerificationStatus,
     validation_error,
 )
-from schemas.secret_scan import default_detector
+from schemas.secret_scan import SecretDetector, default_detector
 from streams.publisher import SequenceBook, prepare
 from tests.secrets.corpus import Secret, hard_negatives, secrets
 from tests.secrets.real_text import real_texts
@@ -179,3 +179,36 @@ def test_real_agent_logs_and_code_are_left_alone() -> None:
     found = Counter(f.rule for _label, text in texts for f in default_detector().find(text))
     assert len(texts) >= 8000
     assert sum(found.values()) <= len(texts) / 10_000, found
+
+
+def test_the_keyword_less_rules_prefilter_changes_no_finding() -> None:
+    """The RE2 set that picks which keyword-less rules run gives, on every corpus secret in its
+    context, every hard negative and the real logs and code, the findings of running them all."""
+    detector = default_detector()
+    every = SecretDetector(detector.rules, detector.allowlists)
+    every._always_matching = lambda text: every._always  # type: ignore[method-assign]
+    texts = [s.text for s in SECRETS] + [t for _l, t in hard_negatives()]
+    texts += [t for _l, t in real_texts()]
+    assert len(texts) > 8000
+    differ = [t[:60] for t in texts if detector.find(t) != every.find(t)]
+    assert differ == []
+    assert sum(bool(every.find(s.text)) for s in SECRETS) >= len(SECRETS) * 0.9
+
+
+def test_when_the_prefilter_gives_up_every_keyword_less_rule_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RE2's set reports a DFA out of memory as no match at all: its always-matching first
+    pattern is then missing, and the detector runs every keyword-less rule instead of none."""
+    detector = SecretDetector(default_detector().rules, default_detector().allowlists)
+    always = {detector.rules[at].id for at in detector._always}
+    only_always = [s.text for s in SECRETS if {f.rule for f in detector.find(s.text)} <= always]
+    text = next(t for t in only_always if detector.find(t))  # a keyword-less rule's find
+
+    class GaveUp:
+        def Match(self, text: str) -> None:  # RE2's name
+            return None
+
+    monkeypatch.setattr(detector, "_always_set", GaveUp())
+    assert detector._always_matching(text) == detector._always
+    assert detector.find(text)
