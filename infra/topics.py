@@ -6,6 +6,7 @@ their order inside one partition, kept forever (``retention.ms=-1``), compressed
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from schemas.topics import (
 )
 
 TOPIC_ALREADY_EXISTS = 36
+METADATA_WAIT_S = 10.0  # how long ensure_topics waits for the metadata to list new topics
 
 LEDGER_TOPIC_CONFIG: Mapping[str, str] = {
     "retention.ms": "-1",
@@ -57,6 +59,15 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]
                 for s in wanted
             ]
         )
+        # The controller answers before every broker's metadata lists a new topic: a publish
+        # right after `topics create` could be told the topic does not exist. Return once the
+        # metadata lists them all (bounded; the publisher's own check decides after that).
+        names = {s.name for s in wanted}
+        deadline = asyncio.get_running_loop().time() + METADATA_WAIT_S
+        while not names <= set(await admin.list_topics()):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
     created = []

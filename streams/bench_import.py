@@ -39,9 +39,12 @@ def trajectory_length(index: int) -> int:
     return max(SHORTEST, min(LONGEST, round(MEDIAN * math.exp(SIGMA * NormalDist().inv_cdf(q)))))
 
 
-def trajectory(index: int, tag: str, rng: random.Random, began: float) -> dict[str, Any]:
-    """One mini-swe-agent trajectory (``.traj.json``) of about ``trajectory_length`` entries."""
-    steps = max(1, (trajectory_length(index) - FRAME) // ENTRIES_PER_STEP)
+def trajectory(
+    index: int, tag: str, rng: random.Random, began: float, longest: int = LONGEST
+) -> dict[str, Any]:
+    """One mini-swe-agent trajectory (``.traj.json``) of about ``trajectory_length`` entries
+    (at most ``longest``)."""
+    steps = max(1, (min(trajectory_length(index), longest) - FRAME) // ENTRIES_PER_STEP)
     at = began
     repo = rng.choice(["django__django", "astropy__astropy", "sympy__sympy", "psf__requests"])
     instance = f"{repo}-{tag}-{index:05d}"
@@ -138,13 +141,16 @@ def trajectory(index: int, tag: str, rng: random.Random, began: float) -> dict[s
     }
 
 
-def write_trajectories(folder: Path, files: int, tag: str, seed: int = 26) -> Path:
-    """``files`` trajectories under ``folder`` (made); ``tag`` makes their run ids unique."""
+def write_trajectories(
+    folder: Path, files: int, tag: str, seed: int = 26, longest: int = LONGEST
+) -> Path:
+    """``files`` trajectories under ``folder`` (made); ``tag`` makes their run ids unique;
+    ``longest`` caps their entries (a test that needs many files, not many entries)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     began = time.time() - 30 * 86_400
     for index in range(files):
-        doc = trajectory(index, tag, rng, began + index * 3_600)
+        doc = trajectory(index, tag, rng, began + index * 3_600, longest)
         (folder / f"{tag}-{index:05d}.traj.json").write_text(json.dumps(doc))
     return folder
 

@@ -1,8 +1,9 @@
 """Issue 26: a 500-file import of mixed formats in one command (`import auto`): every log of both
 sample packs (folders as they are, subagent files beside their sessions), synthetic mini-swe-agent
-trajectories to make 500, a corrupt file and a README among them. Each file's format is
-recognised by its content; the corrupt file skips only itself with its reason; the README is
-left out; `--json` prints every file's report; a second import publishes nothing."""
+trajectories to make 500 (short ones: the bench's import figure takes 500 of real length), a
+corrupt file and a README among them. Each file's format is recognised by its content; the
+corrupt file skips only itself with its reason; the README is left out; `--json` prints every
+file's report; a second import publishes nothing."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def test_five_hundred_files_of_mixed_formats_import_in_one_command(
     (mixed / "README.md").write_text("# notes\nnot a log\n")
     (mixed / "broken" / "cut.traj.json").parent.mkdir()
     (mixed / "broken" / "cut.traj.json").write_text('{"info": {}, "messages": [{"role": ')
-    write_trajectories(mixed / "synthetic", 470, "mixed")
+    # many files, not many entries: ~25 entries each (the bench imports 500 of real length)
+    write_trajectories(mixed / "synthetic", 470, "mixed", longest=25)
     files = sum(1 for p in mixed.rglob("*") if p.is_file())
     assert files >= 500, files
 
