@@ -206,6 +206,16 @@ def cli_json(settings: Settings, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
+@contextmanager
+def _dropping_connections(dsn: str) -> Iterator[None]:
+    from projectors.stores import postgres_ops
+
+    try:
+        yield
+    finally:
+        postgres_ops.drop_connections(dsn)
+
+
 def cli_and_api_disagree(settings: Settings, fleet: str) -> tuple[int, list[str]]:
     """Every figure the CLI's ``--json`` gives for ``fleet`` and for each of its runs, beside
     what the API answers for it (served over ``settings``, a token for the fleet): (runs
@@ -216,9 +226,16 @@ def cli_and_api_disagree(settings: Settings, fleet: str) -> tuple[int, list[str]
     each command, the first pack's 244 runs took 236 s.)"""
     import httpx
 
+    from projectors.stores import postgres_ops
+
     token = create_token(settings, [fleet])["token"]
     differ: list[str] = []
+    # the CLI's commands and the server's answers, all in this process, lend pooled connections
+    # (as `agentledger mcp` keeps them) rather than open one each: a connection is most of the
+    # time of one quick read here, and which connection reads changes no figure
+    postgres_ops.keep_connections(settings.pg_address)
     with (
+        _dropping_connections(settings.pg_address),
         serving(settings) as base,
         httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60
