@@ -25,8 +25,8 @@ FOUND = [
     # a secret-named key's value at a password's entropy, digits or a random letters-only body
     ("config-secret-assignment", "db_password: quokka42", "quokka42"),
     ("config-secret-assignment", "  pwd: wallaby2024", "wallaby2024"),
-    ("config-secret-assignment", "  zorblaxKey: WnpGcHFyc3Rr_QRTvw", "WnpGcHFyc3Rr_QRTvw"),
-    ("config-secret-assignment", "  QUUX_KEY: WnpGcHFyc3Rr_QRTvw", "WnpGcHFyc3Rr_QRTvw"),
+    ("key-named-token", "  zorblaxKey: WnpGcHFyc3Rr_QRTvw", "WnpGcHFyc3Rr_QRTvw"),
+    ("key-named-token", "  QUUX_KEY: WnpGcHFyc3Rr_QRTvw", "WnpGcHFyc3Rr_QRTvw"),
     # code: digit-suffixed names and comparisons against a literal
     ("quoted-secret-assignment", 'let admin_password02 = "quokka42";', "quokka42"),
     ("quoted-secret-assignment", 'if password == "wallaby2024":', "wallaby2024"),
@@ -101,6 +101,16 @@ LEFT = [
     "//registry.npmjs.org/:_authToken=${NPM_TOKEN}",
     "https://hooks.slack.com/services/",
     "s.upper() and s.strip() are string methods",
+    # the held-out code's look-alikes found by the first code measurement of this round
+    "'MCC_SetRsCompBandwidth', 'TF2_RemoveAllWeapons', 'SQL_GetAffectedRows'",
+    'CONTEXT_KEY = "AddImportsVisitor"',
+    "price_key: 'cache_write_5m_mtok'",
+    "RC2_KEY = rc2_key_st",
+    'next_token = f"{log_group_name}@{last_event}"',
+    'elif token == "#bygroup":',
+    "redis://[username@]/path/to/socket.sock?db=0[&password=password]",
+    "def match_2nd_2F1_hypergeometric(I, k):",
+    "password: _PasswordType | None = None",
 ]
 
 
