@@ -131,17 +131,35 @@ def test_held_out_veles3_stays_at_its_measured_floor() -> None:
     assert r.prefixed_bare >= measured["prefixed_bare"] == 28, counts
 
 
-def test_held_out_detectsecrets_stays_at_its_measured_floor() -> None:
-    """Measured once at e78a80a, after the seventh-round detector was frozen; never tuned on."""
+def test_looked_at_detectsecrets_stays_at_its_latest_measurement() -> None:
+    """Measured once at e78a80a (148/193, 85/193, 25/33), its misses recorded, then tuned on in
+    the eighth round (its recorded families: npmrc auth lines, unsigned JWTs, short AVNS_
+    tokens, legacy Vault tokens)."""
     measured = json.loads((CORPORA / "detectsecrets.measured.json").read_text())
     summary = json.loads((CORPORA / "detectsecrets.dropped.json").read_text())
+    latest = measured["remeasured"][-1]
     r = _recall("detectsecrets")
     counts = (r.in_context, r.bare, r.prefixed_bare)  # counts only: no value in a message
     assert r.cases == measured["cases"] == summary["kept"] == 193
     assert r.prefixed == measured["prefixed"] == summary["prefixed"] == 33
-    assert r.in_context >= measured["in_context"] == 148, counts
-    assert r.bare >= measured["bare"] == 85, counts
-    assert r.prefixed_bare >= measured["prefixed_bare"] == 25, counts
+    assert measured["in_context"] == 148  # the held-out measurement, at e78a80a
+    assert r.in_context >= latest["in_context"] == 166, counts
+    assert r.bare >= latest["bare"] == 92, counts
+    assert r.prefixed_bare >= latest["prefixed_bare"] == 32, counts
+
+
+def test_held_out_ripsecrets_stays_at_its_measured_floor() -> None:
+    """Y of the eighth round: measured at the freeze (074c1c5: 28/31, 24/31, 14/15) and once at
+    the end (bba2c2d); never tuned on. Counts only in the messages."""
+    measured = json.loads((CORPORA / "ripsecrets.measured.json").read_text())
+    final = measured["final"]
+    r = _recall("ripsecrets")
+    counts = (r.in_context, r.bare, r.prefixed_bare)
+    assert r.cases == measured["cases"] == 31 and r.prefixed == measured["prefixed"] == 15
+    assert (measured["in_context"], measured["bare"], measured["prefixed_bare"]) == (28, 24, 14)
+    assert r.in_context >= final["in_context"] == 29, counts
+    assert r.bare >= final["bare"] == 25, counts
+    assert r.prefixed_bare >= final["prefixed_bare"] == 15, counts
 
 
 def test_the_eighth_round_sources_are_what_their_summaries_say() -> None:
