@@ -8,7 +8,10 @@ Two steps, each runnable alone::
 Sources: ``noseyparker``, ``kingfisher`` (held-out third), ``kingfisher-tuning`` (another third),
 ``secretlint`` (snapshots, see ``build_secretlint``) and ``veles``, ``veles2``, ``veles3`` (the
 detector tests of google/osv-scalibr, see ``build_veles``), ``detectsecrets`` (the plugin tests of
-Yelp/detect-secrets, see ``build_detectsecrets``).
+Yelp/detect-secrets, see ``build_detectsecrets``), ``whispers`` (Skyscanner/whispers' fixtures, see
+``build_whispers``) and ``ripsecrets`` (sirwart/ripsecrets' test files, see ``build_ripsecrets``).
+The hand-copied sources share one writer (``write_rows``), one builder for cases that name their
+credential (``build_wanted``) and one downloader (``fetched_texts``).
 
 ``fetch`` downloads every rule file listed in ``<source>-rules.yml`` from GitHub at the commit
 recorded there (``raw.githubusercontent.com/<repo>/<commit>/<path>``) and writes the trimmed copy
