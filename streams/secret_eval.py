@@ -20,7 +20,10 @@ The corpora are made by ``tests/data/secrets/fetch.py`` (see NOTICE.md there): t
 held-out ones, each measured once after the detector was frozen (``<source>.measured.json``):
 another third of Kingfisher's files (looked at since), and three slices of google/osv-scalibr's
 veles detector tests (all three tuned on after their measurement), and the plugin tests of
-Yelp/detect-secrets (``detectsecrets``, held out: measured once at e78a80a).
+Yelp/detect-secrets (``detectsecrets``: measured once at e78a80a, its misses recorded, tuned on in
+the eighth round). The eighth round's: Skyscanner/whispers' fixtures (``whispers``, tuning) and
+sirwart/ripsecrets' test files (``ripsecrets``, held out: measured at the freeze commit 074c1c5
+and once at the end of the round, never tuned on).
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ Two steps, each runnable alone::
 Sources: ``noseyparker``, ``kingfisher`` (held-out third), ``kingfisher-tuning`` (another third),
 ``secretlint`` (snapshots, see ``build_secretlint``) and ``veles``, ``veles2``, ``veles3`` (the
 detector tests of google/osv-scalibr, see ``build_veles``), ``detectsecrets`` (the plugin tests of
-Yelp/detect-secrets, see ``build_detectsecrets``).
+Yelp/detect-secrets, see ``build_detectsecrets``), ``whispers`` (Skyscanner/whispers' fixtures, see
+``build_whispers``) and ``ripsecrets`` (sirwart/ripsecrets' test files, see ``build_ripsecrets``).
+The hand-copied sources share one writer (``write_rows``), one builder for cases that name their
+credential (``build_wanted``) and one downloader (``fetched_texts``).
 
 ``fetch`` downloads every rule file listed in ``<source>-rules.yml`` from GitHub at the commit
 recorded there (``raw.githubusercontent.com/<repo>/<commit>/<path>``) and writes the trimmed copy
@@ -61,6 +64,7 @@ import re
 import sys
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +78,8 @@ SOURCES = (
     "veles2",
     "veles3",
     "detectsecrets",
+    "whispers",
+    "ripsecrets",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -338,15 +344,70 @@ def build_secretlint() -> tuple[list[dict[str, Any]], Counter[str]]:
     return rows, dropped
 
 
-def write_secretlint() -> None:
-    rows, dropped = build_secretlint()
-    with (HERE / "secretlint.jsonl").open("w", encoding="utf-8") as out:
+def write_rows(
+    source: str, rows: list[dict[str, Any]], dropped: Counter[str], per_file: bool = False
+) -> None:
+    """Write ``<source>.jsonl`` (one row a line) and ``<source>.dropped.json`` (kept, dropped by
+    reason, prefixed, files): the one writer of every source built from hand-copied cases."""
+    with (HERE / f"{source}.jsonl").open("w", encoding="utf-8") as out:
         for row in rows:
             out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
     summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
     summary["prefixed"] = sum(1 for r in rows if r["prefix"])
-    (HERE / "secretlint.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("secretlint", json.dumps(summary))
+    if source != "secretlint":
+        summary["files"] = len({r["file"] for r in rows})
+    if per_file:
+        summary["per_file"] = dict(sorted(Counter(r["file"] for r in rows).items()))
+    (HERE / f"{source}.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(source, json.dumps(summary))
+
+
+def fetched_texts(repo: str, cases: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """Each file the cases name, downloaded once at its commit from GitHub (``fetch`` only)."""
+    texts: dict[tuple[str, str], str] = {}
+    for case in cases:
+        key = (case["path"], case["commit"])
+        if key not in texts:
+            url = f"https://raw.githubusercontent.com/{repo}/{key[1]}/{key[0]}"
+            with urllib.request.urlopen(url.replace(" ", "%20"), timeout=30) as response:
+                texts[key] = response.read().decode("utf-8")
+    return texts
+
+
+def copied_cases(name: str) -> list[dict[str, Any]]:
+    """The hand-copied lines of ``<name>.jsonl`` (``veles-tests``, ``whispers-tests``, ...)."""
+    text = (HERE / f"{name}.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def wanted_row(
+    source: str, rule: str, case: dict[str, Any], value: str, prefixes: tuple[str, ...]
+) -> dict[str, Any]:
+    """One corpus row of a case that names the credential it holds (``want``)."""
+    return {
+        "source": source,
+        "rule": rule,
+        "name": case.get("test", ""),
+        "example": case["input"],
+        "secret": value,
+        "how": "wanted",
+        "prefix": next((p for p in prefixes if value.startswith(p)), ""),
+        "file": case["path"],
+        "commit": case["commit"],
+    }
+
+
+def keep(value: str, dropped: Counter[str]) -> bool:
+    """The drop rules every source shares (after its own not-a-secret and duplicate checks)."""
+    if not value:
+        dropped["no-value"] += 1
+    elif len(value) < 8:
+        dropped["short"] += 1
+    elif placeholder(value):
+        dropped["placeholder"] += 1
+    else:
+        return True
+    return False
 
 
 def fetch_secretlint() -> None:
@@ -388,8 +449,7 @@ def build_veles(source: str = "veles") -> tuple[list[dict[str, Any]], Counter[st
     rows: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
     seen: set[tuple[str, str, str]] = set()
-    for line in (HERE / f"{source}-tests.jsonl").read_text(encoding="utf-8").splitlines():
-        case = json.loads(line)
+    for case in copied_cases(f"{source}-tests"):
         rule = "veles." + case["path"].removeprefix("veles/secrets/").rsplit("/", 1)[0].replace(
             "/", "."
         )
@@ -404,55 +464,19 @@ def build_veles(source: str = "veles") -> tuple[list[dict[str, Any]], Counter[st
                 dropped["duplicate"] += 1
                 continue
             seen.add((rule, case["input"], value))
-            if not value:
-                dropped["no-value"] += 1
-            elif len(value) < 8:
-                dropped["short"] += 1
-            elif placeholder(value):
-                dropped["placeholder"] += 1
-            else:
-                prefix = next((p for p in VELES_PREFIXES if value.startswith(p)), "")
-                rows.append(
-                    {
-                        "source": source,
-                        "rule": rule,
-                        "name": case["test"],
-                        "example": case["input"],
-                        "secret": value,
-                        "how": "wanted",
-                        "prefix": prefix,
-                        "file": case["path"],
-                        "commit": case["commit"],
-                    }
-                )
+            if keep(value, dropped):
+                rows.append(wanted_row(source, rule, case, value, VELES_PREFIXES))
     return rows, dropped
-
-
-def write_veles(source: str = "veles") -> None:
-    rows, dropped = build_veles(source)
-    with (HERE / f"{source}.jsonl").open("w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
-    summary["prefixed"] = sum(1 for r in rows if r["prefix"])
-    summary["files"] = len({r["file"] for r in rows})
-    (HERE / f"{source}.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(source, json.dumps(summary))
 
 
 def fetch_veles(source: str = "veles") -> None:
     """Download each test file at its commit and check that the stored case is in it: its test
     name, and each wanted value or the constant it was built from (a check of the copy, not a Go
     evaluator)."""
-    texts: dict[tuple[str, str], str] = {}
-    for line in (HERE / f"{source}-tests.jsonl").read_text(encoding="utf-8").splitlines():
-        case = json.loads(line)
-        key = (case["path"], case["commit"])
-        if key not in texts:
-            url = f"https://raw.githubusercontent.com/{VELES_REPO}/{key[1]}/{key[0]}"
-            with urllib.request.urlopen(url, timeout=30) as response:
-                texts[key] = response.read().decode("utf-8")
-        text = texts[key]
+    cases = copied_cases(f"{source}-tests")
+    texts = fetched_texts(VELES_REPO, cases)
+    for case in cases:
+        text = texts[(case["path"], case["commit"])]
         leaf = case["test"].split("/")[-1]
         assert leaf in text, (case["path"], leaf)
         for value in case["want"].values():
@@ -479,70 +503,160 @@ def build_detectsecrets() -> tuple[list[dict[str, Any]], Counter[str]]:
     connection string, the key after its name, the whole token). The same drop rules as the
     other sources, and a case whose input and value another plugin's test already gave is a
     duplicate (``gh_tight`` and ``gh_v2`` repeat ``gh_enterprise``'s lines)."""
+    return build_wanted(
+        "detectsecrets",
+        lambda case: "ds." + case["path"].removeprefix("tests/plugins/").removesuffix("_test.py"),
+        DETECTSECRETS_NOT_SECRET,
+        DETECTSECRETS_PREFIXES,
+    )
+
+
+def build_wanted(
+    source: str,
+    rule_of: Callable[[dict[str, Any]], str],
+    not_secret_fields: frozenset[str],
+    prefixes: tuple[str, ...],
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """The rows of ``<source>-tests.jsonl`` whose lines name the credential each holds
+    (``want``: field -> value): fields in ``not_secret_fields`` are no credential, a repeated
+    input and value is a duplicate, then the shared drop rules (``keep``)."""
     rows: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
     seen: set[tuple[str, str]] = set()
-    for line in (HERE / "detectsecrets-tests.jsonl").read_text(encoding="utf-8").splitlines():
-        case = json.loads(line)
-        stem = case["path"].removeprefix("tests/plugins/").removesuffix("_test.py")
-        rule = "ds." + stem
+    for case in copied_cases(f"{source}-tests"):
         for field, value in case["want"].items():
-            if field in DETECTSECRETS_NOT_SECRET:
+            if field in not_secret_fields:
                 dropped["not-a-secret"] += 1
                 continue
             if (case["input"], value) in seen:
                 dropped["duplicate"] += 1
                 continue
             seen.add((case["input"], value))
-            if len(value) < 8:
-                dropped["short"] += 1
-            elif placeholder(value):
-                dropped["placeholder"] += 1
-            else:
-                prefix = next((p for p in DETECTSECRETS_PREFIXES if value.startswith(p)), "")
-                rows.append(
-                    {
-                        "source": "detectsecrets",
-                        "rule": rule,
-                        "name": case["test"],
-                        "example": case["input"],
-                        "secret": value,
-                        "how": "wanted",
-                        "prefix": prefix,
-                        "file": case["path"],
-                        "commit": case["commit"],
-                    }
-                )
+            if keep(value, dropped):
+                rows.append(wanted_row(source, rule_of(case), case, value, prefixes))
     return rows, dropped
 
 
-def write_detectsecrets() -> None:
-    rows, dropped = build_detectsecrets()
-    with (HERE / "detectsecrets.jsonl").open("w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-    summary: dict[str, Any] = {"kept": len(rows), "dropped": dict(sorted(dropped.items()))}
-    summary["prefixed"] = sum(1 for r in rows if r["prefix"])
-    summary["files"] = len({r["file"] for r in rows})
-    summary["per_file"] = dict(sorted(Counter(r["file"] for r in rows).items()))
-    (HERE / "detectsecrets.dropped.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("detectsecrets", json.dumps(summary))
-
-
-def fetch_detectsecrets() -> None:
-    """Download each test file at its commit and check that each stored value, or the part of
-    it the test builds with ``format()``, is in it (a check of the copy, not a Python
-    evaluator)."""
-    texts: dict[tuple[str, str], str] = {}
-    for line in (HERE / "detectsecrets-tests.jsonl").read_text(encoding="utf-8").splitlines():
-        case = json.loads(line)
-        key = (case["path"], case["commit"])
-        if key not in texts:
-            url = f"https://raw.githubusercontent.com/{DETECTSECRETS_REPO}/{key[1]}/{key[0]}"
-            with urllib.request.urlopen(url, timeout=30) as response:
-                texts[key] = response.read().decode("utf-8")
+def fetch_wanted(repo: str, source: str) -> None:
+    """Download each file the cases of ``<source>-tests.jsonl`` name at its commit and check
+    that each stored value, or the part of it the test formats in, is in it (a check of the
+    copy, not an evaluator)."""
+    cases = copied_cases(f"{source}-tests")
+    texts = fetched_texts(repo, cases)
+    for case in cases:
+        text = texts[(case["path"], case["commit"])]
         for value in case["want"].values():
-            assert value[:24] in texts[key] or value[-24:] in texts[key], (case["path"], value)
+            assert value[:24] in text or value[-24:] in text, (case["path"], value)
+
+
+# whispers (the ninth source, TUNING, issue 27's eighth round): the fixture files of
+# Skyscanner/whispers' tests (``tests/fixtures/*``: config files, shell, Dockerfile, source code in
+# six languages), each noncompliant line (or the few lines a multi-line value spans) copied by
+# hand into ``whispers-tests.jsonl`` with the value whispers must report (``want``).
+WHISPERS_REPO = "Skyscanner/whispers"
+# An AWS access key id, password hashes (htpasswd, Jenkins' jbcrypt) and an HTML comment are
+# no credential here (as for the other sources).
+WHISPERS_NOT_SECRET = frozenset({"AccessKeyID", "Hash", "Comment"})
+WHISPERS_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "glsa_", "glc_", "eyJ")
+
+
+def build_whispers() -> tuple[list[dict[str, Any]], Counter[str]]:
+    return build_wanted(
+        "whispers",
+        lambda case: "wh." + case["path"].removeprefix("tests/fixtures/").lstrip("."),
+        WHISPERS_NOT_SECRET,
+        WHISPERS_PREFIXES,
+    )
+
+
+# ripsecrets (the tenth source, HELD OUT, eighth round): the test files of sirwart/ripsecrets
+# (``test/one_per_line/*``: every line holds one secret; ``test/one_per_file/aws_json``), copied
+# whole into ``ripsecrets-tests.jsonl`` (path, commit, text). Unlike the hand-read sources, the
+# value of each line is found by a rule fixed before the copy was made (``ripsecrets_value``):
+# the match of one of ripsecrets' own format regexes (``RIPSECRETS_FORMATS``, its
+# ``predefined_secret_regexes``), else a URL's password, else the longest run of 8+ token
+# characters that is not a name.
+RIPSECRETS_REPO = "sirwart/ripsecrets"
+# ripsecrets' own format regexes (``src/find_secrets.rs``), with the length of the literal each
+# value starts with (0 when under 3 characters or context, not part of the value: Twilio's
+# ``AC``/``SK``, Mailchimp's suffix, npm's ``_authToken=``, Azure's ``AccountKey=``) and the
+# group that is the value.
+RIPSECRETS_FORMATS: tuple[tuple[str, int, int], ...] = (
+    (r"(?:r|s)k_live_[0-9a-zA-Z]{24}", 8, 0),
+    (r"(?:AC[a-z0-9]{32}|SK[a-z0-9]{32})", 0, 0),
+    (r"(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}", 4, 0),
+    (r"(?:^|\W)(eyJ[A-Za-z0-9-_=]+\.[A-Za-z0-9-_=]+\.?[A-Za-z0-9-_.+/=]*)", 3, 1),
+    (r"xox(?:a|b|p|o|s|r)-(?:\d+-)+[a-z0-9]+", 5, 0),
+    (r"https://hooks\.slack\.com/services/T[a-zA-Z0-9_]+/B[a-zA-Z0-9_]+/[a-zA-Z0-9_]+", 34, 0),
+    (r"//.+/:_authToken=([A-Za-z0-9-_]+)", 0, 1),
+    (r"npm_[A-Za-z0-9]{36}", 4, 0),
+    (r"AccountKey=([a-zA-Z0-9+/=]{88})", 0, 1),
+    (r"SG\.[a-zA-Z0-9_-]{22}\.[a-zA-Z0-9_-]{43}", 3, 0),
+    (r"[0-9a-z]{32}-us[0-9]{1,2}", 0, 0),
+    (r"sq0csp-[0-9A-Za-z\\\-_]{43}", 7, 0),
+    (r"AIzaSy[A-Za-z0-9-_]{33}", 6, 0),
+)  # fmt: skip
+# Any other value is prefixed when it starts with a documented literal of 3+ characters that the
+# other sources' lists already name.
+_KNOWN_PREFIXES = (
+    *(p for p in (*SECRETLINT_PREFIXES, *VELES_PREFIXES, *DETECTSECRETS_PREFIXES) if len(p) >= 3),
+    "AGE-SECRET-KEY-1",
+)
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9+/=_.~-]{8,}")
+
+
+def ripsecrets_value(line: str) -> tuple[str, str]:
+    """The secret a ripsecrets test line holds and the literal it starts with (see above)."""
+    for pattern, literal, group in RIPSECRETS_FORMATS:
+        m = re.search(pattern, line)
+        if m:
+            value = m.group(group)
+            return value, value[:literal] if literal >= 3 else ""
+    m = _URL_PASSWORD.search(line)
+    if m:
+        return m.group(2), ""
+    runs = sorted((r for r in _TOKEN_RUN.findall(line) if not _NAME.match(r)), key=len)
+    value = runs[-1] if runs else ""
+    return value, next((p for p in _KNOWN_PREFIXES if value.startswith(p)), "")
+
+
+# Files whose one secret is no credential by the rules of the other sources (an AWS access
+# key id).
+RIPSECRETS_NOT_SECRET = frozenset({"test/one_per_file/aws_json"})
+
+
+def build_ripsecrets() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[str] = set()
+    for copy in copied_cases("ripsecrets-tests"):
+        if copy["path"] in RIPSECRETS_NOT_SECRET:
+            dropped["not-a-secret"] += 1
+            continue
+        for line in copy["text"].splitlines():
+            if not line.strip():
+                continue
+            value, prefix = ripsecrets_value(line)
+            if line in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add(line)
+            if keep(value, dropped):
+                case = {"path": copy["path"], "commit": copy["commit"], "input": line}
+                row = wanted_row(
+                    "ripsecrets", "rs." + copy["path"].rsplit("/", 1)[-1], case, value, ()
+                )
+                row["how"], row["prefix"] = "format" if prefix else "run", prefix
+                rows.append(row)
+    return rows, dropped
+
+
+def fetch_ripsecrets() -> None:
+    """Download each copied file at its commit and check the copy is the file."""
+    copies = copied_cases("ripsecrets-tests")
+    texts = fetched_texts(RIPSECRETS_REPO, copies)
+    for copy in copies:
+        assert texts[(copy["path"], copy["commit"])] == copy["text"], copy["path"]
 
 
 def fetch(source: str) -> None:
@@ -560,25 +674,37 @@ def fetch(source: str) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
 
+# source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
+# sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
+BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
+    "secretlint": build_secretlint,
+    "veles": lambda: build_veles("veles"),
+    "veles2": lambda: build_veles("veles2"),
+    "veles3": lambda: build_veles("veles3"),
+    "detectsecrets": build_detectsecrets,
+    "whispers": build_whispers,
+    "ripsecrets": build_ripsecrets,
+}
+FETCHERS: dict[str, Callable[[], None]] = {
+    "secretlint": fetch_secretlint,
+    "veles": lambda: fetch_veles("veles"),
+    "veles2": lambda: fetch_veles("veles2"),
+    "veles3": lambda: fetch_veles("veles3"),
+    "detectsecrets": lambda: fetch_wanted(DETECTSECRETS_REPO, "detectsecrets"),
+    "whispers": lambda: fetch_wanted(WHISPERS_REPO, "whispers"),
+    "ripsecrets": fetch_ripsecrets,
+}
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["fetch"]:
         for source in argv[1:] or SOURCES:
-            if source == "secretlint":
-                fetch_secretlint()
-            elif source in ("veles", "veles2", "veles3"):
-                fetch_veles(source)
-            elif source == "detectsecrets":
-                fetch_detectsecrets()
-            else:
-                fetch(source)
+            FETCHERS.get(source, lambda s=source: fetch(s))()
     elif argv[:1] == ["build"]:
         for source in argv[1:] or SOURCES:
-            if source == "secretlint":
-                write_secretlint()
-            elif source in ("veles", "veles2", "veles3"):
-                write_veles(source)
-            elif source == "detectsecrets":
-                write_detectsecrets()
+            if source in BUILDERS:
+                rows, dropped = BUILDERS[source]()
+                write_rows(source, rows, dropped, per_file=source == "detectsecrets")
             elif (HERE / f"{source}-rules.yml").exists():
                 write(source)
     else:
