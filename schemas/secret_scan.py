@@ -22,7 +22,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +91,15 @@ class Finding:
     end: int
 
 
+@lru_cache(maxsize=1 << 16)  # the same tokens (ids, hashes) come back in entry after entry
 def shannon_entropy(value: str) -> float:
     if not value:
         return 0.0
     n = len(value)
     return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
 
+
+SHORT_TEXT = 256  # texts up to this long have their findings kept (SecretDetector._short)
 
 # How far past a secret's end the next adjacent token is looked for (see SecretDetector._matches).
 _NEXT_WINDOW = 4096
@@ -175,6 +178,9 @@ class SecretDetector:
         for at in self._always:
             self._always_set.Add(self.rules[at].regex.pattern)
         self._always_set.Compile()
+        # Short texts (ids, names, paths, short fields) come back in entry after entry (a run's
+        # id in each of its entries): their findings, a pure function of the text, are kept.
+        self._short = lru_cache(maxsize=1 << 14)(self._find_kept)
 
     @classmethod
     def from_files(cls, *paths: Path) -> SecretDetector:
@@ -205,6 +211,14 @@ class SecretDetector:
         """Every secret in ``text``, as non-overlapping spans in text order."""
         if len(text) < 8:
             return []
+        if path is None and len(text) <= SHORT_TEXT:
+            return list(self._short(text))
+        return self._find_any(text, path)
+
+    def _find_kept(self, text: str) -> tuple[Finding, ...]:
+        return tuple(self._find_any(text, None))
+
+    def _find_any(self, text: str, path: str | None) -> list[Finding]:
         try:
             return self._find(text, path)
         except UnicodeEncodeError:  # lone surrogates: RE2 takes UTF-8; one U+FFFD each keeps

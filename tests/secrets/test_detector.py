@@ -209,6 +209,22 @@ def test_when_the_prefilter_gives_up_every_keyword_less_rule_runs(
         def Match(self, text: str) -> None:  # RE2's name
             return None
 
-    monkeypatch.setattr(detector, "_always_set", GaveUp())
-    assert detector._always_matching(text) == detector._always
-    assert detector.find(text)
+    gave_up = SecretDetector(detector.rules, detector.allowlists)  # (nothing found kept yet)
+    monkeypatch.setattr(gave_up, "_always_set", GaveUp())
+    assert gave_up._always_matching(text) == gave_up._always
+    assert gave_up.find(text) == detector.find(text) != []
+
+
+def test_a_short_texts_kept_findings_are_its_own() -> None:
+    """Short texts' findings are kept by text: asking again, or for a text that differs by one
+    character, gives what a detector that never saw them finds; a caller may change the list."""
+    detector = SecretDetector(default_detector().rules, default_detector().allowlists)
+    fresh = SecretDetector(default_detector().rules, default_detector().allowlists)
+    short = [s.text for s in SECRETS if len(s.text) <= 256][:50]
+    assert len(short) == 50
+    for text in short:
+        first = detector.find(text)
+        first.clear()
+        assert detector.find(text) == fresh._find_any(text, None) != []
+        other = text[:-1] + ("x" if text[-1] != "x" else "y")
+        assert detector.find(other) == fresh._find_any(other, None)
