@@ -509,7 +509,7 @@ class Ledger:
         if filters.fleet is not None and filters.fleet not in who.fleets:
             self._count(who, via, "", None, refused=True)
             raise NotFoundError(f"this token does not cover fleet {filters.fleet}")
-        found = queries.runs(self.settings, filters, limit, 0, who.fleets)
+        found = queries.runs(self.settings, filters, limit, None, who.fleets)
         doc = {"runs": queries.jsonable(found)}
         while len(json.dumps(doc)) > MAX_CHARS and len(doc["runs"]) > 1:
             doc["runs"] = doc["runs"][: len(doc["runs"]) // 2]

@@ -66,11 +66,12 @@ def runs(
     settings: Settings,
     filters: RunFilters,
     limit: int = 50,
-    offset: int = 0,
+    after: tuple[Any, str] | None = None,
     fleets: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted, each with its outcome in words; ``status``
-    RUNNING for a run not finished. ``fleets``: only the runs of these fleets."""
+    RUNNING for a run not finished. ``fleets``: only the runs of these fleets; ``after``: the
+    page starts right after the run of this :func:`run_key` (a keyset cursor)."""
     status, evaluation = filters.status, None
     if filters.outcome is not None:
         outcome_status, evaluation = outcome_filter(filters.outcome)
@@ -89,13 +90,34 @@ def runs(
         text=filters.text,
         sort=filters.sort,
         limit=limit,
-        offset=offset,
+        after=after,
         fleets=fleets,
         model=filters.model,
     )
     for run in found:
         run["status"] = run["status"] or "RUNNING"
     return found
+
+
+def run_key(sort: str, run: dict[str, Any]) -> tuple[Any, str]:
+    """Where a run stands in the runs list sorted by ``sort``: (its sort value, its run id);
+    the next page starts right after it (``runs(..., after=)``)."""
+    return ops.run_key(sort, run)
+
+
+def key_from_text(sort: str, value: str | None, run_id: str) -> tuple[Any, str]:
+    """:func:`run_key` back from its text (a cursor's): the sort value typed as the sort's
+    column is (BadArgumentError when it is not one)."""
+    if value is None or sort == "id":
+        return (None if sort != "id" else run_id), run_id
+    try:
+        if sort in ("last", "first"):
+            return datetime.fromisoformat(value), run_id
+        if sort == "entries":
+            return int(value), run_id
+        return Decimal(value), run_id
+    except (ValueError, InvalidOperation):
+        raise BadArgumentError("cursor: not a cursor this server gave") from None
 
 
 def cost_text(run: dict[str, Any]) -> str:

@@ -144,10 +144,10 @@ def create_app(
         filters = found(lambda: queries.parse_run_filters(**params))
         if filters.fleet is not None and filters.fleet not in who.fleets:
             raise HttpError(403, f"this token does not cover fleet {filters.fleet}")
-        start = _offset(cursor)
-        rows = queries.runs(settings, filters, limit + 1, start, who.fleets)
+        after = found(lambda: run_cursor_key(filters.sort, cursor))
+        rows = queries.runs(settings, filters, limit + 1, after, who.fleets)
         more = len(rows) > limit
-        return rows[:limit], (cursor_at(start + limit) if more else None)
+        return rows[:limit], (run_cursor(filters.sort, rows[limit - 1]) if more else None)
 
     # -- API ---------------------------------------------------------------------------------
 
@@ -600,6 +600,33 @@ def _same_origin(request: Request) -> bool:
 def cursor_at(offset: int) -> str:
     """An opaque cursor: where the next page starts."""
     return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def run_cursor(sort: str, run: dict[str, Any]) -> str:
+    """An opaque keyset cursor of the runs list: the next page starts right after ``run`` (its
+    sort value and run id), whatever arrived before it since."""
+    value, run_id = queries.run_key(sort, run)
+    text = (
+        value.isoformat() if isinstance(value, datetime) else None if value is None else str(value)
+    )
+    doc = {"s": sort, "v": text, "r": run_id}
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode().rstrip("=")
+
+
+def run_cursor_key(sort: str, cursor: str | None) -> tuple[Any, str] | None:
+    """The (sort value, run id) a :func:`run_cursor` of the same sort carries (None: the first
+    page); BadArgumentError when it is no such cursor."""
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        doc = json.loads(raw)
+        given, value, run_id = doc["s"], doc["v"], doc["r"]
+    except (ValueError, KeyError, TypeError):
+        raise BadArgumentError("cursor: not a cursor this server gave") from None
+    if given != sort or not isinstance(run_id, str) or not isinstance(value, str | None):
+        raise BadArgumentError("cursor: not a cursor this server gave (for this sort)")
+    return queries.key_from_text(sort, value, run_id)
 
 
 def _offset(cursor: str | None) -> int:

@@ -150,16 +150,22 @@ def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None
 
 
 def test_runs_pages_follow_the_cursor(web: Web) -> None:
-    whole = _api(web, "/api/v1/runs", sort="id")
-    assert whole["next_cursor"] is None and len(whole["runs"]) == len(web.runs_of(FLEETS[0]))
-    paged, cursor = [], ""
-    while True:
-        page = _api(web, "/api/v1/runs", sort="id", limit=2, cursor=cursor)
-        paged += page["runs"]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
-    assert paged == whole["runs"]
+    """Keyset cursors: for every sort, the pages add up to the whole list; a cursor is its
+    sort's (test_runs_cli crosses from known to unknown costs)."""
+    for sort in ("id", "last", "first", "cost", "entries"):
+        whole = _api(web, "/api/v1/runs", sort=sort)
+        assert whole["next_cursor"] is None
+        assert len(whole["runs"]) == len(web.runs_of(FLEETS[0]))
+        paged, cursor = [], ""
+        while True:
+            page = _api(web, "/api/v1/runs", sort=sort, limit=2, cursor=cursor)
+            paged += page["runs"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert paged == whole["runs"], sort
+    first = _api(web, "/api/v1/runs", sort="cost", limit=1)["next_cursor"]
+    assert _get(web, "/api/v1/runs", web.token_a, sort="last", cursor=first).status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, cursor="not-a-cursor").status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, sort="cheapest").status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, outcome="won").status_code == 400
