@@ -120,6 +120,32 @@ def key_from_text(sort: str, value: str | None, run_id: str) -> tuple[Any, str]:
         raise BadArgumentError("cursor: not a cursor this server gave") from None
 
 
+# the diff-timelines state without its rows (the timeline serves those)
+DIFF_KEYS = (
+    "run_id",
+    "fleet_id",
+    "status",
+    "scope",
+    "summary",
+    "files",
+    "flags",
+    "snapshots",
+    "failing_check",
+    "last_seq",
+)
+
+
+def diff(settings: Settings, run_id: str) -> dict[str, Any]:
+    """The run's diff: what it changed, file by file, the totals, flags, the snapshots and the
+    failing check (the diff-timelines projection's state without its rows) and where it
+    stands (``applied_seq``). JSON-ready."""
+    view = jsonable(live_state(settings, "diff-timelines", run_id))
+    state = view["state"]
+    doc = {k: state.get(k) for k in DIFF_KEYS}
+    doc["applied_seq"] = view["applied_seq"]
+    return doc
+
+
 def cost_text(run: dict[str, Any]) -> str:
     """A run's cost in words: ``unknown`` (or ``unpriced``) when no call has a cost of ours,
     never $0; ``>= $x`` when only some calls do."""

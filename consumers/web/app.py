@@ -45,6 +45,8 @@ Dismiss = Callable[[Sequence[str], str, str], bool]
 Builds = Callable[[], list[dict[str, Any]]]
 # fleets -> {"redriven", "already", "dismissed", "still_bad": [{"source", "reason"}]}
 Redrive = Callable[[Sequence[str]], dict[str, Any]]
+# a run's replay package as one JSON document (streams.replay_package.package_doc)
+ReplayPackage = Callable[[str], dict[str, Any]]
 
 COOKIE = "al_session"
 HERE = Path(__file__).parent
@@ -93,10 +95,12 @@ def create_app(
     dismiss: Dismiss | None = None,
     builds: Builds | None = None,
     redrive: Redrive | None = None,
+    replay_package: ReplayPackage | None = None,
 ) -> FastAPI:
-    """The app; ``dead_letters``, ``dismiss``, ``builds`` and ``redrive`` come from the write
-    side (``streams.dlq``, ``streams.rebuild``, composed by ``infra.main``): without them those
-    routes answer 501."""
+    """The app; ``dead_letters``, ``dismiss``, ``builds``, ``redrive`` and ``replay_package``
+    come from the write side (``streams.dlq``, ``streams.rebuild``,
+    ``streams.replay_package``, composed by ``infra.main``): without them those routes answer
+    501."""
     app = FastAPI(
         title="AgentLedger",
         version="1",
@@ -258,6 +262,20 @@ def create_app(
         return queries.jsonable(
             found(lambda: queries.failure(settings, run_of(who, run_id), stalled_after))
         )
+
+    @app.get("/api/v1/runs/{run_id}/diffs")
+    def api_diffs(who: Who, run_id: str) -> Any:
+        """The run's diff: changed files, totals, flags, snapshots, the failing check (the
+        diff-timelines state without its rows)."""
+        return found(lambda: queries.diff(settings, run_of(who, run_id)))
+
+    @app.get("/api/v1/runs/{run_id}/replay-package")
+    def api_replay_package(who: Who, run_id: str) -> Any:
+        """The run's replay package as ``agentledger replay-package RUN`` writes it, in one
+        document: ``package`` (package.json), ``entries`` (entries.jsonl) and ``schemas``."""
+        if replay_package is None:
+            raise HttpError(501, "this server has no access to the topics")
+        return found(lambda: replay_package(run_of(who, run_id)))
 
     @app.get("/api/v1/compare")
     def api_compare(who: Who, a: str, b: str) -> Any:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -171,6 +172,32 @@ def test_runs_pages_follow_the_cursor(web: Web) -> None:
     assert _get(web, "/api/v1/runs", web.token_a, outcome="won").status_code == 400
 
 
+def test_the_diffs_and_the_replay_package_are_the_clis(web: Web, tmp_path: Path) -> None:
+    """``/diffs`` is the diff-timelines state the timeline header sums up; ``/replay-package``
+    is the folder ``agentledger replay-package RUN`` writes, as one document."""
+    run_id = web.runs_of(FLEETS[0])[0]
+    diffs = _api(web, f"/api/v1/runs/{run_id}/diffs")
+    timeline = _cli(web, "timeline", run_id, "--json")
+    assert diffs["run_id"] == run_id and diffs["summary"] == timeline["diff"]["summary"]
+    assert diffs["files"] and "rows" not in diffs
+    env = {
+        "AGENTLEDGER_PG_DSN": web.settings.pg_address,
+        "AGENTLEDGER_TOPIC_PREFIX": web.settings.topic_prefix,
+    }
+    out = tmp_path / "package"
+    done = CliRunner().invoke(app, ["replay-package", run_id, "--out", str(out)], env=env)
+    assert done.exit_code == 0, done.output
+    doc = _api(web, f"/api/v1/runs/{run_id}/replay-package")
+    written = json.loads((out / "package.json").read_text())
+    assert doc["package"] | {"created_at": None} == written | {"created_at": None}
+    lines = (out / "entries.jsonl").read_text().splitlines()
+    assert doc["entries"] == [json.loads(line) for line in lines]
+    assert len(doc["entries"]) == len(written["entries"]) > 0
+    assert doc["schemas"] == {
+        v: (out / "schemas" / f"ledger_entry.v{v}.avsc").read_text() for v in written["schemas"]
+    }
+
+
 def test_a_token_sees_only_its_fleets(web: Web) -> None:
     other = web.runs_of(FLEETS[1])[0]
     for path in (
@@ -178,6 +205,8 @@ def test_a_token_sees_only_its_fleets(web: Web) -> None:
         f"/api/v1/runs/{other}/timeline",
         f"/api/v1/runs/{other}/memory",
         f"/api/v1/runs/{other}/entries/1",
+        f"/api/v1/runs/{other}/diffs",
+        f"/api/v1/runs/{other}/replay-package",
         f"/runs/{other}",
         f"/runs/{other}/entries/1",
         "/api/v1/runs/no-such-run",
