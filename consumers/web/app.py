@@ -568,7 +568,14 @@ def create_app(
 
     @app.get("/builds", include_in_schema=False)
     def builds_html(who: Who) -> HTMLResponse:
-        return page("builds.html", who, builds=all_builds(who))
+        found = all_builds(who)
+        # the records the live build of each projection has read (a progress bar's whole)
+        whole = {
+            b["projection"]: sum(o + 1 for o in b["offsets"].values()) for b in found if b["live"]
+        }
+        shown = [{**b, "live_records": whole.get(b["projection"], 0)} for b in found]
+        behind = any(b["behind_live"] for b in found)
+        return page("builds.html", who, builds=shown, rebuilding=behind)
 
     @app.post("/dead-letters/redrive", include_in_schema=False)
     def redrive_html(request: Request, who: Who) -> HTMLResponse:

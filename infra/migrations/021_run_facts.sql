@@ -101,3 +101,15 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
     RAISE NOTICE 'pg_trgm not available (%): the runs list''s text search reads every run', SQLERRM;
 END $$;
+
+-- What `agentledger verify` last found for each live build it checked (the builds page's verify
+-- state): one row per verify, the newest read. Verify wrote its verdicts nowhere before.
+CREATE TABLE IF NOT EXISTS al_verify_verdicts (
+    projection    text        NOT NULL,
+    build         text        NOT NULL,  -- the live build verified
+    verified_at   timestamptz NOT NULL DEFAULT now(),
+    equal         boolean     NOT NULL,
+    runs          integer     NOT NULL,
+    differences   jsonb       NOT NULL,  -- the first differences named (verify's limit)
+    PRIMARY KEY (projection, build, verified_at)
+);

@@ -465,6 +465,35 @@ def build_rows(conn: psycopg.Connection[Any], projection: str | None) -> list[tu
     )
 
 
+def record_verdict(
+    conn: psycopg.Connection[Any],
+    projection: str,
+    build: str,
+    equal: bool,
+    runs: int,
+    differences: Sequence[str],
+) -> None:
+    """What a verify of the live ``build`` found (al_verify_verdicts, migration 021)."""
+    conn.execute(
+        "INSERT INTO al_verify_verdicts (projection, build, equal, runs, differences) "
+        "VALUES (%s, %s, %s, %s, %s)",
+        (projection, build, equal, runs, Jsonb(list(differences))),
+    )
+
+
+def last_verdicts(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(projection, build) -> the newest verify verdict of that build: ``verified_at``,
+    ``equal``, ``runs``, ``differences``."""
+    rows = conn.execute(
+        "SELECT DISTINCT ON (projection, build) projection, build, verified_at, equal, runs, "
+        "differences FROM al_verify_verdicts ORDER BY projection, build, verified_at DESC"
+    ).fetchall()
+    return {
+        (str(p), str(b)): {"verified_at": at, "equal": eq, "runs": n, "differences": diff}
+        for p, b, at, eq, n, diff in rows
+    }
+
+
 def offsets(
     conn: psycopg.Connection[Any], projection: str, build: str, lock: bool = False
 ) -> dict[TopicPartition, int]:

@@ -26,6 +26,7 @@ from consumers.access import create_token
 from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
+from projectors.stores import postgres_ops as ops
 from schemas.models import ModelUsagePart
 from tests.integration.web_support import (
     FLEETS,
@@ -479,6 +480,15 @@ def test_builds_are_for_admins_and_are_the_clis(web: Web) -> None:
     builds = _api(web, "/api/v1/builds", admin)
     assert builds == _cli(web, "rebuild", "list", "--json")
     assert {b["projection"] for b in builds if b["live"]} >= {"run-stats", "diff-timelines"}
+    assert all(b["verified"] is None and b["behind_live"] is None for b in builds)
+    live = next(b for b in builds if b["live"] and b["projection"] == "run-stats")
+    with ops.connect(web.settings.pg_address) as conn:  # as a verify that found a difference
+        ops.record_verdict(conn, "run-stats", live["build"], False, 3, ["run r-1: state differs"])
+    page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
+    assert "DIFFERS" in page.text and "run r-1: state differs" in page.text
+    assert page.text.count("never") == len(builds) - 1
+    verified = next(b for b in _api(web, "/api/v1/builds", admin) if b["build"] == live["build"])
+    assert verified["verified"]["equal"] is False and verified["verified"]["runs"] == 3
     assert _get(web, "/api/v1/builds", web.token_a).status_code == 403
     page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
     assert page.status_code == 200 and page.text.count('<td class="live">live</td>') == len(
