@@ -454,11 +454,11 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     assert tampered.returncode == 1 and f"run {run_id}: state differs" in tampered.stdout
     # the builds page's verify state: each live build's newest verdict
     listed = json.loads(_cli(d, "rebuild", "list", "--json").stdout)
-    verified = {b["projection"]: b["verified"] for b in listed if b["live"]}
-    assert not verified["run-stats"]["equal"]
-    assert f"run {run_id}: state differs" in verified["run-stats"]["differences"]
+    newest = {b["projection"]: b["verified"] for b in listed if b["live"]}
+    assert not newest["run-stats"]["equal"]
+    assert f"run {run_id}: state differs" in newest["run-stats"]["differences"]
     assert all(
-        v["equal"] and v["runs"] == len(runs) for p, v in verified.items() if p != "run-stats"
+        v["equal"] and v["runs"] == len(runs) for p, v in newest.items() if p != "run-stats"
     )
 
     out = tmp_path / "pkg"
