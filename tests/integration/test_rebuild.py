@@ -457,9 +457,7 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     newest = {b["projection"]: b["verified"] for b in listed if b["live"]}
     assert not newest["run-stats"]["equal"]
     assert f"run {run_id}: state differs" in newest["run-stats"]["differences"]
-    assert all(
-        v["equal"] and v["runs"] == len(runs) for p, v in newest.items() if p != "run-stats"
-    )
+    assert all(v["equal"] and v["runs"] == len(runs) for p, v in newest.items() if p != "run-stats")
 
     out = tmp_path / "pkg"
     packed = _cli(d, "replay-package", runs[1][0].run_id, "--out", str(out))
