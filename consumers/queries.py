@@ -60,6 +60,7 @@ class RunFilters:
     sort: str = "last"
     model: str | None = None  # a run with a counted call of this model (provider/model or model)
     outcome: str | None = None  # one of consumers.views.OUTCOMES
+    repository: str | None = None  # as the run's run-started entry names it
 
 
 def runs(
@@ -93,6 +94,7 @@ def runs(
         after=after,
         fleets=fleets,
         model=filters.model,
+        repository=filters.repository,
     )
     for run in found:
         run["status"] = run["status"] or "RUNNING"
@@ -309,6 +311,7 @@ def parse_run_filters(
     sort: str | None = None,
     model: str | None = None,
     outcome: str | None = None,
+    repository: str | None = None,
 ) -> RunFilters:
     """:class:`RunFilters` from text (a query string's values; empty means not given), checked
     as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
@@ -335,6 +338,7 @@ def parse_run_filters(
         sort=sort or "last",
         model=model or None,
         outcome=outcome or None,
+        repository=repository or None,
     )
 
 

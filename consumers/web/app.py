@@ -176,6 +176,7 @@ def create_app(
         search: str | None = None,
         model: str | None = None,
         outcome: str | None = None,
+        repository: str | None = None,
         sort: str | None = None,
         cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -193,6 +194,7 @@ def create_app(
             sort=sort,
             model=model,
             outcome=outcome,
+            repository=repository,
         )
         rows, next_cursor = runs_page(who, params, cursor, limit)
         return queries.jsonable({"runs": rows, "next_cursor": next_cursor})
@@ -446,6 +448,7 @@ def create_app(
             "search",
             "model",
             "outcome",
+            "repository",
             "sort",
         )
         given = {name: q.get(name) or "" for name in names}

@@ -1,9 +1,10 @@
 -- The runs list's second index (issue 29: sorting by cost and the text search over 100,000 runs
 -- answer from indexes, not by reading every run's documents). One narrow row per run of each
--- build of the three other projections the list reads, with what the list sorts and searches
--- on typed: cost-metrics' known cost (NULL when no call has a cost of ours: unknown, never 0;
--- the rule of projectors.cost_metrics.known_sum that the list's cost column shows),
--- working-memory's task and open problems, failure-classifications' explanation. Kept by
+-- build of four other projections the list reads, with what the list sorts, searches and
+-- filters on typed: cost-metrics' known cost (NULL when no call has a cost of ours: unknown,
+-- never 0; the rule of projectors.cost_metrics.known_sum that the list's cost column shows),
+-- working-memory's task and open problems, failure-classifications' explanation,
+-- diff-timelines' repository (its state's, version 5 on). Kept by
 -- triggers on al_run_state, in the same transaction as the row it mirrors (as al_run_list,
 -- migration 019); a rebuild's new build gets its own rows. The documents stay the truth.
 CREATE TABLE IF NOT EXISTS al_run_facts (
@@ -14,12 +15,16 @@ CREATE TABLE IF NOT EXISTS al_run_facts (
     task        text,     -- working-memory: task_goal
     problems    text,     -- working-memory: open_problems as JSON text
     explanation text,     -- failure-classifications: the classification's explanation
+    repository  text,     -- diff-timelines: the repository the run-started entry names
     PRIMARY KEY (projection, build, run_id)
 );
 
 -- sort by cost, most first; the unknown ones (NULL) are read from al_run_list after these
 CREATE INDEX IF NOT EXISTS al_run_facts_cost ON al_run_facts (projection, build, cost_usd DESC, run_id)
     WHERE cost_usd IS NOT NULL;
+-- the repository filter
+CREATE INDEX IF NOT EXISTS al_run_facts_repository ON al_run_facts (projection, build, repository)
+    WHERE repository IS NOT NULL;
 
 CREATE OR REPLACE FUNCTION al_run_facts_put() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -28,6 +33,7 @@ DECLARE
     task text;
     problems text;
     explanation text;
+    repository text;
 BEGIN
     IF NEW.projection = 'cost-metrics' THEN
         IF (d -> 'totals' ->> 'calls')::integer > (d -> 'totals' ->> 'unpriced_calls')::integer
@@ -37,16 +43,20 @@ BEGIN
     ELSIF NEW.projection = 'working-memory' THEN
         task := d ->> 'task_goal';
         problems := coalesce(d -> 'open_problems', '[]'::jsonb)::text;
+    ELSIF NEW.projection = 'diff-timelines' THEN
+        repository := d ->> 'repository';
     ELSE
         explanation := d -> 'classification' ->> 'explanation';
     END IF;
-    INSERT INTO al_run_facts AS l (projection, build, run_id, cost_usd, task, problems, explanation)
-    VALUES (NEW.projection, NEW.build, NEW.run_id, cost, task, problems, explanation)
+    INSERT INTO al_run_facts AS l (projection, build, run_id, cost_usd, task, problems, explanation,
+                                   repository)
+    VALUES (NEW.projection, NEW.build, NEW.run_id, cost, task, problems, explanation, repository)
     ON CONFLICT (projection, build, run_id) DO UPDATE SET
         cost_usd = EXCLUDED.cost_usd, task = EXCLUDED.task, problems = EXCLUDED.problems,
-        explanation = EXCLUDED.explanation
-    WHERE (l.cost_usd, l.task, l.problems, l.explanation) IS DISTINCT FROM
-          (EXCLUDED.cost_usd, EXCLUDED.task, EXCLUDED.problems, EXCLUDED.explanation);
+        explanation = EXCLUDED.explanation, repository = EXCLUDED.repository
+    WHERE (l.cost_usd, l.task, l.problems, l.explanation, l.repository) IS DISTINCT FROM
+          (EXCLUDED.cost_usd, EXCLUDED.task, EXCLUDED.problems, EXCLUDED.explanation,
+           EXCLUDED.repository);
     RETURN NULL;
 END
 $$;
@@ -62,16 +72,19 @@ $$;
 DROP TRIGGER IF EXISTS al_run_facts_put ON al_run_state;
 CREATE TRIGGER al_run_facts_put AFTER INSERT OR UPDATE ON al_run_state
     FOR EACH ROW
-    WHEN (NEW.projection IN ('cost-metrics', 'working-memory', 'failure-classifications'))
+    WHEN (NEW.projection IN ('cost-metrics', 'working-memory', 'failure-classifications',
+                         'diff-timelines'))
     EXECUTE FUNCTION al_run_facts_put();
 DROP TRIGGER IF EXISTS al_run_facts_drop ON al_run_state;
 CREATE TRIGGER al_run_facts_drop AFTER DELETE ON al_run_state
     FOR EACH ROW
-    WHEN (OLD.projection IN ('cost-metrics', 'working-memory', 'failure-classifications'))
+    WHEN (OLD.projection IN ('cost-metrics', 'working-memory', 'failure-classifications',
+                         'diff-timelines'))
     EXECUTE FUNCTION al_run_facts_drop();
 
 -- Every run's facts from the documents already stored (as the trigger writes them).
-INSERT INTO al_run_facts (projection, build, run_id, cost_usd, task, problems, explanation)
+INSERT INTO al_run_facts (projection, build, run_id, cost_usd, task, problems, explanation,
+                          repository)
 SELECT projection, build, run_id,
        CASE WHEN projection = 'cost-metrics'
                  AND (d -> 'totals' ->> 'calls')::integer
@@ -82,9 +95,11 @@ SELECT projection, build, run_id,
        CASE WHEN projection = 'working-memory'
             THEN coalesce(d -> 'open_problems', '[]'::jsonb)::text END,
        CASE WHEN projection = 'failure-classifications'
-            THEN d -> 'classification' ->> 'explanation' END
+            THEN d -> 'classification' ->> 'explanation' END,
+       CASE WHEN projection = 'diff-timelines' THEN d ->> 'repository' END
 FROM (SELECT projection, build, run_id, coalesce(head, state) AS d FROM al_run_state
-      WHERE projection IN ('cost-metrics', 'working-memory', 'failure-classifications')) s
+      WHERE projection IN ('cost-metrics', 'working-memory', 'failure-classifications',
+                         'diff-timelines')) s
 ON CONFLICT (projection, build, run_id) DO NOTHING;
 
 -- The text search: trigram indexes serve ILIKE '%...%' (pg_trgm, in PostgreSQL's contrib,

@@ -684,6 +684,10 @@ _TEXT: LiteralString = (
     + _LIVE.format("failure-classifications")
     + " AND t.explanation ILIKE %(text)s)"
 )
+_REPOSITORY: LiteralString = (
+    "run_id IN (SELECT t.run_id FROM al_run_facts t WHERE t.projection = 'diff-timelines' "
+    "AND t.build = " + _LIVE.format("diff-timelines") + " AND t.repository = %(repository)s)"
+)
 # the other projections' heads are looked up by primary key for the runs the walk yields.
 # the projections the run list (_RUNS) is read from
 RUN_LIST_PROJECTIONS = ("run-stats", "failure-classifications", "cost-metrics", "working-memory")
@@ -747,6 +751,7 @@ def find_runs(
     fleets: Sequence[str] | None = None,
     model: str | None = None,
     evaluation: str | None = None,
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
@@ -795,6 +800,9 @@ def find_runs(
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         clauses.append(sql.SQL(_TEXT))
         params["text"] = pattern
+    if repository is not None:
+        clauses.append(sql.SQL(_REPOSITORY))
+        params["repository"] = repository
     column, nulls_first, index_order = RUN_SORTS[sort]
     col = sql.Identifier(column)
     # the walks in the sort's order: by id, all at once; else the known values and the NULLs

@@ -30,6 +30,7 @@ from projectors.stores import postgres_ops as ops
 from schemas.models import ModelUsagePart
 from tests.integration.web_support import (
     FLEETS,
+    HOSTILE_REPOSITORY,
     HOSTILE_TASK,
     HOSTILE_TOOL,
     MARKER,
@@ -125,6 +126,8 @@ FILTERS: list[dict[str, str]] = [
     {"model": "o4-mini", "sort": "cost"},
     {"outcome": "running"},
     {"outcome": "failed", "sort": "entries"},
+    {"repository": HOSTILE_REPOSITORY},
+    {"repository": "github.com/example/shop", "sort": "cost"},
 ]
 
 
@@ -138,8 +141,10 @@ def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None
         assert len(kept) == sum(r["outcome"] == query["outcome"] for r in every)
     cli = [r for r in _cli(web, "runs", "--json", *args) if r["fleet_id"] == FLEETS[0]]
     assert _api(web, "/api/v1/runs", **query)["runs"] == cli
-    if query.get("search"):
+    if query.get("search") or query.get("repository") == HOSTILE_REPOSITORY:
         assert [r["run_id"] for r in cli] == [web.hostile_run]
+    if query.get("repository") == "github.com/example/shop":  # every other run of the fleet
+        assert {r["run_id"] for r in cli} == set(web.runs_of(FLEETS[0])) - {web.hostile_run}
     if query.get("model"):  # the runs that called it, as the published entries say
         used = {
             e.run_id
