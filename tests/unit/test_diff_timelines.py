@@ -742,9 +742,8 @@ def test_the_state_names_the_repository_the_timeline_header_shows() -> None:
         b.add(EntryKind.RUN_STARTED, (TextPart(text="run started"),), metadata={"repository": name})
     state = fold(b.entries)
     assert state.repository == "github.com/a/one"
-    assert [r.detail["repository"] for r in state.rows if r.kind == "lifecycle"][
-        0
-    ] == "github.com/a/one"
+    first = next(r for r in state.rows if r.kind == "lifecycle")
+    assert first.detail["repository"] == "github.com/a/one"
     b = EntryBuilder()
     b.add(EntryKind.RUN_FINISHED)
     b.add(EntryKind.RUN_STARTED, (TextPart(text="run started"),), metadata={"repository": "x"})
