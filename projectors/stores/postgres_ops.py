@@ -673,20 +673,26 @@ _KNOWN_COST: LiteralString = (
     + _LIVE.format("cost-metrics")
     + " AND k.run_id = known.run_id AND k.cost_usd IS NOT NULL)"
 )
-# the text search over al_run_facts (migration 021; trigram indexes when pg_trgm is there)
+# the text search over al_run_facts (migration 021; trigram indexes when pg_trgm is there). Each
+# side is a hashed subplan: its matches are found once (by the indexes) and the walk in the
+# sort's order probes them run by run, so a page needs only as many runs as it shows; an OR of
+# the two keeps PostgreSQL from making a semi-join of it (which joins and sorts every match).
 _TEXT: LiteralString = (
-    "run_id IN (SELECT t.run_id FROM al_run_facts t WHERE t.projection = 'working-memory' "
+    "(run_id IN (SELECT t.run_id FROM al_run_facts t WHERE t.projection = 'working-memory' "
     "AND t.build = "
     + _LIVE.format("working-memory")
-    + " AND (t.task ILIKE %(text)s OR t.problems ILIKE %(text)s) "
-    "UNION ALL SELECT t.run_id FROM al_run_facts t "
+    + " AND (t.task ILIKE %(text)s OR t.problems ILIKE %(text)s)) "
+    "OR run_id IN (SELECT t.run_id FROM al_run_facts t "
     "WHERE t.projection = 'failure-classifications' AND t.build = "
     + _LIVE.format("failure-classifications")
-    + " AND t.explanation ILIKE %(text)s)"
+    + " AND t.explanation ILIKE %(text)s))"
 )
+# the repository filter, a hashed subplan as the text search's (coalesce: not a semi-join)
 _REPOSITORY: LiteralString = (
-    "run_id IN (SELECT t.run_id FROM al_run_facts t WHERE t.projection = 'diff-timelines' "
-    "AND t.build = " + _LIVE.format("diff-timelines") + " AND t.repository = %(repository)s)"
+    "coalesce(run_id IN (SELECT t.run_id FROM al_run_facts t "
+    "WHERE t.projection = 'diff-timelines' AND t.build = "
+    + _LIVE.format("diff-timelines")
+    + " AND t.repository = %(repository)s), false)"
 )
 # the other projections' heads are looked up by primary key for the runs the walk yields.
 # the projections the run list (_RUNS) is read from

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
+from consumers.analytics import run_timeline
 from consumers.views import find_runs, resolve_run
 from infra.main import app
 from infra.settings import Settings
@@ -254,28 +255,28 @@ def test_keyset_pages_add_up_to_the_whole_sorted_list(deployment: Any) -> None:
 
 
 def test_the_runs_facts_follow_the_documents_of_every_build(deployment: Any) -> None:
-    """al_run_facts (migration 021) holds what the list sorts and searches on of each run of
-    every cost-metrics, working-memory and failure-classifications build, as the documents say
-    it (the known cost, unknown as NULL, never 0), written and dropped with them by triggers."""
+    """al_run_facts (migration 021) holds what the list sorts, searches and filters on of each
+    run of every cost-metrics, working-memory, failure-classifications and diff-timelines build,
+    as the documents say it (the known cost, unknown as NULL, never 0; the repository the
+    header shows), written and dropped with them by triggers."""
     d, _ = deployment
     shown = {r["run_id"]: r for r in find_runs(d.settings, limit=1000)}
     facts = (
-        "SELECT f.run_id, f.projection, f.cost_usd, f.task, f.explanation FROM al_run_facts f "
-        "JOIN al_live l USING (projection, build) ORDER BY 1, 2"
+        "SELECT f.run_id, f.projection, f.cost_usd, f.task, f.explanation, f.repository "
+        "FROM al_run_facts f JOIN al_live l USING (projection, build) ORDER BY 1, 2"
     )
+    names = ("cost-metrics", "diff-timelines", "failure-classifications", "working-memory")
     with psycopg.connect(d.settings.pg_address) as conn:
         rows = conn.execute(facts).fetchall()
-        assert {(r, p) for r, p, *_ in rows} == {
-            (r, p)
-            for r in shown
-            for p in ("cost-metrics", "failure-classifications", "working-memory")
-        }
-        for run_id, projection, cost, task, explanation in rows:
+        assert {(r, p) for r, p, *_ in rows} == {(r, p) for r in shown for p in names}
+        for run_id, projection, cost, task, explanation, repository in rows:
             run = shown[run_id]
             if projection == "cost-metrics":
                 assert cost == run["cost_usd"]
             elif projection == "working-memory":
                 assert task == run["task"]
+            elif projection == "diff-timelines":  # as the run's header says it
+                assert repository == run_timeline(d.settings, run_id)["repository"] is not None
             else:
                 assert explanation == run["explanation"]
         conn.execute(
@@ -287,7 +288,7 @@ def test_the_runs_facts_follow_the_documents_of_every_build(deployment: Any) -> 
         copied = conn.execute(
             "SELECT run_id, cost_usd FROM al_run_facts WHERE build = 'other' ORDER BY 1"
         ).fetchall()
-        assert copied == [(r, c) for r, p, c, _, _ in rows if p == "cost-metrics"]
+        assert copied == [(r, c) for r, p, c, *_ in rows if p == "cost-metrics"]
         conn.execute("DELETE FROM al_run_state WHERE build = 'other'")
         gone = conn.execute("SELECT count(*) FROM al_run_facts WHERE build = 'other'").fetchone()
         assert gone == (0,)
