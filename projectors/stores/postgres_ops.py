@@ -673,19 +673,42 @@ _KNOWN_COST: LiteralString = (
     + _LIVE.format("cost-metrics")
     + " AND k.run_id = known.run_id AND k.cost_usd IS NOT NULL)"
 )
-# the text search over al_run_facts (migration 021; trigram indexes when pg_trgm is there). Each
-# side is a hashed subplan: its matches are found once (by the indexes) and the walk in the
-# sort's order probes them run by run, so a page needs only as many runs as it shows; an OR of
-# the two keeps PostgreSQL from making a semi-join of it (which joins and sorts every match).
-_TEXT: LiteralString = (
-    "(run_id IN (SELECT t.run_id FROM al_run_facts t WHERE t.projection = 'working-memory' "
-    "AND t.build = "
+# the text search over al_run_facts (migration 021; trigram indexes when pg_trgm is there), one
+# of two ways by how many runs match (counted up to TEXT_MANY first, by the indexes): few, each
+# side is a hashed subplan (its matches found once by the indexes, the walk in the sort's order
+# probes them run by run); many, each run the walk reaches has its facts looked up by primary
+# key and matched, so a page reads about as many runs as it takes to fill it. Either way an OR
+# of the two sides keeps PostgreSQL from making a semi-join of it (which joins and sorts every
+# match).
+TEXT_MANY = 2000
+_TEXT_SIDES: tuple[LiteralString, LiteralString] = (
+    "t.projection = 'working-memory' AND t.build = "
     + _LIVE.format("working-memory")
-    + " AND (t.task ILIKE %(text)s OR t.problems ILIKE %(text)s)) "
-    "OR run_id IN (SELECT t.run_id FROM al_run_facts t "
-    "WHERE t.projection = 'failure-classifications' AND t.build = "
+    + " AND (t.task ILIKE %(text)s OR t.problems ILIKE %(text)s)",
+    "t.projection = 'failure-classifications' AND t.build = "
     + _LIVE.format("failure-classifications")
-    + " AND t.explanation ILIKE %(text)s))"
+    + " AND t.explanation ILIKE %(text)s",
+)
+_TEXT: LiteralString = (
+    "(run_id IN (SELECT t.run_id FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[0]
+    + ") OR run_id IN (SELECT t.run_id FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[1]
+    + "))"
+)
+_TEXT_BY_RUN: LiteralString = (
+    "(EXISTS (SELECT 1 FROM al_run_facts t WHERE t.run_id = known.run_id AND "
+    + _TEXT_SIDES[0]
+    + ") OR EXISTS (SELECT 1 FROM al_run_facts t WHERE t.run_id = known.run_id AND "
+    + _TEXT_SIDES[1]
+    + "))"
+)
+_TEXT_COUNT: LiteralString = (
+    "SELECT count(*) FROM (SELECT 1 FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[0]
+    + " UNION ALL SELECT 1 FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[1]
+    + " LIMIT %(many)s) m"
 )
 # the repository filter, a hashed subplan as the text search's (coalesce: not a semi-join)
 _REPOSITORY: LiteralString = (
@@ -804,8 +827,10 @@ def find_runs(
         params["cost"] = cost_above
     if text:
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        clauses.append(sql.SQL(_TEXT))
         params["text"] = pattern
+        counted = conn.execute(_TEXT_COUNT, {"text": pattern, "many": TEXT_MANY}).fetchone()
+        many = counted is not None and counted[0] >= TEXT_MANY
+        clauses.append(sql.SQL(_TEXT_BY_RUN if many else _TEXT))
     if repository is not None:
         clauses.append(sql.SQL(_REPOSITORY))
         params["repository"] = repository

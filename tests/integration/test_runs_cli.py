@@ -254,6 +254,21 @@ def test_keyset_pages_add_up_to_the_whole_sorted_list(deployment: Any) -> None:
         conn.rollback()
 
 
+def test_the_text_search_finds_the_same_runs_either_way(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few matches: hashed subplans; many (at least TEXT_MANY): each run the walk reaches is
+    matched by primary key. Both find the same runs in the same order."""
+    d, _ = deployment
+    with ops.connect(d.settings.pg_address) as conn:
+        some = next(r for r in ops.find_runs(conn, limit=1000) if r["task"])
+        words = [max(some["task"].split(), key=len).upper(), "no such text"]
+        few = [ops.find_runs(conn, text=w, sort="cost", limit=1000) for w in words]
+        monkeypatch.setattr(ops, "TEXT_MANY", 1)
+        many = [ops.find_runs(conn, text=w, sort="cost", limit=1000) for w in words]
+    assert few == many and few[0] and few[1] == []
+
+
 def test_the_runs_facts_follow_the_documents_of_every_build(deployment: Any) -> None:
     """al_run_facts (migration 021) holds what the list sorts, searches and filters on of each
     run of every cost-metrics, working-memory, failure-classifications and diff-timelines build,
