@@ -235,6 +235,14 @@ def runs_cmd(
         str | None,
         typer.Option(help="how runs ended, in the words of the outcome column, e.g. 'timed out'"),
     ] = None,
+    repository: Annotated[
+        str | None,
+        typer.Option(
+            "--repo",
+            "--repository",
+            help="runs whose run-started entry names this repository (as `timeline` shows it)",
+        ),
+    ] = None,
     sort: Annotated[str, typer.Option(help="last, first, cost, entries or id")] = "last",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -270,6 +278,7 @@ def runs_cmd(
         sort=sort,
         model=model,
         outcome=outcome,
+        repository=repository,
     )
     found = queries.runs(_settings(), filters, limit=limit)
     if as_json:

@@ -39,7 +39,6 @@ from redis.exceptions import RedisError
 
 from consumers import queries
 from consumers.access import Principal, authenticate
-from consumers.views import live_state
 from infra.settings import Settings
 from projectors.registry import NAMES, all_projections
 from projectors.stores import mcp_audit as store
@@ -58,18 +57,6 @@ MAX_RUNS = 200
 # kept in Redis too, and every projection: as the registry has them (one list)
 HOT = frozenset(p.name for p in all_projections() if p.hot)
 PROJECTIONS = NAMES
-DIFF_KEYS = (
-    "run_id",
-    "fleet_id",
-    "status",
-    "scope",
-    "summary",
-    "files",
-    "flags",
-    "snapshots",
-    "failing_check",
-    "last_seq",
-)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 WITHHELD = "[withheld: not model-visible]"
 
@@ -428,10 +415,7 @@ class Ledger:
         def build(
             run_id: str, hidden: set[str], memory: dict[str, Any] | None
         ) -> tuple[Any, dict[str, Any]]:
-            view = queries.jsonable(live_state(self.settings, "diff-timelines", run_id))
-            state = view["state"]
-            doc = {k: state.get(k) for k in DIFF_KEYS}
-            doc["applied_seq"] = view["applied_seq"]
+            doc = queries.diff(self.settings, run_id)
             snapshots = doc.get("snapshots") or []
             kept = [s for s in snapshots if not _hidden_refs(s, hidden)]
             doc["snapshots"] = kept
@@ -509,7 +493,7 @@ class Ledger:
         if filters.fleet is not None and filters.fleet not in who.fleets:
             self._count(who, via, "", None, refused=True)
             raise NotFoundError(f"this token does not cover fleet {filters.fleet}")
-        found = queries.runs(self.settings, filters, limit, 0, who.fleets)
+        found = queries.runs(self.settings, filters, limit, None, who.fleets)
         doc = {"runs": queries.jsonable(found)}
         while len(json.dumps(doc)) > MAX_CHARS and len(doc["runs"]) > 1:
             doc["runs"] = doc["runs"][: len(doc["runs"]) // 2]

@@ -60,17 +60,19 @@ class RunFilters:
     sort: str = "last"
     model: str | None = None  # a run with a counted call of this model (provider/model or model)
     outcome: str | None = None  # one of consumers.views.OUTCOMES
+    repository: str | None = None  # as the run's run-started entry names it
 
 
 def runs(
     settings: Settings,
     filters: RunFilters,
     limit: int = 50,
-    offset: int = 0,
+    after: tuple[Any, str] | None = None,
     fleets: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted, each with its outcome in words; ``status``
-    RUNNING for a run not finished. ``fleets``: only the runs of these fleets."""
+    RUNNING for a run not finished. ``fleets``: only the runs of these fleets; ``after``: the
+    page starts right after the run of this :func:`run_key` (a keyset cursor)."""
     status, evaluation = filters.status, None
     if filters.outcome is not None:
         outcome_status, evaluation = outcome_filter(filters.outcome)
@@ -89,13 +91,61 @@ def runs(
         text=filters.text,
         sort=filters.sort,
         limit=limit,
-        offset=offset,
+        after=after,
         fleets=fleets,
         model=filters.model,
+        repository=filters.repository,
     )
     for run in found:
         run["status"] = run["status"] or "RUNNING"
     return found
+
+
+def run_key(sort: str, run: dict[str, Any]) -> tuple[Any, str]:
+    """Where a run stands in the runs list sorted by ``sort``: (its sort value, its run id);
+    the next page starts right after it (``runs(..., after=)``)."""
+    return ops.run_key(sort, run)
+
+
+def key_from_text(sort: str, value: str | None, run_id: str) -> tuple[Any, str]:
+    """:func:`run_key` back from its text (a cursor's): the sort value typed as the sort's
+    column is (BadArgumentError when it is not one)."""
+    if value is None or sort == "id":
+        return (None if sort != "id" else run_id), run_id
+    try:
+        if sort in ("last", "first"):
+            return datetime.fromisoformat(value), run_id
+        if sort == "entries":
+            return int(value), run_id
+        return Decimal(value), run_id
+    except (ValueError, InvalidOperation):
+        raise BadArgumentError("cursor: not a cursor this server gave") from None
+
+
+# the diff-timelines state without its rows (the timeline serves those)
+DIFF_KEYS = (
+    "run_id",
+    "fleet_id",
+    "status",
+    "scope",
+    "summary",
+    "files",
+    "flags",
+    "snapshots",
+    "failing_check",
+    "last_seq",
+)
+
+
+def diff(settings: Settings, run_id: str) -> dict[str, Any]:
+    """The run's diff: what it changed, file by file, the totals, flags, the snapshots and the
+    failing check (the diff-timelines projection's state without its rows) and where it
+    stands (``applied_seq``). JSON-ready."""
+    view = jsonable(live_state(settings, "diff-timelines", run_id))
+    state = view["state"]
+    doc = {k: state.get(k) for k in DIFF_KEYS}
+    doc["applied_seq"] = view["applied_seq"]
+    return doc
 
 
 def cost_text(run: dict[str, Any]) -> str:
@@ -261,6 +311,7 @@ def parse_run_filters(
     sort: str | None = None,
     model: str | None = None,
     outcome: str | None = None,
+    repository: str | None = None,
 ) -> RunFilters:
     """:class:`RunFilters` from text (a query string's values; empty means not given), checked
     as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
@@ -287,6 +338,7 @@ def parse_run_filters(
         sort=sort or "last",
         model=model or None,
         outcome=outcome or None,
+        repository=repository or None,
     )
 
 

@@ -26,7 +26,7 @@ from infra.cli_support import console, err, merge
 from infra.cli_support import settings as _settings
 from infra.services import ServiceStatus
 from infra.settings import Settings
-from schemas.errors import AgentLedgerError, BadArgumentError
+from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
 from streams import cli as write_commands
 from streams.cli_rebuild import register as register_rebuild
 
@@ -302,12 +302,25 @@ def web_app(settings: Settings) -> Any:
         [(_, done)] = asyncio.run(dismiss(settings, fleets, [source], reason))
         return done
 
+    def replay_package(run_id: str) -> dict[str, Any]:
+        from projectors.registry import all_projections
+        from streams import replay_package as rp
+        from streams.artifacts import FileArtifactStore
+
+        try:
+            located, topic = rp.located_run(settings, run_id)
+        except rp.ReplayPackageError as exc:
+            raise NotFoundError(str(exc)) from None
+        store = FileArtifactStore.from_settings(settings)
+        return rp.package_doc(located, all_projections(settings), topic, store=store)
+
     return create_app(
         settings,
         dead_letters,
         dismiss_one,
         lambda: builds_json(settings),
         lambda fleets: asyncio.run(redrive_json(settings, fleets)),
+        replay_package,
     )
 
 

@@ -247,6 +247,10 @@ class DiffTimeline(_Frozen):
     rows_total: int = 0  # rows in the run so far
     finalized: tuple[tuple[int, TimelineRow], ...] = ()  # (number, row) final at the last entry
     failing_check: Evidence | None = None  # the latest check, while it is failing
+    # the repository the run's first lifecycle row names (a run-started entry's metadata, as
+    # the timeline header reads it), None if none; ``lifecycle``: that row has been made
+    repository: str | None = None
+    lifecycle: bool = False
     open_calls: dict[str, OpenCall] = {}
     # provider response id -> seq of its row, for the newest KEEP_RESPONSES responses
     model_responses: dict[str, int] = {}
@@ -278,7 +282,8 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     # 2: a flag keeps at most 16 evidence items (and counts them all); the state keeps the
     # newest rows and snapshots, all of them are history rows
     # 3: rows keep the whole text their summary shortens; assistant responses are rows
-    version = 4  # 4: approval decisions read as every projection reads them (DENIED is REJECTED)
+    version = 5  # 4: approval decisions read as every projection reads them (DENIED is REJECTED)
+    # 5: the state says the run's repository (its first run-started entry's), for the runs list
     hot = False
     state_type = DiffTimeline
     unbounded = ("rows", "snapshots", "files", "model_responses", "open_calls", "finalized")
@@ -818,6 +823,14 @@ def _started(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
         row = _row(
             entry, "lifecycle", _clip(text or "run started"), detail=detail, text=_whole(text)
         )
+        if not state.lifecycle:  # the run's first lifecycle row: the timeline header's
+            repository = detail.get("repository")
+            return {
+                "scope": scope,
+                "rows": (*state.rows, row),
+                "lifecycle": True,
+                "repository": repository if isinstance(repository, str) else None,
+            }
     else:
         summary = "task: " + _clip(text or "(no text)")
         row = _row(entry, "task", summary, detail=detail, text=_whole(text))
@@ -830,7 +843,7 @@ def _finished(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     row = _row(
         entry, "lifecycle", f"run finished: {status.value}", status=status.value, detail=detail
     )
-    return {"status": status, "rows": (*state.rows, row)}
+    return {"status": status, "rows": (*state.rows, row), "lifecycle": True}
 
 
 def _plan_row(entry: LedgerEntry) -> TimelineRow:

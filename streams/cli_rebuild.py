@@ -233,7 +233,6 @@ def register(app: typer.Typer) -> None:
         projection offline (prints JSON)."""
         from projectors.stores import postgres_ops as ops
         from schemas.errors import NotFoundError
-        from schemas.topics import ledger_topic
         from streams import replay_package as rp
         from streams.artifacts import FileArtifactStore
 
@@ -251,10 +250,7 @@ def register(app: typer.Typer) -> None:
                     what = ops.resolve_run(conn, what)
             except NotFoundError as exc:
                 raise rp.ReplayPackageError(str(exc)) from None
-            located = asyncio.run(rp.locate(settings, what))
-            if not located:
-                raise rp.ReplayPackageError(f"no entries of run {what} on its fleet's topic")
-            topic = ledger_topic(settings.topic_prefix, located[0].entry.fleet_id)
+            located, topic = rp.located_run(settings, what)
             target = rp.write_package(
                 out or Path(f"replay-{what}"),
                 located,

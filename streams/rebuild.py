@@ -357,11 +357,26 @@ def list_builds(settings: Settings, projection: str | None = None) -> list[Build
 
 
 def builds_json(settings: Settings) -> list[dict[str, Any]]:
-    """Every build as ``rebuild list --json`` prints it (and ``/api/v1/builds`` answers)."""
-    return [
-        {**asdict(b), "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()}}
-        for b in list_builds(settings)
-    ]
+    """Every build as ``rebuild list --json`` prints it (and ``/api/v1/builds`` answers), with
+    ``behind_live`` (a build not live: how many records it still lacks to reach the live
+    build's positions, 0 when it has caught up; None for the live build) and ``verified`` (the
+    newest ``agentledger verify`` of this build while it was live, None if never)."""
+    builds = list_builds(settings)
+    live = {b.projection: b for b in builds if b.live}
+    with ops.connect(settings.pg_address) as conn:
+        verdicts = ops.last_verdicts(conn)
+    out = []
+    for b in builds:
+        ref = live.get(b.projection)
+        out.append(
+            {
+                **asdict(b),
+                "offsets": {f"{t}:{p}": o for (t, p), o in b.offsets.items()},
+                "behind_live": None if b.live or ref is None else b.behind(ref.offsets),
+                "verified": verdicts.get((b.projection, b.build)),
+            }
+        )
+    return out
 
 
 def build_info(settings: Settings, projection: str, build: str) -> BuildInfo:
@@ -437,6 +452,15 @@ async def verify(
             await run_build(settings, projection, scratch, until=target, progress=progress)
             verdict = _compare_if_level(settings, projection, live, scratch, limit)
             if verdict is not None:
+                with ops.connect(settings.pg_address) as conn:  # the builds page shows it
+                    ops.record_verdict(
+                        conn,
+                        verdict.projection,
+                        verdict.live_build,
+                        verdict.equal,
+                        verdict.runs,
+                        verdict.differences,
+                    )
                 return verdict
         raise RebuildError(
             f"verify of {projection.name} never caught the live build standing still "

@@ -100,6 +100,18 @@ async def locate(
         await consumer.stop()
 
 
+def located_run(settings: Settings, run_id: str) -> tuple[list[Located], str]:
+    """The run's entries as :func:`locate` finds them, and their topic (ReplayPackageError:
+    none on its fleet's topic). ``agentledger replay-package`` and the HTTP API read a run's
+    package through this."""
+    import asyncio
+
+    located = asyncio.run(locate(settings, run_id))
+    if not located:
+        raise ReplayPackageError(f"no entries of run {run_id} on its fleet's topic")
+    return located, ledger_topic(settings.topic_prefix, located[0].entry.fleet_id)
+
+
 def write_package(
     out: Path,
     located: list[Located],
@@ -113,14 +125,56 @@ def write_package(
         raise ReplayPackageError("no entries to package")
     out.mkdir(parents=True, exist_ok=True)
     (out / "schemas").mkdir(exist_ok=True)
-    first = located[0].entry
     with (out / "entries.jsonl").open("w", encoding="utf-8") as f:
         for item in located:
             f.write(to_json_text(item.entry) + "\n")
-    for version in sorted({i.schema_version for i in located}):
-        schema = codec.catalog.by_version(version)
-        (out / "schemas" / f"ledger_entry.v{version}.avsc").write_text(schema.schema_json)
-    manifest = {
+    for version, schema in _schemas(located, codec).items():
+        (out / "schemas" / f"ledger_entry.v{version}.avsc").write_text(schema)
+    artifacts = _copy_artifacts(_artifacts([i.entry for i in located]), store, out)
+    manifest = _manifest(located, projections, topic, artifacts)
+    (out / "package.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return out
+
+
+def package_doc(
+    located: list[Located],
+    projections: list[Projection[Any]],
+    topic: str,
+    codec: LedgerCodec | None = None,
+    store: ArtifactStore | None = None,
+) -> dict[str, Any]:
+    """The package :func:`write_package` writes, as one JSON document (the HTTP API's):
+    ``package`` (its ``package.json``), ``entries`` (``entries.jsonl``, each entry's JSON form)
+    and ``schemas`` (version -> the writer schema's text); the artifacts' contents are not in
+    it (``package.artifacts`` says which the store holds: ``included``)."""
+    codec = codec or LedgerCodec()
+    if not located:
+        raise ReplayPackageError("no entries to package")
+    artifacts = _copy_artifacts(_artifacts([i.entry for i in located]), store, None)
+    return {
+        "package": json.loads(
+            json.dumps(_manifest(located, projections, topic, artifacts), default=str)
+        ),
+        "entries": [json.loads(to_json_text(i.entry)) for i in located],
+        "schemas": {str(v): text for v, text in _schemas(located, codec).items()},
+    }
+
+
+def _schemas(located: list[Located], codec: LedgerCodec) -> dict[int, str]:
+    return {
+        version: codec.catalog.by_version(version).schema_json
+        for version in sorted({i.schema_version for i in located})
+    }
+
+
+def _manifest(
+    located: list[Located],
+    projections: list[Projection[Any]],
+    topic: str,
+    artifacts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    first = located[0].entry
+    return {
         "format": FORMAT,
         "created_at": datetime.now(UTC).isoformat(),
         "run_id": first.run_id,
@@ -140,10 +194,8 @@ def write_package(
         ],
         "schemas": {str(i.schema_version): i.fingerprint for i in located},
         "projections": {p.name: projection_inputs(p) for p in projections},
-        "artifacts": _copy_artifacts(_artifacts([i.entry for i in located]), store, out),
+        "artifacts": artifacts,
     }
-    (out / "package.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    return out
 
 
 def _artifacts(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
@@ -155,10 +207,10 @@ def _artifacts(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
 
 
 def _copy_artifacts(
-    refs: list[dict[str, Any]], store: ArtifactStore | None, out: Path
+    refs: list[dict[str, Any]], store: ArtifactStore | None, out: Path | None
 ) -> list[dict[str, Any]]:
     """Each ref with ``included``: whether its content (read from ``store``, sha256 checked)
-    was written to ``out/artifacts/<sha256>``."""
+    was written to ``out/artifacts/<sha256>`` (``out`` None: whether it would be)."""
     listed = []
     for ref in refs:
         data = None
@@ -167,7 +219,7 @@ def _copy_artifacts(
                 data = store.get(ref["sha256"])
             except ArtifactError:
                 data = None  # a damaged copy is left out, and said to be
-        if data is not None:
+        if data is not None and out is not None:
             (out / "artifacts").mkdir(exist_ok=True)
             (out / "artifacts" / ref["sha256"]).write_bytes(data)
         listed.append(ref | {"included": data is not None})

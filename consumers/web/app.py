@@ -45,6 +45,8 @@ Dismiss = Callable[[Sequence[str], str, str], bool]
 Builds = Callable[[], list[dict[str, Any]]]
 # fleets -> {"redriven", "already", "dismissed", "still_bad": [{"source", "reason"}]}
 Redrive = Callable[[Sequence[str]], dict[str, Any]]
+# a run's replay package as one JSON document (streams.replay_package.package_doc)
+ReplayPackage = Callable[[str], dict[str, Any]]
 
 COOKIE = "al_session"
 HERE = Path(__file__).parent
@@ -93,10 +95,12 @@ def create_app(
     dismiss: Dismiss | None = None,
     builds: Builds | None = None,
     redrive: Redrive | None = None,
+    replay_package: ReplayPackage | None = None,
 ) -> FastAPI:
-    """The app; ``dead_letters``, ``dismiss``, ``builds`` and ``redrive`` come from the write
-    side (``streams.dlq``, ``streams.rebuild``, composed by ``infra.main``): without them those
-    routes answer 501."""
+    """The app; ``dead_letters``, ``dismiss``, ``builds``, ``redrive`` and ``replay_package``
+    come from the write side (``streams.dlq``, ``streams.rebuild``,
+    ``streams.replay_package``, composed by ``infra.main``): without them those routes answer
+    501."""
     app = FastAPI(
         title="AgentLedger",
         version="1",
@@ -144,10 +148,10 @@ def create_app(
         filters = found(lambda: queries.parse_run_filters(**params))
         if filters.fleet is not None and filters.fleet not in who.fleets:
             raise HttpError(403, f"this token does not cover fleet {filters.fleet}")
-        start = _offset(cursor)
-        rows = queries.runs(settings, filters, limit + 1, start, who.fleets)
+        after = found(lambda: run_cursor_key(filters.sort, cursor))
+        rows = queries.runs(settings, filters, limit + 1, after, who.fleets)
         more = len(rows) > limit
-        return rows[:limit], (cursor_at(start + limit) if more else None)
+        return rows[:limit], (run_cursor(filters.sort, rows[limit - 1]) if more else None)
 
     # -- API ---------------------------------------------------------------------------------
 
@@ -172,6 +176,7 @@ def create_app(
         search: str | None = None,
         model: str | None = None,
         outcome: str | None = None,
+        repository: str | None = None,
         sort: str | None = None,
         cursor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -189,6 +194,7 @@ def create_app(
             sort=sort,
             model=model,
             outcome=outcome,
+            repository=repository,
         )
         rows, next_cursor = runs_page(who, params, cursor, limit)
         return queries.jsonable({"runs": rows, "next_cursor": next_cursor})
@@ -258,6 +264,20 @@ def create_app(
         return queries.jsonable(
             found(lambda: queries.failure(settings, run_of(who, run_id), stalled_after))
         )
+
+    @app.get("/api/v1/runs/{run_id}/diffs")
+    def api_diffs(who: Who, run_id: str) -> Any:
+        """The run's diff: changed files, totals, flags, snapshots, the failing check (the
+        diff-timelines state without its rows)."""
+        return found(lambda: queries.diff(settings, run_of(who, run_id)))
+
+    @app.get("/api/v1/runs/{run_id}/replay-package")
+    def api_replay_package(who: Who, run_id: str) -> Any:
+        """The run's replay package as ``agentledger replay-package RUN`` writes it, in one
+        document: ``package`` (package.json), ``entries`` (entries.jsonl) and ``schemas``."""
+        if replay_package is None:
+            raise HttpError(501, "this server has no access to the topics")
+        return found(lambda: replay_package(run_of(who, run_id)))
 
     @app.get("/api/v1/compare")
     def api_compare(who: Who, a: str, b: str) -> Any:
@@ -428,6 +448,7 @@ def create_app(
             "search",
             "model",
             "outcome",
+            "repository",
             "sort",
         )
         given = {name: q.get(name) or "" for name in names}
@@ -550,7 +571,14 @@ def create_app(
 
     @app.get("/builds", include_in_schema=False)
     def builds_html(who: Who) -> HTMLResponse:
-        return page("builds.html", who, builds=all_builds(who))
+        found = all_builds(who)
+        # the records the live build of each projection has read (a progress bar's whole)
+        whole = {
+            b["projection"]: sum(o + 1 for o in b["offsets"].values()) for b in found if b["live"]
+        }
+        shown = [{**b, "live_records": whole.get(b["projection"], 0)} for b in found]
+        behind = any(b["behind_live"] for b in found)
+        return page("builds.html", who, builds=shown, rebuilding=behind)
 
     @app.post("/dead-letters/redrive", include_in_schema=False)
     def redrive_html(request: Request, who: Who) -> HTMLResponse:
@@ -600,6 +628,33 @@ def _same_origin(request: Request) -> bool:
 def cursor_at(offset: int) -> str:
     """An opaque cursor: where the next page starts."""
     return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode().rstrip("=")
+
+
+def run_cursor(sort: str, run: dict[str, Any]) -> str:
+    """An opaque keyset cursor of the runs list: the next page starts right after ``run`` (its
+    sort value and run id), whatever arrived before it since."""
+    value, run_id = queries.run_key(sort, run)
+    text = (
+        value.isoformat() if isinstance(value, datetime) else None if value is None else str(value)
+    )
+    doc = {"s": sort, "v": text, "r": run_id}
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode().rstrip("=")
+
+
+def run_cursor_key(sort: str, cursor: str | None) -> tuple[Any, str] | None:
+    """The (sort value, run id) a :func:`run_cursor` of the same sort carries (None: the first
+    page); BadArgumentError when it is no such cursor."""
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        doc = json.loads(raw)
+        given, value, run_id = doc["s"], doc["v"], doc["r"]
+    except (ValueError, KeyError, TypeError):
+        raise BadArgumentError("cursor: not a cursor this server gave") from None
+    if given != sort or not isinstance(run_id, str) or not isinstance(value, str | None):
+        raise BadArgumentError("cursor: not a cursor this server gave (for this sort)")
+    return queries.key_from_text(sort, value, run_id)
 
 
 def _offset(cursor: str | None) -> int:

@@ -465,6 +465,35 @@ def build_rows(conn: psycopg.Connection[Any], projection: str | None) -> list[tu
     )
 
 
+def record_verdict(
+    conn: psycopg.Connection[Any],
+    projection: str,
+    build: str,
+    equal: bool,
+    runs: int,
+    differences: Sequence[str],
+) -> None:
+    """What a verify of the live ``build`` found (al_verify_verdicts, migration 021)."""
+    conn.execute(
+        "INSERT INTO al_verify_verdicts (projection, build, equal, runs, differences) "
+        "VALUES (%s, %s, %s, %s, %s)",
+        (projection, build, equal, runs, Jsonb(list(differences))),
+    )
+
+
+def last_verdicts(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(projection, build) -> the newest verify verdict of that build: ``verified_at``,
+    ``equal``, ``runs``, ``differences``."""
+    rows = conn.execute(
+        "SELECT DISTINCT ON (projection, build) projection, build, verified_at, equal, runs, "
+        "differences FROM al_verify_verdicts ORDER BY projection, build, verified_at DESC"
+    ).fetchall()
+    return {
+        (str(p), str(b)): {"verified_at": at, "equal": eq, "runs": n, "differences": diff}
+        for p, b, at, eq, n, diff in rows
+    }
+
+
 def offsets(
     conn: psycopg.Connection[Any], projection: str, build: str, lock: bool = False
 ) -> dict[TopicPartition, int]:
@@ -601,11 +630,22 @@ async def mark_redriven(conn: psycopg.AsyncConnection[Any], source: tuple[str, i
 
 # -- finding runs --------------------------------------------------------------------------
 
-RUN_SORTS: dict[str, LiteralString] = {
-    "last": "last_at DESC NULLS LAST, run_id",
-    "first": "first_at DESC NULLS LAST, run_id",
-    "cost": "cost_usd DESC NULLS LAST, run_id",
-    "entries": "entries DESC, run_id",
+# sort -> (the column of the list's rows it orders by, whether its NULLs come first, the
+# order of the index that serves its known values). Every sort is descending but by id, and
+# ends with the run id, ascending, so the order is total and a page's last run is a keyset
+# cursor: the next page starts right after its (value, run_id), an index seek, not an OFFSET.
+RUN_SORTS: dict[str, tuple[LiteralString, bool, LiteralString]] = {
+    "last": ("last_at", False, "last_at DESC NULLS LAST, run_id"),
+    "first": ("first_at", False, "first_at DESC NULLS LAST, run_id"),
+    "cost": ("list_cost", False, "list_cost DESC, run_id"),  # unknown (NULL, never 0) last
+    "entries": ("entries", True, "entries DESC, run_id"),
+    "id": ("run_id", False, "run_id"),
+}
+RUN_SORT_FIELDS: dict[str, str] = {
+    "last": "last_at",
+    "first": "first_at",
+    "cost": "cost_usd",
+    "entries": "entries",
     "id": "run_id",
 }
 
@@ -615,14 +655,74 @@ EVALUATIONS: dict[str, LiteralString] = {
     "failed": "failure_class NOT IN ('none', 'unevaluated')",
 }
 
-# From the runs list's index (al_run_list, migration 019: the run-stats build's runs with the
-# columns sorted and filtered on typed, kept by triggers), walked in the sort's index order; the
-# other projections' heads are looked up by primary key for the runs it yields.
+_LIVE: LiteralString = "(SELECT build FROM al_live WHERE projection = '{}')"
+# the runs a page is read from: the runs list's index (al_run_list, migration 019: the run-stats
+# build's runs with the columns sorted and filtered on typed, kept by triggers), walked in the
+# sort's index order; sorted by cost, the runs of known cost are walked in the order of
+# al_run_facts' cost index (migration 021) first, then the others by run id.
+_LIST: LiteralString = "al_run_list r"
+_BY_COST: LiteralString = (
+    "al_run_facts k JOIN al_run_list r ON r.build = "
+    + _LIVE.format("run-stats")
+    + " AND r.run_id = k.run_id AND k.projection = 'cost-metrics' AND k.build = "
+    + _LIVE.format("cost-metrics")
+    + " AND k.cost_usd IS NOT NULL"
+)
+_KNOWN_COST: LiteralString = (
+    "EXISTS (SELECT 1 FROM al_run_facts k WHERE k.projection = 'cost-metrics' AND k.build = "
+    + _LIVE.format("cost-metrics")
+    + " AND k.run_id = known.run_id AND k.cost_usd IS NOT NULL)"
+)
+# the text search over al_run_facts (migration 021; trigram indexes when pg_trgm is there), one
+# of two ways by how many runs match (counted up to TEXT_MANY first, by the indexes): few, each
+# side is a hashed subplan (its matches found once by the indexes, the walk in the sort's order
+# probes them run by run); many, each run the walk reaches has its facts looked up by primary
+# key and matched, so a page reads about as many runs as it takes to fill it. Either way an OR
+# of the two sides keeps PostgreSQL from making a semi-join of it (which joins and sorts every
+# match).
+TEXT_MANY = 2000
+_TEXT_SIDES: tuple[LiteralString, LiteralString] = (
+    "t.projection = 'working-memory' AND t.build = "
+    + _LIVE.format("working-memory")
+    + " AND (t.task ILIKE %(text)s OR t.problems ILIKE %(text)s)",
+    "t.projection = 'failure-classifications' AND t.build = "
+    + _LIVE.format("failure-classifications")
+    + " AND t.explanation ILIKE %(text)s",
+)
+_TEXT: LiteralString = (
+    "(run_id IN (SELECT t.run_id FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[0]
+    + ") OR run_id IN (SELECT t.run_id FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[1]
+    + "))"
+)
+_TEXT_BY_RUN: LiteralString = (
+    "(EXISTS (SELECT 1 FROM al_run_facts t WHERE t.run_id = known.run_id AND "
+    + _TEXT_SIDES[0]
+    + ") OR EXISTS (SELECT 1 FROM al_run_facts t WHERE t.run_id = known.run_id AND "
+    + _TEXT_SIDES[1]
+    + "))"
+)
+_TEXT_COUNT: LiteralString = (
+    "SELECT count(*) FROM (SELECT 1 FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[0]
+    + " UNION ALL SELECT 1 FROM al_run_facts t WHERE "
+    + _TEXT_SIDES[1]
+    + " LIMIT %(many)s) m"
+)
+# the repository filter, a hashed subplan as the text search's (coalesce: not a semi-join)
+_REPOSITORY: LiteralString = (
+    "coalesce(run_id IN (SELECT t.run_id FROM al_run_facts t "
+    "WHERE t.projection = 'diff-timelines' AND t.build = "
+    + _LIVE.format("diff-timelines")
+    + " AND t.repository = %(repository)s), false)"
+)
+# the other projections' heads are looked up by primary key for the runs the walk yields.
 # the projections the run list (_RUNS) is read from
 RUN_LIST_PROJECTIONS = ("run-stats", "failure-classifications", "cost-metrics", "working-memory")
 _RUNS: LiteralString = """
 SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
-       calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
+       cost_usd, calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
        conflicting_duplicates
 FROM (
     -- the cost filtered and sorted on: unknown (NULL, never 0) unless some call has a cost of
@@ -643,10 +743,9 @@ FROM (
                coalesce(c.head, c.state) -> 'by_model' AS by_model,
                coalesce(w.head, w.state) ->> 'task_goal' AS task,
                coalesce(f.head, f.state) -> 'classification' ->> 'explanation' AS explanation,
-               coalesce(coalesce(w.head, w.state) -> 'open_problems', '[]'::jsonb)::text
-                   AS problems,
-               r.conflicts AS conflicting_duplicates
-        FROM al_run_list r
+               r.conflicts AS conflicting_duplicates,
+               {list_cost} AS list_cost
+        FROM {source}
         LEFT JOIN al_run_state f ON f.projection = 'failure-classifications'
             AND f.build = (SELECT build FROM al_live WHERE projection = 'failure-classifications')
             AND f.run_id = r.run_id
@@ -661,7 +760,7 @@ FROM (
 ) known
 {where}
 ORDER BY {order}
-LIMIT %(limit)s OFFSET %(offset)s
+LIMIT %(limit)s
 """
 
 
@@ -677,21 +776,27 @@ def find_runs(
     text: str | None = None,
     sort: str = "last",
     limit: int = 50,
-    offset: int = 0,
+    after: tuple[Any, str] | None = None,
     fleets: Sequence[str] | None = None,
     model: str | None = None,
     evaluation: str | None = None,
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """Runs of the live builds, filtered and sorted (see ``agentledger runs``). A run with no
     cost (yet) has ``cost_usd`` None and never passes ``cost_above``; ``status`` "RUNNING" is a
     run not finished yet; ``text`` matches the task, the failure explanation and open problems
     (case-insensitive, literally); ``fleets`` keeps only the runs of those fleets (an API
-    token's scope); ``offset`` skips that many of the sorted runs (a page's start); ``model``
-    keeps the runs with a counted call of that model (``provider/model`` or the model alone);
-    ``evaluation`` what a submission's evaluation said: ``passed`` (class none),
-    ``unevaluated`` (no class yet, or unevaluated) or ``failed`` (any other class)."""
+    token's scope); ``after`` is the sort's (value, run_id) of the run before the page
+    (:func:`run_key` of the previous page's last row: the page starts right after it);
+    ``model`` keeps the runs with a counted call of that model (``provider/model`` or the model
+    alone); ``evaluation`` what a submission's evaluation said: ``passed`` (class none),
+    ``unevaluated`` (no class yet, or unevaluated) or ``failed`` (any other class).
+
+    A page is read in at most two walks of an index: the runs whose sort value is known, in
+    the sort's order from ``after`` on, and the runs whose value is NULL (unknown cost), by run
+    id (first or last, as the sort puts NULLs)."""
     clauses: list[sql.Composable] = []
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    params: dict[str, Any] = {"limit": limit}
     _common(clauses, params, fleet, since, None, "last_at")
     if fleets is not None:
         clauses.append(sql.SQL("fleet_id = ANY(%(fleets)s)"))
@@ -722,17 +827,64 @@ def find_runs(
         params["cost"] = cost_above
     if text:
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        clauses.append(
-            sql.SQL(
-                "(task ILIKE %(text)s OR explanation ILIKE %(text)s OR problems ILIKE %(text)s)"
-            )
-        )
         params["text"] = pattern
-    query = sql.SQL(_RUNS).format(where=_where(clauses), order=sql.SQL(RUN_SORTS[sort]))
+        counted = conn.execute(_TEXT_COUNT, {"text": pattern, "many": TEXT_MANY}).fetchone()
+        many = counted is not None and counted[0] >= TEXT_MANY
+        clauses.append(sql.SQL(_TEXT_BY_RUN if many else _TEXT))
+    if repository is not None:
+        clauses.append(sql.SQL(_REPOSITORY))
+        params["repository"] = repository
+    column, nulls_first, index_order = RUN_SORTS[sort]
+    col = sql.Identifier(column)
+    # the walks in the sort's order: by id, all at once; else the known values and the NULLs
+    walks = ["all"] if sort == "id" else ["null", "known"] if nulls_first else ["known", "null"]
+    if after is not None:
+        params["after_value"], params["after_run"] = after
+        here = "all" if sort == "id" else "null" if after[0] is None else "known"
+        walks = walks[walks.index(here) :]
+    found: list[dict[str, Any]] = []
     with conn.cursor() as cur:
-        cur.execute(query, params)
-        names = [d.name for d in cur.description or []]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        for walk in walks:
+            where = list(clauses)
+            first = after is not None and walk == walks[0]  # the walk the cursor's run is in
+            if walk == "known":
+                if sort != "cost":  # by cost, the source holds only the known costs
+                    where.append(sql.SQL("{} IS NOT NULL").format(col))
+                if first:
+                    where.append(
+                        sql.SQL(
+                            "{c} <= %(after_value)s AND "
+                            "({c} < %(after_value)s OR run_id > %(after_run)s)"
+                        ).format(c=col)
+                    )
+            else:
+                if walk == "null":
+                    where.append(
+                        sql.SQL("NOT " + _KNOWN_COST)
+                        if sort == "cost"
+                        else sql.SQL("{} IS NULL").format(col)
+                    )
+                if first:
+                    where.append(sql.SQL("run_id > %(after_run)s"))
+            by_cost = sort == "cost" and walk == "known"
+            query = sql.SQL(_RUNS).format(
+                source=sql.SQL(_BY_COST if by_cost else _LIST),
+                list_cost=sql.SQL("k.cost_usd" if by_cost else "NULL::numeric"),
+                where=_where(where),
+                order=sql.SQL(index_order if walk == "known" else "run_id"),
+            )
+            params["limit"] = limit - len(found)
+            cur.execute(query, params)
+            names = [d.name for d in cur.description or []]
+            found += [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            if len(found) >= limit:
+                break
+    return found
+
+
+def run_key(sort: str, row: dict[str, Any]) -> tuple[Any, str]:
+    """The (sort value, run id) of a row of :func:`find_runs` as its ``after`` takes it."""
+    return row[RUN_SORT_FIELDS[sort]], str(row["run_id"])
 
 
 def runs_with_prefix(

@@ -417,6 +417,8 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     mine = {(b["projection"], b["build"]): b for b in listed}
     assert mine[("diff-timelines", old)]["live"] and not mine[("diff-timelines", new)]["live"]
     assert mine[("diff-timelines", new)]["runs"] == len(runs)
+    assert mine[("diff-timelines", new)]["behind_live"] == 0  # caught up: the traffic stopped
+    assert mine[("diff-timelines", old)]["behind_live"] is None  # the live one
     # The workers' first (live) builds record their inputs as rebuilds do.
     assert mine[("cost-metrics", d.live("cost-metrics"))]["inputs"]["price_table"]
     assert (
@@ -450,6 +452,12 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
         )
     tampered = _cli(d, "verify", "run-stats")
     assert tampered.returncode == 1 and f"run {run_id}: state differs" in tampered.stdout
+    # the builds page's verify state: each live build's newest verdict
+    listed = json.loads(_cli(d, "rebuild", "list", "--json").stdout)
+    newest = {b["projection"]: b["verified"] for b in listed if b["live"]}
+    assert not newest["run-stats"]["equal"]
+    assert f"run {run_id}: state differs" in newest["run-stats"]["differences"]
+    assert all(v["equal"] and v["runs"] == len(runs) for p, v in newest.items() if p != "run-stats")
 
     out = tmp_path / "pkg"
     packed = _cli(d, "replay-package", runs[1][0].run_id, "--out", str(out))

@@ -17,12 +17,14 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
+from consumers.analytics import run_timeline
 from consumers.views import find_runs, resolve_run
 from infra.main import app
 from infra.settings import Settings
 from projectors.base import fold_all
 from projectors.cost_metrics import CostMetricsProjection
 from projectors.failure_classifications import FailureClassifications
+from projectors.stores import postgres_ops as ops
 from projectors.working_memory import WorkingMemoryProjection
 from schemas.codec import LedgerCodec
 from schemas.errors import AmbiguousRunError, NotFoundError
@@ -218,5 +220,91 @@ def test_the_runs_lists_table_follows_every_run_stats_build(deployment: Any) -> 
         assert copied == listed
         conn.execute("DELETE FROM al_run_state WHERE projection = 'run-stats' AND build = 'other'")
         gone = conn.execute("SELECT count(*) FROM al_run_list WHERE build = 'other'").fetchone()
+        assert gone == (0,)
+        conn.rollback()
+
+
+def test_keyset_pages_add_up_to_the_whole_sorted_list(deployment: Any) -> None:
+    """find_runs' pages (``after`` the previous page's last run) add up to the whole list in
+    every sort, across the runs of known cost and those of unknown cost (NULL, never 0: last),
+    filtered too. One run's cost is made unknown in an uncommitted transaction."""
+    d, _ = deployment
+    with ops.connect(d.settings.pg_address) as conn:
+        conn.execute(
+            "UPDATE al_run_state s SET head = jsonb_set(coalesce(s.head, s.state), "
+            "'{totals,calls}', '0') FROM al_live l WHERE l.projection = s.projection "
+            "AND l.build = s.build AND s.projection = 'cost-metrics' AND s.run_id = "
+            "(SELECT min(run_id) FROM al_run_state WHERE projection = 'cost-metrics')"
+        )
+        sets: list[tuple[str, dict[str, Any]]] = [(s, {}) for s in ops.RUN_SORTS]
+        for sort, kwargs in [*sets, ("cost", {"status": "FAILED"})]:
+            whole = ops.find_runs(conn, sort=sort, limit=1000, **kwargs)
+            paged: list[dict[str, Any]] = []
+            while True:
+                after = ops.run_key(sort, paged[-1]) if paged else None
+                page = ops.find_runs(conn, sort=sort, limit=2, after=after, **kwargs)
+                paged += page
+                if len(page) < 2:
+                    break
+            assert paged == whole and whole, (sort, kwargs)
+        costs = [r["cost_usd"] for r in ops.find_runs(conn, sort="cost", limit=1000)]
+        unknown = costs.index(None)
+        assert unknown > 0 and costs[unknown:] == [None] * (len(costs) - unknown)
+        assert costs[:unknown] == sorted(costs[:unknown], reverse=True)
+        conn.rollback()
+
+
+def test_the_text_search_finds_the_same_runs_either_way(
+    deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few matches: hashed subplans; many (at least TEXT_MANY): each run the walk reaches is
+    matched by primary key. Both find the same runs in the same order."""
+    d, _ = deployment
+    with ops.connect(d.settings.pg_address) as conn:
+        some = next(r for r in ops.find_runs(conn, limit=1000) if r["task"])
+        words = [max(some["task"].split(), key=len).upper(), "no such text"]
+        few = [ops.find_runs(conn, text=w, sort="cost", limit=1000) for w in words]
+        monkeypatch.setattr(ops, "TEXT_MANY", 1)
+        many = [ops.find_runs(conn, text=w, sort="cost", limit=1000) for w in words]
+    assert few == many and few[0] and few[1] == []
+
+
+def test_the_runs_facts_follow_the_documents_of_every_build(deployment: Any) -> None:
+    """al_run_facts (migration 021) holds what the list sorts, searches and filters on of each
+    run of every cost-metrics, working-memory, failure-classifications and diff-timelines build,
+    as the documents say it (the known cost, unknown as NULL, never 0; the repository the
+    header shows), written and dropped with them by triggers."""
+    d, _ = deployment
+    shown = {r["run_id"]: r for r in find_runs(d.settings, limit=1000)}
+    facts = (
+        "SELECT f.run_id, f.projection, f.cost_usd, f.task, f.explanation, f.repository "
+        "FROM al_run_facts f JOIN al_live l USING (projection, build) ORDER BY 1, 2"
+    )
+    names = ("cost-metrics", "diff-timelines", "failure-classifications", "working-memory")
+    with psycopg.connect(d.settings.pg_address) as conn:
+        rows = conn.execute(facts).fetchall()
+        assert {(r, p) for r, p, *_ in rows} == {(r, p) for r in shown for p in names}
+        for run_id, projection, cost, task, explanation, repository in rows:
+            run = shown[run_id]
+            if projection == "cost-metrics":
+                assert cost == run["cost_usd"]
+            elif projection == "working-memory":
+                assert task == run["task"]
+            elif projection == "diff-timelines":  # as the run's header says it
+                assert repository == run_timeline(d.settings, run_id)["repository"] is not None
+            else:
+                assert explanation == run["explanation"]
+        conn.execute(
+            "INSERT INTO al_run_state (projection, build, run_id, fleet_id, applied_seq, state, "
+            "head, conflicts) SELECT s.projection, 'other', s.run_id, s.fleet_id, s.applied_seq, "
+            "s.state, s.head, s.conflicts FROM al_run_state s JOIN al_live l "
+            "USING (projection, build) WHERE s.projection = 'cost-metrics'"
+        )
+        copied = conn.execute(
+            "SELECT run_id, cost_usd FROM al_run_facts WHERE build = 'other' ORDER BY 1"
+        ).fetchall()
+        assert copied == [(r, c) for r, p, c, *_ in rows if p == "cost-metrics"]
+        conn.execute("DELETE FROM al_run_state WHERE build = 'other'")
+        gone = conn.execute("SELECT count(*) FROM al_run_facts WHERE build = 'other'").fetchone()
         assert gone == (0,)
         conn.rollback()

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,9 +26,11 @@ from consumers.access import create_token
 from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
+from projectors.stores import postgres_ops as ops
 from schemas.models import ModelUsagePart
 from tests.integration.web_support import (
     FLEETS,
+    HOSTILE_REPOSITORY,
     HOSTILE_TASK,
     HOSTILE_TOOL,
     MARKER,
@@ -123,6 +126,8 @@ FILTERS: list[dict[str, str]] = [
     {"model": "o4-mini", "sort": "cost"},
     {"outcome": "running"},
     {"outcome": "failed", "sort": "entries"},
+    {"repository": HOSTILE_REPOSITORY},
+    {"repository": "github.com/example/shop", "sort": "cost"},
 ]
 
 
@@ -136,8 +141,10 @@ def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None
         assert len(kept) == sum(r["outcome"] == query["outcome"] for r in every)
     cli = [r for r in _cli(web, "runs", "--json", *args) if r["fleet_id"] == FLEETS[0]]
     assert _api(web, "/api/v1/runs", **query)["runs"] == cli
-    if query.get("search"):
+    if query.get("search") or query.get("repository") == HOSTILE_REPOSITORY:
         assert [r["run_id"] for r in cli] == [web.hostile_run]
+    if query.get("repository") == "github.com/example/shop":  # every other run of the fleet
+        assert {r["run_id"] for r in cli} == set(web.runs_of(FLEETS[0])) - {web.hostile_run}
     if query.get("model"):  # the runs that called it, as the published entries say
         used = {
             e.run_id
@@ -150,19 +157,51 @@ def test_the_runs_filters_match_the_cli(web: Web, query: dict[str, str]) -> None
 
 
 def test_runs_pages_follow_the_cursor(web: Web) -> None:
-    whole = _api(web, "/api/v1/runs", sort="id")
-    assert whole["next_cursor"] is None and len(whole["runs"]) == len(web.runs_of(FLEETS[0]))
-    paged, cursor = [], ""
-    while True:
-        page = _api(web, "/api/v1/runs", sort="id", limit=2, cursor=cursor)
-        paged += page["runs"]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
-    assert paged == whole["runs"]
+    """Keyset cursors: for every sort, the pages add up to the whole list; a cursor is its
+    sort's (test_runs_cli crosses from known to unknown costs)."""
+    for sort in ("id", "last", "first", "cost", "entries"):
+        whole = _api(web, "/api/v1/runs", sort=sort)
+        assert whole["next_cursor"] is None
+        assert len(whole["runs"]) == len(web.runs_of(FLEETS[0]))
+        paged, cursor = [], ""
+        while True:
+            page = _api(web, "/api/v1/runs", sort=sort, limit=2, cursor=cursor)
+            paged += page["runs"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert paged == whole["runs"], sort
+    first = _api(web, "/api/v1/runs", sort="cost", limit=1)["next_cursor"]
+    assert _get(web, "/api/v1/runs", web.token_a, sort="last", cursor=first).status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, cursor="not-a-cursor").status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, sort="cheapest").status_code == 400
     assert _get(web, "/api/v1/runs", web.token_a, outcome="won").status_code == 400
+
+
+def test_the_diffs_and_the_replay_package_are_the_clis(web: Web, tmp_path: Path) -> None:
+    """``/diffs`` is the diff-timelines state the timeline header sums up; ``/replay-package``
+    is the folder ``agentledger replay-package RUN`` writes, as one document."""
+    run_id = web.runs_of(FLEETS[0])[0]
+    diffs = _api(web, f"/api/v1/runs/{run_id}/diffs")
+    timeline = _cli(web, "timeline", run_id, "--json")
+    assert diffs["run_id"] == run_id and diffs["summary"] == timeline["diff"]["summary"]
+    assert diffs["files"] and "rows" not in diffs
+    env = {
+        "AGENTLEDGER_PG_DSN": web.settings.pg_address,
+        "AGENTLEDGER_TOPIC_PREFIX": web.settings.topic_prefix,
+    }
+    out = tmp_path / "package"
+    done = CliRunner().invoke(app, ["replay-package", run_id, "--out", str(out)], env=env)
+    assert done.exit_code == 0, done.output
+    doc = _api(web, f"/api/v1/runs/{run_id}/replay-package")
+    written = json.loads((out / "package.json").read_text())
+    assert doc["package"] | {"created_at": None} == written | {"created_at": None}
+    lines = (out / "entries.jsonl").read_text().splitlines()
+    assert doc["entries"] == [json.loads(line) for line in lines]
+    assert len(doc["entries"]) == len(written["entries"]) > 0
+    assert doc["schemas"] == {
+        v: (out / "schemas" / f"ledger_entry.v{v}.avsc").read_text() for v in written["schemas"]
+    }
 
 
 def test_a_token_sees_only_its_fleets(web: Web) -> None:
@@ -172,6 +211,8 @@ def test_a_token_sees_only_its_fleets(web: Web) -> None:
         f"/api/v1/runs/{other}/timeline",
         f"/api/v1/runs/{other}/memory",
         f"/api/v1/runs/{other}/entries/1",
+        f"/api/v1/runs/{other}/diffs",
+        f"/api/v1/runs/{other}/replay-package",
         f"/runs/{other}",
         f"/runs/{other}/entries/1",
         "/api/v1/runs/no-such-run",
@@ -444,6 +485,15 @@ def test_builds_are_for_admins_and_are_the_clis(web: Web) -> None:
     builds = _api(web, "/api/v1/builds", admin)
     assert builds == _cli(web, "rebuild", "list", "--json")
     assert {b["projection"] for b in builds if b["live"]} >= {"run-stats", "diff-timelines"}
+    assert all(b["verified"] is None and b["behind_live"] is None for b in builds)
+    live = next(b for b in builds if b["live"] and b["projection"] == "run-stats")
+    with ops.connect(web.settings.pg_address) as conn:  # as a verify that found a difference
+        ops.record_verdict(conn, "run-stats", live["build"], False, 3, ["run r-1: state differs"])
+    page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
+    assert "DIFFERS" in page.text and "run r-1: state differs" in page.text
+    assert page.text.count("never") == len(builds) - 1
+    verified = next(b for b in _api(web, "/api/v1/builds", admin) if b["build"] == live["build"])
+    assert verified["verified"]["equal"] is False and verified["verified"]["runs"] == 3
     assert _get(web, "/api/v1/builds", web.token_a).status_code == 403
     page = httpx.get(f"{web.base}/builds", cookies={"al_session": admin})
     assert page.status_code == 200 and page.text.count('<td class="live">live</td>') == len(

@@ -36,6 +36,7 @@ from streams.source import drain
 FLEETS = ("fleet-01", "fleet-02")
 LIVE_FROM = 20  # the live run's entries after this sequence number are held back
 MARKER = "zebra-quartz"  # a word only the hostile run's task holds
+HOSTILE_REPOSITORY = "github.com/example/hostile"
 HOSTILE_TASK = (
     f"Fix {MARKER} <script>window.__pwned=1;alert(1)</script>"
     '<img src=x onerror="window.__pwned=2"> pagination'
@@ -68,7 +69,11 @@ def _hostile(entries: list[LedgerEntry]) -> tuple[list[LedgerEntry], str]:
     run = next(e.run_id for e in entries if e.fleet_id == FLEETS[0])
     out, tool_done = [], False
     for e in entries:
-        if e.run_id == run and e.kind.value == "USER_TASK":
+        if e.run_id == run and e.kind.value == "RUN_STARTED":  # a repository of its own
+            doc = to_json(e)
+            doc["metadata"]["repository"] = HOSTILE_REPOSITORY
+            e = from_json(doc)
+        elif e.run_id == run and e.kind.value == "USER_TASK":
             doc = to_json(e)
             doc["parts"] = [{"type": "text", "text": HOSTILE_TASK}]
             e = from_json(doc)

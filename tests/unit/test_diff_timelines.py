@@ -657,7 +657,7 @@ def test_doc_round_trip() -> None:
 
 def test_projection_identity() -> None:
     projection = DiffTimelinesProjection()
-    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 4, False)
+    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 5, False)
 
 
 # --- simulator runs -----------------------------------------------------------------------------
@@ -731,3 +731,22 @@ def test_rows_keep_the_whole_text_and_assistant_responses_are_rows() -> None:
     doc = assemble_timeline(state, [], None, None)
     texts = [r["text"] for r in doc["rows"]]
     assert task.strip() in texts and reply.strip() in texts and "assistant: Done." in texts
+
+
+def test_the_state_names_the_repository_the_timeline_header_shows() -> None:
+    """``repository`` (version 5, the runs list's repository filter) is the first lifecycle
+    row's, as the timeline header reads it: a later run-started entry does not change it, and
+    a run whose first lifecycle row names none has none."""
+    b = EntryBuilder()
+    for name in ("github.com/a/one", "github.com/a/two"):
+        b.add(EntryKind.RUN_STARTED, (TextPart(text="run started"),), metadata={"repository": name})
+    state = fold(b.entries)
+    assert state.repository == "github.com/a/one"
+    first = next(r for r in state.rows if r.kind == "lifecycle")
+    assert first.detail["repository"] == "github.com/a/one"
+    b = EntryBuilder()
+    b.add(EntryKind.RUN_FINISHED)
+    b.add(EntryKind.RUN_STARTED, (TextPart(text="run started"),), metadata={"repository": "x"})
+    assert fold(b.entries).repository is None
+    for run in simulate_runs(1, 5, seed=7):
+        assert fold(run).repository == "github.com/example/shop"

@@ -12,7 +12,7 @@ import pytest
 from consumers.access import parse_expiry, token_hash
 from consumers.queries import cost_text, parse_run_filters
 from consumers.views import OUTCOMES, outcome_filter, run_outcome
-from consumers.web.app import HttpError, _offset, _usd, cursor_at
+from consumers.web.app import HttpError, _offset, _usd, cursor_at, run_cursor, run_cursor_key
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from schemas.errors import BadArgumentError
 
@@ -42,6 +42,25 @@ def test_a_cursor_comes_back_as_its_offset_and_junk_is_a_400() -> None:
         with pytest.raises(HttpError) as caught:
             _offset(junk)
         assert caught.value.status == 400
+
+
+def test_a_runs_cursor_carries_its_sort_value_and_run_exactly() -> None:
+    at = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
+    runs: dict[str, dict[str, Any]] = {
+        "last": {"run_id": "r-1", "last_at": at},
+        "first": {"run_id": "r-1", "first_at": None},
+        "cost": {"run_id": "r-2", "cost_usd": Decimal("0.1733899")},
+        "entries": {"run_id": "r-3", "entries": 10_005},
+        "id": {"run_id": "r-4"},
+    }
+    for sort, run in runs.items():
+        value = None if sort == "id" else next(v for k, v in run.items() if k != "run_id")
+        expected = ("r-4", "r-4") if sort == "id" else (value, run["run_id"])
+        assert run_cursor_key(sort, run_cursor(sort, run)) == expected
+    assert run_cursor_key("last", None) is None
+    for junk in ("not-a-cursor", run_cursor("cost", runs["cost"]), cursor_at(5)):
+        with pytest.raises(BadArgumentError):
+            run_cursor_key("last", junk)
 
 
 def test_filters_are_checked_as_the_cli_checks_them() -> None:
