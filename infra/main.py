@@ -333,13 +333,20 @@ def serve(
     import uvicorn
 
     from consumers.mcp_http import mount as mount_mcp
+    from projectors.stores import postgres_ops
 
     settings = _settings()
     err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     # open event streams (a running run's page) get 5 s to end once a stop is asked
     app = web_app(settings)
     mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    # every read (a page, an API answer, each poll of a live page's event stream) borrows a
+    # pooled connection rather than opening one: opening was most of a quick read's time
+    postgres_ops.keep_connections(settings.pg_address)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        postgres_ops.drop_connections(settings.pg_address)
 
 
 @app.command("demo")
