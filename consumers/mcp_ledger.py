@@ -41,9 +41,11 @@ from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.views import live_state
 from infra.settings import Settings
+from projectors import trust
 from projectors.registry import NAMES, all_projections
 from projectors.stores import mcp_audit as store
 from projectors.stores import postgres_ops as ops
+from projectors.stores.artifact_files import ArtifactError, read_artifact
 from projectors.stores.redis import live_key, view_key
 from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
 
@@ -54,6 +56,9 @@ DEFAULT_WAIT_S = 2.0  # how long a read waits for min_seq by default
 MAX_WAIT_S = 10.0
 POLL_S = 0.01
 TIMELINE_PAGE = 200  # timeline rows per answer by default
+ARTIFACT_PAGE = 100_000  # characters of an artifact per answer, at most
+ARTIFACT_PREFIX = "sha256:"
+OFFERED_LEVELS = frozenset(level.value for level in trust.OFFERED_LEVELS)
 MAX_RUNS = 200
 # kept in Redis too, and every projection: as the registry has them (one list)
 HOT = frozenset(p.name for p in all_projections() if p.hot)
@@ -321,14 +326,14 @@ class Ledger:
             withheld = len(doc["items"]) - len(kept)
             if withheld:
                 doc["items"] = kept
-            rendered.append(queries.render_manifest(doc))
             meta: dict[str, Any] = {
                 "withheld": {"items": withheld},
                 "items": [_item_meta(n, i) for n, i in enumerate(doc["items"])],
             }
-            truncated = _fit_items(doc)
+            truncated = _fit_items(doc)  # the render holds no more text than the JSON
             if truncated:
                 meta["truncated"] = truncated
+            rendered.append(queries.render_manifest(doc))
             return doc, meta
 
         answer = self._read(via, run_id, "context-manifests", min_seq, timeout_s, build)
@@ -438,6 +443,64 @@ class Ledger:
             return doc, {"withheld": {"snapshots": len(snapshots) - len(kept)}}
 
         return self._read(via, run_id, "diff-timelines", min_seq, timeout_s, build)
+
+    def artifact(
+        self,
+        run_id: str,
+        artifact: str,
+        offset: int = 0,
+        limit: int = ARTIFACT_PAGE,
+        call: str | None = None,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
+        via: str = "get_artifact",
+    ) -> Answer:
+        """Content an answer names by its handle (``sha256:<hex>``), ``limit`` characters from
+        ``offset``: the text of an item of the run's next turn (or of model call ``call``'s
+        manifest) that an answer cut for size, or an artifact such an item carries, read from
+        the artifact store. Only what a next turn offers the model: its items are
+        MODEL_VISIBLE, and an artifact only at a redaction level a model may be offered (a
+        RESTRICTED one held a secret, replaced before it was stored: it is refused)."""
+        if offset < 0 or not 1 <= limit <= ARTIFACT_PAGE:
+            raise BadArgumentError(f"offset: 0 or more; limit: 1 to {ARTIFACT_PAGE}")
+        sha = artifact_sha(artifact)
+        handle = f"{ARTIFACT_PREFIX}{sha}"
+
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
+            if call is not None and call in hidden:  # (a call not MODEL_VISIBLE: not served)
+                raise NotFoundError(f"no manifest of call {call} in run {run_id}")
+            found = queries.manifest(self.settings, run_id, call)
+            items = [
+                i
+                for i in queries.jsonable((found or {}).get("items") or [])
+                if i.get("visibility") == MODEL_VISIBLE
+            ]
+            source = artifact_source(items, sha)
+            where = f"the manifest of call {call}" if call else "its next turn"
+            if source is None:
+                raise NotFoundError(f"no artifact {handle} in {where} of run {run_id}")
+            item, ref = source
+            if ref is None:
+                text, content_type, kind = str(item["text"]), "text/plain", "item"
+            else:
+                level = str(ref.get("redaction_level"))
+                if level not in OFFERED_LEVELS:
+                    raise NotFoundError(
+                        f"artifact {handle} of run {run_id} is withheld ({level}): not for a model"
+                    )
+                try:
+                    data = read_artifact(self.settings.resolved_artifact_dir, sha)
+                except ArtifactError as exc:
+                    raise NotFoundError(f"artifact {handle} of run {run_id}: {exc}") from None
+                text = data.decode("utf-8", errors="replace")
+                content_type, kind = str(ref.get("content_type")), "artifact"
+            doc = _artifact_page(run_id, handle, kind, content_type, text, offset, limit)
+            index = items.index(item)
+            return doc, {"items": [_item_meta(index, item)], "withheld": {}}
+
+        return self._read(via, run_id, "context-manifests", min_seq, timeout_s, build)
 
     def find_runs(
         self,
@@ -679,32 +742,94 @@ def _item_meta(index: int, item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fit_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Leave out the texts of the biggest items until the manifest fits :data:`MAX_CHARS`;
-    what was left out (each item by index, sha256 and source entry)."""
+def cut_text(chars: int, sha256: str | None) -> str:
+    """What stands in an answer for an item's text cut to bound its size: the handle that
+    ``get_artifact`` reads it back by."""
+    return (
+        f"[cut for size: {chars:,} characters; read them with get_artifact, "
+        f"artifact={ARTIFACT_PREFIX}{sha256}]"
+    )
+
+
+def _fit_items(doc: dict[str, Any], limit: int = MAX_CHARS) -> list[dict[str, Any]]:
+    """Cut the texts of the biggest items until the manifest fits ``limit``, each replaced by
+    its handle (:func:`cut_text`); what was cut (each item by index, sha256, source entry and
+    the handle ``get_artifact`` takes)."""
     truncated: list[dict[str, Any]] = []
     size = len(json.dumps(doc))
     by_size = sorted(
         range(len(doc["items"])), key=lambda n: -len(doc["items"][n].get("text") or "")
     )
     for n in by_size:
-        if size <= MAX_CHARS:
+        if size <= limit:
             break
         item = doc["items"][n]
         text = item.get("text")
         if not text:
             break
-        size -= len(json.dumps(text)) - len("null")
-        item["text"] = None
+        handle = cut_text(len(text), item.get("sha256"))
+        if len(handle) >= len(text):
+            break
+        size -= len(json.dumps(text)) - len(json.dumps(handle))
+        item["text"] = handle
         truncated.append(
             {
                 "index": n,
                 "sha256": item.get("sha256"),
                 "source_entry_id": item.get("source_entry_id"),
                 "chars": len(text),
+                "artifact": f"{ARTIFACT_PREFIX}{item.get('sha256')}",
             }
         )
     return truncated
+
+
+def artifact_sha(handle: str) -> str:
+    """The sha256 an artifact handle names (``sha256:<hex>`` or the 64 hex digits);
+    BadArgumentError if it is neither."""
+    sha = handle.strip().lower().removeprefix(ARTIFACT_PREFIX)
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise BadArgumentError("artifact: sha256:<64 hex digits>, as an answer's handle names it")
+    return sha
+
+
+def artifact_source(
+    items: list[dict[str, Any]], sha: str
+) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """Where a next turn offers the content ``sha`` names, among its (MODEL_VISIBLE) items:
+    (the item, None) when it is an item's own text (what an answer cut for size), (the item,
+    its artifact ref) when an item carries the artifact by its handle; None: not offered."""
+    for item in items:
+        if item.get("sha256") == sha and item.get("text") is not None:
+            return item, None
+    for item in items:
+        for ref in item.get("artifact_refs") or ():
+            if ref.get("sha256") == sha:
+                return item, ref
+    return None
+
+
+def _artifact_page(
+    run_id: str, handle: str, kind: str, content_type: str, text: str, offset: int, limit: int
+) -> dict[str, Any]:
+    """A page of an artifact's text, at most ``limit`` characters and :data:`MAX_CHARS` of
+    JSON (a page halves until it fits)."""
+    page = text[offset : offset + limit]
+    while True:
+        end = offset + len(page)
+        doc = {
+            "run_id": run_id,
+            "artifact": handle,
+            "kind": kind,  # "item": an item's text an answer cut; "artifact": from the store
+            "content_type": content_type,
+            "chars": len(text),
+            "offset": offset,
+            "next_offset": end if end < len(text) else None,
+            "text": page,
+        }
+        if len(json.dumps(doc)) <= MAX_CHARS or len(page) <= 1:
+            return doc
+        page = page[: len(page) // 2]
 
 
 def _refs(doc: Any) -> Iterable[str]:

@@ -36,8 +36,9 @@ from consumers.examples.resume_agent import RunIdentity, resume
 from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, to_json
-from schemas.models import LedgerEntry
+from schemas.models import ArtifactRef, LedgerEntry
 from schemas.topics import ledger_topic
+from streams.artifacts import FileArtifactStore
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
@@ -58,6 +59,7 @@ TOOLS = {
     "get_costs",
     "explain_failure",
     "get_diff",
+    "get_artifact",
 }
 RESOURCES = ("working-memory", "next-turn", "timeline", "costs", "failure", "diff")
 DATA_TAGS = ("untrusted_data", "tool_data", "repository_data", "network_data")
@@ -254,9 +256,10 @@ async def test_a_token_reads_only_its_fleets_runs(web: Web) -> None:
     other = web.runs_of(FLEETS[1])[0]
     async with _client(web, web.token_a) as client:
         for name in TOOLS - {"find_runs"}:
-            refused = await client.call_tool(name, {"run_id": other})
+            handle = {"artifact": f"sha256:{'0' * 64}"} if name == "get_artifact" else {}
+            refused = await client.call_tool(name, {"run_id": other, **handle})
             assert refused.is_error and _text(refused.content[0]) == f"no run {other}"
-            unknown = await client.call_tool(name, {"run_id": "no-such-run"})
+            unknown = await client.call_tool(name, {"run_id": "no-such-run", **handle})
             assert unknown.is_error and _text(unknown.content[0]) == "no run no-such-run"
         for what in RESOURCES:
             with pytest.raises(MCPError, match=f"no run {other}"):
@@ -281,20 +284,60 @@ async def test_a_token_reads_only_its_fleets_runs(web: Web) -> None:
         assert done.stdout == b""
 
 
+def _hidden_texts(web: Web, run_id: str, hidden: set[str]) -> set[str]:
+    """Long strings of the run's hidden entries that no MODEL_VISIBLE entry of it holds."""
+
+    def strings(node: Any) -> Iterator[str]:
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict | list):
+            for value in node.values() if isinstance(node, dict) else node:
+                yield from strings(value)
+
+    entries = [e for e in web.sent if e.run_id == run_id]
+    shown = "\n".join(json.dumps(to_json(e)) for e in entries if e.entry_id not in hidden)
+    return {
+        text
+        for e in entries
+        if e.entry_id in hidden
+        for text in strings(to_json(e))
+        if len(text) >= 40 and json.dumps(text)[1:-1] not in shown
+    }
+
+
 async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
+    """Every tool (get_artifact with the handle of every item of the next turn), resource and
+    prompt, for every run of the token's fleet: no id and no text of an entry that is not
+    MODEL_VISIBLE (AUDIT_ONLY, INTERNAL_ONLY, REDACTED, HUMAN_VISIBLE)."""
     async with _client(web, web.token_a) as client:
         for run_id in web.runs_of(FLEETS[0]):
             hidden = _hidden(web, run_id)
             assert hidden  # the simulator's run starts, model calls, contexts are audit-only
-            for name in sorted(TOOLS - {"find_runs"}):
+            texts = _hidden_texts(web, run_id, hidden)
+            served: dict[str, str] = {}
+            for name in sorted(TOOLS - {"find_runs", "get_artifact"}):
                 more = {"limit": 1000} if name == "get_timeline" else {}
                 answer = await _tool(client, name, run_id=run_id, **more)
-                served = "\n".join([*(_text(c) for c in answer.content), json.dumps(answer.meta)])
-                leaked = [h for h in hidden if h in served]
-                assert not leaked, (name, leaked, served[served.find(leaked[0]) - 600 :][:900])
+                served[name] = "\n".join(
+                    [*(_text(c) for c in answer.content), json.dumps(answer.meta)]
+                )
                 assert all(
                     i["visibility"] == "MODEL_VISIBLE" for i in (answer.meta or {}).get("items", [])
                 )
+            turn = await _tool(client, "get_next_turn", run_id=run_id)
+            for item in turn.structured_content["items"]:
+                handle = f"sha256:{item['sha256']}"
+                answer = await _tool(client, "get_artifact", run_id=run_id, artifact=handle)
+                served[handle] = answer.structured_content["text"] + json.dumps(answer.meta)
+            for what in RESOURCES:
+                read = await client.read_resource(f"ledger://runs/{run_id}/{what}")
+                served[what] = "\n".join(_text(c) for c in read.contents) + json.dumps(read.meta)
+            for prompt in ("resume_run", "explain_failure", "review_diff"):
+                got = await client.get_prompt(prompt, {"run_id": run_id})
+                served[prompt] = "\n".join(_text(m.content) for m in got.messages)
+            for name, text in served.items():
+                leaked = [h for h in hidden | texts if h in text]
+                assert not leaked, (name, leaked, text[text.find(leaked[0]) - 600 :][:900])
             # the CLI (an operator's) shows them: the check above could fail
             assert [h for h in hidden if h in json.dumps(_cli(web, "timeline", run_id, "--json"))]
             # what a hidden model call saw is not served either
@@ -305,6 +348,84 @@ async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
             )
             refused = await client.call_tool("get_next_turn", {"run_id": run_id, "call": call})
             assert refused.is_error
+
+
+async def test_get_artifact_serves_by_handle_only_what_a_next_turn_offers(web: Web) -> None:
+    """Large tool output the publisher moved into the artifact store is read back by its
+    handle, a page at a time, as stored; output that held a secret (its artifact RESTRICTED,
+    the secret replaced before it was stored) is refused; an item's own text by its sha256;
+    nothing of another fleet's run, nor a handle the next turn does not offer."""
+    new = simulate(1, 1, seed=5151)
+    run_id = new[0].run_id
+    clean = "".join(f"line {n}: 42 passed, 0 failed\n" for n in range(2000))  # ~60 KB
+    secret = "ghp_" + "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"[:36]
+    leaky = f"git clone https://x-access-token@github.com/o/r # {secret}\n" + clean
+    # the last tool result (the run's next turn holds it): its output moved to the store by
+    # the publisher, and a second artifact beside it that held a secret
+    store = FileArtifactStore.from_settings(web.settings)
+    restricted = store.put(leaky.encode(), "text/plain")
+    result = [e for e in new if e.kind.value == "TOOL_CALL_RESULT"][-1]
+    doc = to_json(result)
+    doc["parts"][0].update(summary=clean, artifact_refs=[to_json_ref(restricted)])
+    new[new.index(result)] = from_json(doc)
+    small = web.settings.model_copy(update={"max_entry_bytes": 16 * 1024})  # moves the output
+    async with AsyncPublisher(small) as publisher:
+        await publisher.publish_batch(new)
+    await _project(web.settings)
+
+    async with _client(web, web.token_a) as client:
+        turn = await _tool(client, "get_next_turn", run_id=run_id)
+        items = turn.structured_content["items"]
+        item = next(i for i in items if i["source_entry_id"] == result.entry_id)
+        refs = {r["redaction_level"]: r for r in item["artifact_refs"]}
+        offered, withheld = refs["REVIEW"], refs["RESTRICTED"]
+        assert offered["redaction_level"] == "REVIEW"
+        assert withheld["redaction_level"] == "RESTRICTED"
+        assert secret not in json.dumps(turn.structured_content)
+
+        got, offset = "", 0
+        while offset is not None:  # pages of 25,000 characters, as stored
+            page = await _tool(
+                client,
+                "get_artifact",
+                run_id=run_id,
+                artifact=offered["artifact_id"],
+                offset=offset,
+                limit=25_000,
+            )
+            doc = page.structured_content
+            assert doc["kind"] == "artifact" and len(doc["text"]) <= 25_000
+            assert (page.meta or {})["items"][0]["source_entry_id"] == result.entry_id
+            got, offset = got + doc["text"], doc["next_offset"]
+        assert got == clean
+
+        refused = await client.call_tool(
+            "get_artifact", {"run_id": run_id, "artifact": withheld["artifact_id"]}
+        )
+        assert refused.is_error and "withheld (RESTRICTED)" in _text(refused.content[0])
+        item = next(i for i in items if i.get("text"))
+        own = await _tool(
+            client, "get_artifact", run_id=run_id, artifact=f"sha256:{item['sha256']}"
+        )
+        assert own.structured_content["kind"] == "item"
+        assert own.structured_content["text"] == item["text"]
+
+        other = web.runs_of(FLEETS[1])[0]
+        for run, handle in (
+            (other, offered["artifact_id"]),
+            (web.live_run, offered["artifact_id"]),
+        ):
+            refused = await client.call_tool("get_artifact", {"run_id": run, "artifact": handle})
+            assert refused.is_error, run
+        assert _text(refused.content[0]).startswith("no artifact")
+    # the store holds the secret's output redacted: the secret never reached it
+    assert withheld["sha256"] == restricted.sha256
+    assert secret.encode() not in store.get(restricted.sha256)
+    assert b"[REDACTED:" in store.get(restricted.sha256)
+
+
+def to_json_ref(ref: ArtifactRef) -> dict[str, Any]:
+    return ref.model_dump(mode="json")
 
 
 def _hostile_call(web: Web) -> list[LedgerEntry]:
