@@ -333,7 +333,11 @@ class Ledger:
             truncated = _fit_items(doc)  # the render holds no more text than the JSON
             if truncated:
                 meta["truncated"] = truncated
-            rendered.append(queries.render_manifest(doc))
+            # as the model gets it, less the ids of hidden entries (the last sweep's rule)
+            text, scrubbed = scrub_ids(queries.render_manifest(doc), hidden)
+            rendered.append(text)
+            if scrubbed:
+                meta["withheld"]["ids_in_text"] = scrubbed
             return doc, meta
 
         answer = self._read(via, run_id, "context-manifests", min_seq, timeout_s, build)
@@ -874,24 +878,39 @@ def _drop_hidden_index(doc: dict[str, Any], hidden: set[str]) -> int:
     return len(entries) - len(kept)
 
 
+def scrub_ids(text: str, hidden: set[str]) -> tuple[str, int]:
+    """``text`` with every hidden entry's id in it replaced by :data:`WITHHELD` (a string that
+    is one such id becomes :data:`WITHHELD`), and how many were."""
+    if text in hidden:
+        return WITHHELD, 1
+    count = 0
+
+    def one(found: re.Match[str]) -> str:
+        nonlocal count
+        if found[0] not in hidden:
+            return found[0]
+        count += 1
+        return WITHHELD
+
+    return _UUID.sub(one, text), count
+
+
 def _sweep(doc: Any, hidden: set[str]) -> int:
     """The policy's last line: in ``doc`` (changed in place), leave out each object in a list
-    that names a hidden entry (``entry_id``, ``entry``, ``refs``), and replace any other string
-    that is or holds a hidden entry's id with :data:`WITHHELD`; how many."""
+    that names a hidden entry (``entry_id``, ``entry``, ``refs``), and replace a hidden
+    entry's id in any other string with :data:`WITHHELD` (the rest of the string stays: a
+    visible entry's text that cites a hidden one by id keeps its words); how many."""
     if not hidden:
         return 0
     count = 0
-
-    def named(text: str) -> bool:
-        return text in hidden or any(found in hidden for found in _UUID.findall(text))
 
     def walk(node: Any) -> Any:
         nonlocal count
         if isinstance(node, dict):
             for key, value in node.items():
-                if isinstance(value, str) and named(value):
-                    node[key] = WITHHELD
-                    count += 1
+                if isinstance(value, str):
+                    node[key], n = scrub_ids(value, hidden)
+                    count += n
                 else:
                     walk(value)
         elif isinstance(node, list):
@@ -900,9 +919,9 @@ def _sweep(doc: Any, hidden: set[str]) -> int:
                 if isinstance(value, dict) and _hidden_refs(value, hidden):
                     count += 1
                     continue
-                if isinstance(value, str) and named(value):
-                    count += 1
-                    value = WITHHELD
+                if isinstance(value, str):
+                    value, n = scrub_ids(value, hidden)
+                    count += n
                 kept.append(walk(value))
             node[:] = kept
         return node

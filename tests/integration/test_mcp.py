@@ -305,39 +305,44 @@ def _hidden_texts(web: Web, run_id: str, hidden: set[str]) -> set[str]:
     }
 
 
+async def _served(client: Client, run_id: str) -> dict[str, str]:
+    """Everything the server serves of a run: every tool (get_artifact with the handle of
+    every item of the next turn), resource and prompt, as text (content and ``_meta``)."""
+    served: dict[str, str] = {}
+    for name in sorted(TOOLS - {"find_runs", "get_artifact"}):
+        more = {"limit": 1000} if name == "get_timeline" else {}
+        answer = await _tool(client, name, run_id=run_id, **more)
+        served[name] = "\n".join([*(_text(c) for c in answer.content), json.dumps(answer.meta)])
+        assert all(i["visibility"] == "MODEL_VISIBLE" for i in (answer.meta or {}).get("items", []))
+    turn = await _tool(client, "get_next_turn", run_id=run_id)
+    for item in turn.structured_content["items"]:
+        handle = f"sha256:{item['sha256']}"
+        answer = await _tool(client, "get_artifact", run_id=run_id, artifact=handle)
+        served[handle] = answer.structured_content["text"] + json.dumps(answer.meta)
+    for what in RESOURCES:
+        read = await client.read_resource(f"ledger://runs/{run_id}/{what}")
+        served[what] = "\n".join(_text(c) for c in read.contents) + json.dumps(read.meta)
+    for prompt in ("resume_run", "explain_failure", "review_diff"):
+        got = await client.get_prompt(prompt, {"run_id": run_id})
+        served[prompt] = "\n".join(_text(m.content) for m in got.messages)
+    return served
+
+
+def _leaks(served: dict[str, str], hidden: set[str]) -> None:
+    for name, text in served.items():
+        leaked = [h for h in hidden if h in text]
+        assert not leaked, (name, leaked, text[text.find(leaked[0]) - 600 :][:900])
+
+
 async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
     """Every tool (get_artifact with the handle of every item of the next turn), resource and
     prompt, for every run of the token's fleet: no id and no text of an entry that is not
-    MODEL_VISIBLE (AUDIT_ONLY, INTERNAL_ONLY, REDACTED, HUMAN_VISIBLE)."""
+    MODEL_VISIBLE (here AUDIT_ONLY, INTERNAL_ONLY, HUMAN_VISIBLE)."""
     async with _client(web, web.token_a) as client:
         for run_id in web.runs_of(FLEETS[0]):
             hidden = _hidden(web, run_id)
             assert hidden  # the simulator's run starts, model calls, contexts are audit-only
-            texts = _hidden_texts(web, run_id, hidden)
-            served: dict[str, str] = {}
-            for name in sorted(TOOLS - {"find_runs", "get_artifact"}):
-                more = {"limit": 1000} if name == "get_timeline" else {}
-                answer = await _tool(client, name, run_id=run_id, **more)
-                served[name] = "\n".join(
-                    [*(_text(c) for c in answer.content), json.dumps(answer.meta)]
-                )
-                assert all(
-                    i["visibility"] == "MODEL_VISIBLE" for i in (answer.meta or {}).get("items", [])
-                )
-            turn = await _tool(client, "get_next_turn", run_id=run_id)
-            for item in turn.structured_content["items"]:
-                handle = f"sha256:{item['sha256']}"
-                answer = await _tool(client, "get_artifact", run_id=run_id, artifact=handle)
-                served[handle] = answer.structured_content["text"] + json.dumps(answer.meta)
-            for what in RESOURCES:
-                read = await client.read_resource(f"ledger://runs/{run_id}/{what}")
-                served[what] = "\n".join(_text(c) for c in read.contents) + json.dumps(read.meta)
-            for prompt in ("resume_run", "explain_failure", "review_diff"):
-                got = await client.get_prompt(prompt, {"run_id": run_id})
-                served[prompt] = "\n".join(_text(m.content) for m in got.messages)
-            for name, text in served.items():
-                leaked = [h for h in hidden | texts if h in text]
-                assert not leaked, (name, leaked, text[text.find(leaked[0]) - 600 :][:900])
+            _leaks(await _served(client, run_id), hidden | _hidden_texts(web, run_id, hidden))
             # the CLI (an operator's) shows them: the check above could fail
             assert [h for h in hidden if h in json.dumps(_cli(web, "timeline", run_id, "--json"))]
             # what a hidden model call saw is not served either
@@ -348,6 +353,41 @@ async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
             )
             refused = await client.call_tool("get_next_turn", {"run_id": run_id, "call": call})
             assert refused.is_error
+
+
+async def test_no_token_kind_is_served_what_is_not_for_a_model(web: Web) -> None:
+    """Entries made REDACTED, INTERNAL_ONLY and AUDIT_ONLY, each with a canary in its text,
+    in a new run: an admin token of the fleet is served nothing of them either, through every
+    tool, resource and prompt (the policy does not depend on the token's kind)."""
+    new = simulate(1, 1, seed=6262)
+    canaries: dict[str, str] = {}
+    levels = iter(("REDACTED", "INTERNAL_ONLY", "AUDIT_ONLY"))
+    for n, entry in enumerate(new):
+        doc = to_json(entry)
+        texts = [p for p in doc["parts"] if {"text", "summary", "message"} & set(p)]
+        if entry.sequence_no < 5 or entry.visibility.value != "MODEL_VISIBLE" or not texts:
+            continue
+        level = next(levels, None)
+        if level is None:
+            break
+        canary = f"CANARY-{level}-{uuid.uuid4().hex[:8]}"
+        for part in texts:
+            key = next(k for k in ("text", "summary", "message") if k in part)
+            part[key] = f"{canary} {part[key]}"
+        doc["visibility"] = level
+        new[n] = from_json(doc)
+        canaries[entry.entry_id] = canary
+    assert len(canaries) == 3
+    async with AsyncPublisher(web.settings) as publisher:
+        await publisher.publish_batch(new)
+    await _project(web.settings)
+    admin = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    async with _client(web, admin) as client:
+        served = await _served(client, new[0].run_id)
+    _leaks(served, set(canaries) | set(canaries.values()))
+    # the CLI (an operator's) shows them: the check above could fail
+    shown = json.dumps(_cli(web, "timeline", new[0].run_id, "--json"))
+    assert [e for e in canaries if e in shown]
 
 
 async def test_get_artifact_serves_by_handle_only_what_a_next_turn_offers(web: Web) -> None:

@@ -54,7 +54,7 @@ def test_the_last_sweep_leaves_out_or_replaces_whatever_names_a_hidden_entry() -
     doc: dict[str, Any] = {
         "finalized": [[3, {"entry_id": HIDDEN}]],
         "rows": [{"refs": {"entry": SHOWN}}, {"refs": {"context_entry": HIDDEN}}],
-        "detail": {"context_entry_id": HIDDEN, "note": f"made by {HIDDEN}."},
+        "detail": {"context_entry_id": HIDDEN, "note": f"made by {HIDDEN} and {SHOWN}."},
         "ids": [HIDDEN, SHOWN],
         "kept": SHOWN,
     }
@@ -62,7 +62,10 @@ def test_the_last_sweep_leaves_out_or_replaces_whatever_names_a_hidden_entry() -
     assert HIDDEN not in json.dumps(doc)
     assert doc["rows"] == [{"refs": {"entry": SHOWN}}]
     assert doc["finalized"] == [[3]]
-    assert doc["detail"] == {"context_entry_id": WITHHELD, "note": WITHHELD}
+    assert doc["detail"] == {
+        "context_entry_id": WITHHELD,
+        "note": f"made by {WITHHELD} and {SHOWN}.",  # the words stay, the id goes
+    }
     assert doc["ids"] == [WITHHELD, SHOWN] and doc["kept"] == SHOWN
     assert _sweep(doc, set()) == 0
 
