@@ -55,11 +55,14 @@ MAX_CHARS = 200_000  # an answer's JSON, at most
 DEFAULT_WAIT_S = 2.0  # how long a read waits for min_seq by default
 MAX_WAIT_S = 10.0
 POLL_S = 0.01
+
+
 TIMELINE_PAGE = 200  # timeline rows per answer by default
 ARTIFACT_PAGE = 100_000  # characters of an artifact per answer, at most
 ARTIFACT_PREFIX = "sha256:"
 OFFERED_LEVELS = frozenset(level.value for level in trust.OFFERED_LEVELS)
 MAX_RUNS = 200
+LAZY_COMMIT = True  # a read's transaction (its only write: the count) skips the WAL flush wait
 # kept in Redis too, and every projection: as the registry has them (one list)
 HOT = frozenset(p.name for p in all_projections() if p.hot)
 PROJECTIONS = NAMES
@@ -522,7 +525,20 @@ class Ledger:
         """Runs of the token's fleets, filtered and sorted as ``agentledger runs --json``
         does; with ``run_id`` and ``min_seq``, once every projection the list is read from has
         applied that sequence number of that run (read-your-writes: a sequence number is a
-        run's). One transaction."""
+        run's). One transaction (with ``min_seq``, none is held while waiting)."""
+        if min_seq is not None:
+            return self._find_runs(
+                fleet=fleet,
+                status=status,
+                failure_class=failure_class,
+                search=search,
+                sort=sort,
+                limit=limit,
+                via=via,
+                run_id=run_id,
+                min_seq=min_seq,
+                timeout_s=timeout_s,
+            )
         with self._one_transaction():
             return self._find_runs(
                 fleet=fleet,
@@ -626,18 +642,27 @@ class Ledger:
         timeout_s: float | None,
         build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
     ) -> Answer:
+        """A read in one transaction on one pooled connection; with ``min_seq``, the wait for
+        it comes first and holds no connection (the pool's connections are for reading: a
+        read waiting seconds for the worker must not keep the next read waiting for a
+        connection)."""
+        if min_seq is None:
+            with self._one_transaction():
+                who, run_id, waited = self._arrive(via, run_id, projection, None, timeout_s)
+                return self._read_one(who, via, run_id, projection, waited, build)
+        who, run_id, waited = self._arrive(via, run_id, projection, min_seq, timeout_s)
         with self._one_transaction():
-            return self._read_one(via, run_id, projection, min_seq, timeout_s, build)
+            return self._read_one(who, via, run_id, projection, waited, build)
 
-    def _read_one(
+    def _arrive(
         self,
         via: str,
         run_id: str,
         projection: str,
         min_seq: int | None,
         timeout_s: float | None,
-        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
-    ) -> Answer:
+    ) -> tuple[Principal, str, Waited]:
+        """The token, the run (waited for when it is new), and the wait for ``min_seq``."""
         start = time.monotonic()
         who = self.principal()
         timeout = self._timeout(min_seq, timeout_s)
@@ -650,7 +675,17 @@ class Ledger:
                 self._count(who, via, run_id, None, refused=True)
                 raise
             run_id = found
-        waited = self.wait(projection, run_id, min_seq, timeout, start)
+        return who, run_id, self.wait(projection, run_id, min_seq, timeout, start)
+
+    def _read_one(
+        self,
+        who: Principal,
+        via: str,
+        run_id: str,
+        projection: str,
+        waited: Waited,
+        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+    ) -> Answer:
         memory = self._memory_view(run_id)
         hidden = _hidden_of(memory)
         doc, extra = build(run_id, hidden, memory)
@@ -714,6 +749,8 @@ class Ledger:
         self, who: Principal, via: str, run_id: str, seq: int | None, refused: bool = False
     ) -> None:
         with self._conn() as conn:
+            if LAZY_COMMIT:
+                store.commit_without_flush(conn)
             store.record_read(conn, who.token_id, via, run_id, seq, refused)
 
 

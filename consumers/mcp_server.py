@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -569,6 +570,7 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         spec = TOOL_BY_NAME.get(params.name)
         if spec is None:
             return _tool_error(f"no tool {params.name}; the tools: {', '.join(TOOL_BY_NAME)}")
+        asked = time.perf_counter()
         try:
             args = spec.args.model_validate(params.arguments or {})
             reader = of(ctx)
@@ -578,6 +580,9 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             return _tool_error(f"bad arguments: {', '.join(fields)}")
         except (NotFoundError, BadArgumentError, Unauthorized) as exc:
             return _tool_error(str(exc))
+        # the server's own time for the call, from its handler to the answer (the wait for
+        # min_seq included: less _meta.waited_ms, what the server itself took)
+        answer.meta["served_ms"] = round((time.perf_counter() - asked) * 1000, 1)
         return _tool_result(answer)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
