@@ -201,12 +201,23 @@ class Ledger:
             raise BadArgumentError(f"timeout_s: from 0 to {MAX_WAIT_S:g} seconds")
         return timeout
 
-    def _run_appears(self, who: Principal, run_id: str, deadline: float) -> str | None:
+    def _run_appears(
+        self, who: Principal, run_id: str, deadline: float, projection: str = "run-stats"
+    ) -> str | None:
         """The run, once it is one the token may read, if before ``deadline``: the first
         entries of a new run, just published, are not projected yet. (A run of another fleet
-        is waited out the same as an unknown one: the answer's time tells nothing.)"""
+        is waited out the same as an unknown one: the answer's time tells nothing.) Every
+        :data:`POLL_S` it looks at the run's Redis view of ``projection`` (one round trip to
+        Redis); PostgreSQL, which decides, only once that view exists, and every 10th look
+        anyway (a run id prefix, or a projection without a Redis view): two queries every
+        10 ms for each read waiting on a new run weighed on PostgreSQL and on every other
+        read."""
+        looks = 0
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
+            looks += 1
+            if looks % 10 and self._hot_seq(projection, run_id) is None:
+                continue
             try:
                 return self._run_of(who, run_id)
             except NotFoundError:
@@ -248,6 +259,9 @@ class Ledger:
     def applied_pg(self, projection: str, run_id: str) -> int | None:
         with self._conn() as conn:
             return store.run_applied(conn, [projection], run_id).get(projection)
+
+    def _hot_seq(self, projection: str, run_id: str) -> int | None:
+        return self.applied_hot(projection if projection in HOT else "run-stats", run_id)
 
     def applied_hot(self, projection: str, run_id: str) -> int | None:
         """The run's applied sequence number in the projection's Redis view (None: not a hot
@@ -670,7 +684,11 @@ class Ledger:
             run_id = self._run_of(who, run_id)
         except NotFoundError:
             # read-your-writes of a new run: its first entries may not be projected yet
-            found = None if min_seq is None else self._run_appears(who, run_id, start + timeout)
+            found = (
+                None
+                if min_seq is None
+                else self._run_appears(who, run_id, start + timeout, projection)
+            )
             if found is None:
                 self._count(who, via, run_id, None, refused=True)
                 raise
