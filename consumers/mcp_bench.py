@@ -21,6 +21,7 @@ from infra.settings import Settings
 class McpRead:
     reached: bool  # the answer's _meta.reached (True when no min_seq was asked)
     waited_ms: float  # how long the server waited for min_seq (_meta.waited_ms)
+    served_ms: float  # the server's handler, from the call to the answer (_meta.served_ms)
 
 
 class McpReader:
@@ -37,7 +38,11 @@ class McpReader:
         if result.is_error:
             raise RuntimeError(f"get_working_memory {run_id}: {result.content}")
         meta = result.meta or {}
-        return McpRead(bool(meta.get("reached")), float(meta.get("waited_ms") or 0.0))
+        return McpRead(
+            bool(meta.get("reached")),
+            float(meta.get("waited_ms") or 0.0),
+            float(meta.get("served_ms") or 0.0),
+        )
 
 
 def server_env(settings: Settings, token: str) -> dict[str, str]:

@@ -40,9 +40,11 @@ from redis.exceptions import RedisError
 from consumers import queries
 from consumers.access import Principal, authenticate
 from infra.settings import Settings
+from projectors import trust
 from projectors.registry import NAMES, all_projections
 from projectors.stores import mcp_audit as store
 from projectors.stores import postgres_ops as ops
+from projectors.stores.artifact_files import ArtifactError, read_artifact
 from projectors.stores.redis import live_key, view_key
 from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
 
@@ -52,8 +54,14 @@ MAX_CHARS = 200_000  # an answer's JSON, at most
 DEFAULT_WAIT_S = 2.0  # how long a read waits for min_seq by default
 MAX_WAIT_S = 10.0
 POLL_S = 0.01
+
+
 TIMELINE_PAGE = 200  # timeline rows per answer by default
+ARTIFACT_PAGE = 100_000  # characters of an artifact per answer, at most
+ARTIFACT_PREFIX = "sha256:"
+OFFERED_LEVELS = frozenset(level.value for level in trust.OFFERED_LEVELS)
 MAX_RUNS = 200
+LAZY_COMMIT = True  # a read's transaction (its only write: the count) skips the WAL flush wait
 # kept in Redis too, and every projection: as the registry has them (one list)
 HOT = frozenset(p.name for p in all_projections() if p.hot)
 PROJECTIONS = NAMES
@@ -180,12 +188,23 @@ class Ledger:
             raise BadArgumentError(f"timeout_s: from 0 to {MAX_WAIT_S:g} seconds")
         return timeout
 
-    def _run_appears(self, who: Principal, run_id: str, deadline: float) -> str | None:
+    def _run_appears(
+        self, who: Principal, run_id: str, deadline: float, projection: str = "run-stats"
+    ) -> str | None:
         """The run, once it is one the token may read, if before ``deadline``: the first
         entries of a new run, just published, are not projected yet. (A run of another fleet
-        is waited out the same as an unknown one: the answer's time tells nothing.)"""
+        is waited out the same as an unknown one: the answer's time tells nothing.) Every
+        :data:`POLL_S` it looks at the run's Redis view of ``projection`` (one round trip to
+        Redis); PostgreSQL, which decides, only once that view exists, and every 10th look
+        anyway (a run id prefix, or a projection without a Redis view): two queries every
+        10 ms for each read waiting on a new run weighed on PostgreSQL and on every other
+        read."""
+        looks = 0
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
+            looks += 1
+            if looks % 10 and self._hot_seq(projection, run_id) is None:
+                continue
             try:
                 return self._run_of(who, run_id)
             except NotFoundError:
@@ -227,6 +246,9 @@ class Ledger:
     def applied_pg(self, projection: str, run_id: str) -> int | None:
         with self._conn() as conn:
             return store.run_applied(conn, [projection], run_id).get(projection)
+
+    def _hot_seq(self, projection: str, run_id: str) -> int | None:
+        return self.applied_hot(projection if projection in HOT else "run-stats", run_id)
 
     def applied_hot(self, projection: str, run_id: str) -> int | None:
         """The run's applied sequence number in the projection's Redis view (None: not a hot
@@ -308,14 +330,18 @@ class Ledger:
             withheld = len(doc["items"]) - len(kept)
             if withheld:
                 doc["items"] = kept
-            rendered.append(queries.render_manifest(doc))
             meta: dict[str, Any] = {
                 "withheld": {"items": withheld},
                 "items": [_item_meta(n, i) for n, i in enumerate(doc["items"])],
             }
-            truncated = _fit_items(doc)
+            truncated = _fit_items(doc)  # the render holds no more text than the JSON
             if truncated:
                 meta["truncated"] = truncated
+            # as the model gets it, less the ids of hidden entries (the last sweep's rule)
+            text, scrubbed = scrub_ids(queries.render_manifest(doc), hidden)
+            rendered.append(text)
+            if scrubbed:
+                meta["withheld"]["ids_in_text"] = scrubbed
             return doc, meta
 
         answer = self._read(via, run_id, "context-manifests", min_seq, timeout_s, build)
@@ -423,6 +449,64 @@ class Ledger:
 
         return self._read(via, run_id, "diff-timelines", min_seq, timeout_s, build)
 
+    def artifact(
+        self,
+        run_id: str,
+        artifact: str,
+        offset: int = 0,
+        limit: int = ARTIFACT_PAGE,
+        call: str | None = None,
+        min_seq: int | None = None,
+        timeout_s: float | None = None,
+        via: str = "get_artifact",
+    ) -> Answer:
+        """Content an answer names by its handle (``sha256:<hex>``), ``limit`` characters from
+        ``offset``: the text of an item of the run's next turn (or of model call ``call``'s
+        manifest) that an answer cut for size, or an artifact such an item carries, read from
+        the artifact store. Only what a next turn offers the model: its items are
+        MODEL_VISIBLE, and an artifact only at a redaction level a model may be offered (a
+        RESTRICTED one held a secret, replaced before it was stored: it is refused)."""
+        if offset < 0 or not 1 <= limit <= ARTIFACT_PAGE:
+            raise BadArgumentError(f"offset: 0 or more; limit: 1 to {ARTIFACT_PAGE}")
+        sha = artifact_sha(artifact)
+        handle = f"{ARTIFACT_PREFIX}{sha}"
+
+        def build(
+            run_id: str, hidden: set[str], memory: dict[str, Any] | None
+        ) -> tuple[Any, dict[str, Any]]:
+            if call is not None and call in hidden:  # (a call not MODEL_VISIBLE: not served)
+                raise NotFoundError(f"no manifest of call {call} in run {run_id}")
+            found = queries.manifest(self.settings, run_id, call)
+            items = [
+                i
+                for i in queries.jsonable((found or {}).get("items") or [])
+                if i.get("visibility") == MODEL_VISIBLE
+            ]
+            source = artifact_source(items, sha)
+            where = f"the manifest of call {call}" if call else "its next turn"
+            if source is None:
+                raise NotFoundError(f"no artifact {handle} in {where} of run {run_id}")
+            item, ref = source
+            if ref is None:
+                text, content_type, kind = str(item["text"]), "text/plain", "item"
+            else:
+                level = str(ref.get("redaction_level"))
+                if level not in OFFERED_LEVELS:
+                    raise NotFoundError(
+                        f"artifact {handle} of run {run_id} is withheld ({level}): not for a model"
+                    )
+                try:
+                    data = read_artifact(self.settings.resolved_artifact_dir, sha)
+                except ArtifactError as exc:
+                    raise NotFoundError(f"artifact {handle} of run {run_id}: {exc}") from None
+                text = data.decode("utf-8", errors="replace")
+                content_type, kind = str(ref.get("content_type")), "artifact"
+            doc = _artifact_page(run_id, handle, kind, content_type, text, offset, limit)
+            index = items.index(item)
+            return doc, {"items": [_item_meta(index, item)], "withheld": {}}
+
+        return self._read(via, run_id, "context-manifests", min_seq, timeout_s, build)
+
     def find_runs(
         self,
         fleet: str | None = None,
@@ -439,7 +523,20 @@ class Ledger:
         """Runs of the token's fleets, filtered and sorted as ``agentledger runs --json``
         does; with ``run_id`` and ``min_seq``, once every projection the list is read from has
         applied that sequence number of that run (read-your-writes: a sequence number is a
-        run's). One transaction."""
+        run's). One transaction (with ``min_seq``, none is held while waiting)."""
+        if min_seq is not None:
+            return self._find_runs(
+                fleet=fleet,
+                status=status,
+                failure_class=failure_class,
+                search=search,
+                sort=sort,
+                limit=limit,
+                via=via,
+                run_id=run_id,
+                min_seq=min_seq,
+                timeout_s=timeout_s,
+            )
         with self._one_transaction():
             return self._find_runs(
                 fleet=fleet,
@@ -543,18 +640,27 @@ class Ledger:
         timeout_s: float | None,
         build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
     ) -> Answer:
+        """A read in one transaction on one pooled connection; with ``min_seq``, the wait for
+        it comes first and holds no connection (the pool's connections are for reading: a
+        read waiting seconds for the worker must not keep the next read waiting for a
+        connection)."""
+        if min_seq is None:
+            with self._one_transaction():
+                who, run_id, waited = self._arrive(via, run_id, projection, None, timeout_s)
+                return self._read_one(who, via, run_id, projection, waited, build)
+        who, run_id, waited = self._arrive(via, run_id, projection, min_seq, timeout_s)
         with self._one_transaction():
-            return self._read_one(via, run_id, projection, min_seq, timeout_s, build)
+            return self._read_one(who, via, run_id, projection, waited, build)
 
-    def _read_one(
+    def _arrive(
         self,
         via: str,
         run_id: str,
         projection: str,
         min_seq: int | None,
         timeout_s: float | None,
-        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
-    ) -> Answer:
+    ) -> tuple[Principal, str, Waited]:
+        """The token, the run (waited for when it is new), and the wait for ``min_seq``."""
         start = time.monotonic()
         who = self.principal()
         timeout = self._timeout(min_seq, timeout_s)
@@ -562,12 +668,26 @@ class Ledger:
             run_id = self._run_of(who, run_id)
         except NotFoundError:
             # read-your-writes of a new run: its first entries may not be projected yet
-            found = None if min_seq is None else self._run_appears(who, run_id, start + timeout)
+            found = (
+                None
+                if min_seq is None
+                else self._run_appears(who, run_id, start + timeout, projection)
+            )
             if found is None:
                 self._count(who, via, run_id, None, refused=True)
                 raise
             run_id = found
-        waited = self.wait(projection, run_id, min_seq, timeout, start)
+        return who, run_id, self.wait(projection, run_id, min_seq, timeout, start)
+
+    def _read_one(
+        self,
+        who: Principal,
+        via: str,
+        run_id: str,
+        projection: str,
+        waited: Waited,
+        build: Callable[[str, set[str], dict[str, Any] | None], tuple[Any, dict[str, Any]]],
+    ) -> Answer:
         memory = self._memory_view(run_id)
         hidden = _hidden_of(memory)
         doc, extra = build(run_id, hidden, memory)
@@ -631,6 +751,8 @@ class Ledger:
         self, who: Principal, via: str, run_id: str, seq: int | None, refused: bool = False
     ) -> None:
         with self._conn() as conn:
+            if LAZY_COMMIT:
+                store.commit_without_flush(conn)
             store.record_read(conn, who.token_id, via, run_id, seq, refused)
 
 
@@ -663,32 +785,94 @@ def _item_meta(index: int, item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fit_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Leave out the texts of the biggest items until the manifest fits :data:`MAX_CHARS`;
-    what was left out (each item by index, sha256 and source entry)."""
+def cut_text(chars: int, sha256: str | None) -> str:
+    """What stands in an answer for an item's text cut to bound its size: the handle that
+    ``get_artifact`` reads it back by."""
+    return (
+        f"[cut for size: {chars:,} characters; read them with get_artifact, "
+        f"artifact={ARTIFACT_PREFIX}{sha256}]"
+    )
+
+
+def _fit_items(doc: dict[str, Any], limit: int = MAX_CHARS) -> list[dict[str, Any]]:
+    """Cut the texts of the biggest items until the manifest fits ``limit``, each replaced by
+    its handle (:func:`cut_text`); what was cut (each item by index, sha256, source entry and
+    the handle ``get_artifact`` takes)."""
     truncated: list[dict[str, Any]] = []
     size = len(json.dumps(doc))
     by_size = sorted(
         range(len(doc["items"])), key=lambda n: -len(doc["items"][n].get("text") or "")
     )
     for n in by_size:
-        if size <= MAX_CHARS:
+        if size <= limit:
             break
         item = doc["items"][n]
         text = item.get("text")
         if not text:
             break
-        size -= len(json.dumps(text)) - len("null")
-        item["text"] = None
+        handle = cut_text(len(text), item.get("sha256"))
+        if len(handle) >= len(text):
+            break
+        size -= len(json.dumps(text)) - len(json.dumps(handle))
+        item["text"] = handle
         truncated.append(
             {
                 "index": n,
                 "sha256": item.get("sha256"),
                 "source_entry_id": item.get("source_entry_id"),
                 "chars": len(text),
+                "artifact": f"{ARTIFACT_PREFIX}{item.get('sha256')}",
             }
         )
     return truncated
+
+
+def artifact_sha(handle: str) -> str:
+    """The sha256 an artifact handle names (``sha256:<hex>`` or the 64 hex digits);
+    BadArgumentError if it is neither."""
+    sha = handle.strip().lower().removeprefix(ARTIFACT_PREFIX)
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise BadArgumentError("artifact: sha256:<64 hex digits>, as an answer's handle names it")
+    return sha
+
+
+def artifact_source(
+    items: list[dict[str, Any]], sha: str
+) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """Where a next turn offers the content ``sha`` names, among its (MODEL_VISIBLE) items:
+    (the item, None) when it is an item's own text (what an answer cut for size), (the item,
+    its artifact ref) when an item carries the artifact by its handle; None: not offered."""
+    for item in items:
+        if item.get("sha256") == sha and item.get("text") is not None:
+            return item, None
+    for item in items:
+        for ref in item.get("artifact_refs") or ():
+            if ref.get("sha256") == sha:
+                return item, ref
+    return None
+
+
+def _artifact_page(
+    run_id: str, handle: str, kind: str, content_type: str, text: str, offset: int, limit: int
+) -> dict[str, Any]:
+    """A page of an artifact's text, at most ``limit`` characters and :data:`MAX_CHARS` of
+    JSON (a page halves until it fits)."""
+    page = text[offset : offset + limit]
+    while True:
+        end = offset + len(page)
+        doc = {
+            "run_id": run_id,
+            "artifact": handle,
+            "kind": kind,  # "item": an item's text an answer cut; "artifact": from the store
+            "content_type": content_type,
+            "chars": len(text),
+            "offset": offset,
+            "next_offset": end if end < len(text) else None,
+            "text": page,
+        }
+        if len(json.dumps(doc)) <= MAX_CHARS or len(page) <= 1:
+            return doc
+        page = page[: len(page) // 2]
 
 
 def _refs(doc: Any) -> Iterable[str]:
@@ -733,24 +917,39 @@ def _drop_hidden_index(doc: dict[str, Any], hidden: set[str]) -> int:
     return len(entries) - len(kept)
 
 
+def scrub_ids(text: str, hidden: set[str]) -> tuple[str, int]:
+    """``text`` with every hidden entry's id in it replaced by :data:`WITHHELD` (a string that
+    is one such id becomes :data:`WITHHELD`), and how many were."""
+    if text in hidden:
+        return WITHHELD, 1
+    count = 0
+
+    def one(found: re.Match[str]) -> str:
+        nonlocal count
+        if found[0] not in hidden:
+            return found[0]
+        count += 1
+        return WITHHELD
+
+    return _UUID.sub(one, text), count
+
+
 def _sweep(doc: Any, hidden: set[str]) -> int:
     """The policy's last line: in ``doc`` (changed in place), leave out each object in a list
-    that names a hidden entry (``entry_id``, ``entry``, ``refs``), and replace any other string
-    that is or holds a hidden entry's id with :data:`WITHHELD`; how many."""
+    that names a hidden entry (``entry_id``, ``entry``, ``refs``), and replace a hidden
+    entry's id in any other string with :data:`WITHHELD` (the rest of the string stays: a
+    visible entry's text that cites a hidden one by id keeps its words); how many."""
     if not hidden:
         return 0
     count = 0
-
-    def named(text: str) -> bool:
-        return text in hidden or any(found in hidden for found in _UUID.findall(text))
 
     def walk(node: Any) -> Any:
         nonlocal count
         if isinstance(node, dict):
             for key, value in node.items():
-                if isinstance(value, str) and named(value):
-                    node[key] = WITHHELD
-                    count += 1
+                if isinstance(value, str):
+                    node[key], n = scrub_ids(value, hidden)
+                    count += n
                 else:
                     walk(value)
         elif isinstance(node, list):
@@ -759,9 +958,9 @@ def _sweep(doc: Any, hidden: set[str]) -> int:
                 if isinstance(value, dict) and _hidden_refs(value, hidden):
                     count += 1
                     continue
-                if isinstance(value, str) and named(value):
-                    count += 1
-                    value = WITHHELD
+                if isinstance(value, str):
+                    value, n = scrub_ids(value, hidden)
+                    count += n
                 kept.append(walk(value))
             node[:] = kept
         return node

@@ -155,13 +155,24 @@ def bench(
             "Chromium, live rows",
         ),
     ] = False,
+    mcp: Annotated[
+        bool,
+        typer.Option(
+            "--mcp",
+            help="only the MCP phase: an agent reading through `agentledger mcp` under the hot "
+            "path's load, beside the hot path and the Redis read",
+        ),
+    ] = False,
+    seconds: Annotated[
+        float | None, typer.Option(help="--mcp: seconds measured (after a 3 s warm-up)", min=1)
+    ] = None,
     web_port: Annotated[
         int, typer.Option(help="--web: the port of the bench's `agentledger serve`", min=1)
     ] = 8701,
 ) -> None:
     """Measure throughput and latency, each beside a baseline measured in the same run."""
     from consumers.mcp_bench import mcp_reader
-    from streams.bench import BenchReport, machine_info, run_bench
+    from streams.bench import FULL, QUICK, BenchReport, machine_info, mcp_phase, run_bench
     from streams.simulate import LENGTH_PROFILES
 
     if mix not in LENGTH_PROFILES:
@@ -173,6 +184,11 @@ def bench(
     if web:
         report = BenchReport(machine=machine_info())
         report.settings, report.figures = asyncio.run(_web_bench(settings, quick, web_port))
+    elif mcp:
+        report = BenchReport(machine=machine_info())
+        sizes = QUICK if quick else FULL
+        report.settings = {"mcp": True, "hot_rate": sizes.hot_rate, "seconds": seconds}
+        report.figures = asyncio.run(mcp_phase(settings, sizes, mcp_reader, seconds))
     else:
         report = asyncio.run(
             run_bench(settings, quick, _budget_guard, mix, entries, mcp_reader=mcp_reader)

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Protocol
 
 from infra.settings import Settings
-from schemas.errors import AgentLedgerError
+from projectors.stores.artifact_files import (
+    SHA256,
+    ArtifactCorruptError,
+    ArtifactError,
+    ArtifactNotFoundError,
+    artifact_path,
+    checked_sha,
+    read_artifact,
+)
 from schemas.models import (
     ArtifactRef,
     ArtifactRefPart,
@@ -39,7 +47,6 @@ from schemas.models import (
 )
 from schemas.secret_scan import SecretDetector, default_detector
 
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 ID_PREFIX = "sha256:"
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -47,19 +54,6 @@ JSON = "application/json"
 # smallest text worth moving: below it the preview and the ref would save little.
 PREVIEW_CHARS = 2000
 MIN_MOVE_BYTES = 4096
-
-
-class ArtifactError(AgentLedgerError):
-    """An artifact cannot be stored or read."""
-
-
-class ArtifactNotFoundError(ArtifactError):
-    """No artifact with this sha256 (or prefix) in the store."""
-
-
-class ArtifactCorruptError(ArtifactError):
-    """The stored bytes no longer hash to their address: the file was changed or truncated
-    after it was written. Restore it from a replay package or the agent's own log."""
 
 
 class ArtifactStore(Protocol):
@@ -110,7 +104,7 @@ class FileArtifactStore:
         return cls(settings.resolved_artifact_dir)
 
     def path_of(self, sha256: str) -> Path:
-        return self.root / sha256[:2] / sha256
+        return artifact_path(self.root, sha256)
 
     def put(self, data: bytes, content_type: str) -> ArtifactRef:
         clean, rules = scrub(data, self._detector)
@@ -127,20 +121,10 @@ class FileArtifactStore:
         )
 
     def get(self, sha256: str) -> bytes:
-        sha = _checked(sha256)
-        try:
-            data = self.path_of(sha).read_bytes()
-        except FileNotFoundError:
-            raise ArtifactNotFoundError(f"no artifact {sha} in {self.root}") from None
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise ArtifactCorruptError(
-                f"artifact {sha} in {self.root} does not hash to its address (changed or "
-                "truncated after it was written)"
-            )
-        return data
+        return read_artifact(self.root, sha256)
 
     def exists(self, sha256: str) -> bool:
-        return self.path_of(_checked(sha256)).is_file()
+        return self.path_of(checked_sha(sha256)).is_file()
 
     def find(self, prefix: str) -> str:
         """The one stored sha256 that starts with ``prefix`` (at least 4 hex digits)."""
@@ -179,12 +163,6 @@ class FileArtifactStore:
                     f"cannot write to the artifact store {self.root}: {exc.strerror or exc}"
                 ) from exc
             raise
-
-
-def _checked(sha256: str) -> str:
-    if not SHA256.match(sha256):
-        raise ArtifactNotFoundError("an artifact address is 64 lower-case hex digits")
-    return sha256
 
 
 # --- moving an entry's large content into the store ---------------------------------------------
@@ -270,3 +248,13 @@ def _was_redacted(entry: LedgerEntry, index: int) -> bool:
     return any(
         r.field == field or r.field.startswith((f"{field}.", f"{field}[")) for r in entry.redactions
     )
+
+
+__all__ = [
+    "SHA256",
+    "ArtifactCorruptError",
+    "ArtifactError",
+    "ArtifactNotFoundError",
+    "ArtifactStore",
+    "FileArtifactStore",
+]

@@ -148,6 +148,8 @@ class McpRead(Protocol):
     def reached(self) -> bool: ...  # the answer says min_seq was reached
     @property
     def waited_ms(self) -> float: ...  # how long the server waited for it
+    @property
+    def served_ms(self) -> float: ...  # the server's handler, call to answer (wait included)
 
 
 class McpReader(Protocol):
@@ -169,14 +171,17 @@ MCP_READ = "MCP get_working_memory p99 (no min_seq), under the load"
 class _McpSamples:
     ryw: list[float] = field(default_factory=list)  # publish of N -> the answer at >= N
     own: list[float] = field(default_factory=list)  # that call less the server's wait for N
+    server: list[float] = field(default_factory=list)  # of it, in the server's handler
+    outside: list[float] = field(default_factory=list)  # of it, outside (stdio, SDKs, client)
     reached: int = 0
+    asked: int = 0
     plain: list[float] = field(default_factory=list)  # a read without min_seq
     redis: list[float] = field(default_factory=list)  # the Redis view read, same run and moment
 
     def clear(self) -> None:
-        for values in (self.ryw, self.own, self.plain, self.redis):
+        for values in (self.ryw, self.own, self.server, self.outside, self.plain, self.redis):
             values.clear()
-        self.reached = 0
+        self.reached = self.asked = 0
 
 
 async def _mcp_reads(
@@ -196,10 +201,16 @@ async def _mcp_reads(
 
     async def read_your_write(run_id: str, seq: int, published_at: float) -> None:
         asked = time.perf_counter()
-        read = await reader.working_memory(run_id, seq)
+        samples.asked += 1
+        try:
+            read = await reader.working_memory(run_id, seq)
+        except RuntimeError:  # a new run the worker had not reached in the read's timeout_s
+            return  # ("no run X"): asked, not reached, no latency (it has none to give)
         done = time.perf_counter()
         samples.ryw.append(done - published_at)
         samples.own.append(done - asked - read.waited_ms / 1000)
+        samples.server.append((read.served_ms - read.waited_ms) / 1000)
+        samples.outside.append(done - asked - read.served_ms / 1000)
         samples.reached += read.reached
         if read.reached:
             projected[:] = [run_id]
@@ -255,7 +266,7 @@ def _mcp_figures(m: _McpSamples, hot: list[float]) -> list[Figure]:
             float(m.reached),
             "reads",
             "reads asked",
-            float(len(m.ryw)),
+            float(m.asked),
         ),
         Figure(  # what MCP itself adds: the call's time less the server's wait for the worker
             "MCP read-your-writes p99, MCP's own part (the call less its wait for min_seq)",
@@ -263,6 +274,21 @@ def _mcp_figures(m: _McpSamples, hot: list[float]) -> list[Figure]:
             "ms",
             "Redis view read p99",
             _pct(m.redis, 0.99) * ms,
+        ),
+        Figure(  # where that own part goes: the server's handler, or around it
+            "MCP read-your-writes p99, MCP's own part in the server (its handler less the wait)",
+            _pct(m.server, 0.99) * ms,
+            "ms",
+            "p50",
+            _pct(m.server, 0.5) * ms,
+        ),
+        Figure(
+            "MCP read-your-writes p99, MCP's own part outside the server's handler (stdio, "
+            "the SDK both sides, the client's event loop)",
+            _pct(m.outside, 0.99) * ms,
+            "ms",
+            "p50",
+            _pct(m.outside, 0.5) * ms,
         ),
         Figure(
             MCP_READ,
@@ -1026,6 +1052,41 @@ def redaction_figures(runs: int, seed: int = 27, rounds: int = 3) -> list[Figure
     ]
 
 
+async def mcp_phase(
+    settings: Settings, sizes: Sizes, mcp_reader: McpReaderFactory, seconds: float | None = None
+) -> list[Figure]:
+    """The MCP phase (``bench``, and ``bench --mcp`` alone): the hot path's load in a
+    deployment of its own with an agent reading through ``agentledger mcp``, its figures
+    beside the hot path and the Redis view read of the same run; the load average before and
+    after it among them."""
+    d = PrivateDeployment(
+        settings,
+        "benchmcp",
+        FLEETS,
+        settings.state_dir / "bench",
+        {"AGENTLEDGER_WORKER_BATCH_SIZE": "2000"},
+    )
+    await d.create()
+    try:
+        d.start_worker("worker")
+        await asyncio.to_thread(d.wait_partitions, "worker")
+        before = os.getloadavg()[0]
+        async with mcp_reader(d.settings) as reader:
+            found = await hot_path(
+                d, sizes.hot_rate, seconds or sizes.hot_seconds, None, reader=reader
+            )
+        after = os.getloadavg()[0]
+    finally:
+        d.drop()
+    return [
+        *(
+            f if f.name.startswith("MCP") else replace(f, name=f"MCP phase: {f.name}")
+            for f in found
+        ),
+        Figure("MCP phase: load average (1 min) after it", after, "", "before it", before),
+    ]
+
+
 async def run_bench(
     settings: Settings,
     quick: bool,
@@ -1091,18 +1152,7 @@ async def run_bench(
     finally:
         d.drop()
     if mcp_reader is not None:  # a phase of its own: the hot path's figures above stay as they were
-        d = await deployment("benchmcp")
-        try:
-            d.start_worker("worker")
-            await asyncio.to_thread(d.wait_partitions, "worker")
-            async with mcp_reader(d.settings) as reader:
-                found = await hot_path(d, sizes.hot_rate, sizes.hot_seconds, None, reader=reader)
-            report.figures += [
-                f if f.name.startswith("MCP") else replace(f, name=f"MCP phase: {f.name}")
-                for f in found
-            ]
-        finally:
-            d.drop()
+        report.figures += await mcp_phase(settings, sizes, mcp_reader)
     d = await deployment("benchinflight")
     try:
         worker = d.start_worker("worker")

@@ -29,6 +29,15 @@ def record_read(
     )
 
 
+def commit_without_flush(conn: Connection[Any]) -> None:
+    """This transaction's commit does not wait for its WAL to reach the disk
+    (``synchronous_commit`` off, for this transaction only): a read's count is its only write,
+    and a read must not wait for a disk flush behind the worker's commits. A crash of
+    PostgreSQL itself may lose the counts of the last moments (at most ~3 x
+    ``wal_writer_delay``), never make them inconsistent."""
+    conn.execute("SET LOCAL synchronous_commit TO off")
+
+
 def read_counts(
     conn: Connection[Any], token_id: str | None = None, run_id: str | None = None
 ) -> list[dict[str, Any]]:

@@ -36,9 +36,11 @@ from consumers.examples.resume_agent import RunIdentity, resume
 from infra.main import app
 from infra.settings import Settings
 from schemas.json_form import from_json, to_json
-from schemas.models import LedgerEntry
+from schemas.models import ArtifactRef, LedgerEntry
 from schemas.topics import ledger_topic
+from streams.artifacts import FileArtifactStore
 from streams.builds import live_targets
+from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine
 from streams.publisher import AsyncPublisher
@@ -57,6 +59,7 @@ TOOLS = {
     "get_costs",
     "explain_failure",
     "get_diff",
+    "get_artifact",
 }
 RESOURCES = ("working-memory", "next-turn", "timeline", "costs", "failure", "diff")
 DATA_TAGS = ("untrusted_data", "tool_data", "repository_data", "network_data")
@@ -71,10 +74,12 @@ def web(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def _env(web: Web, token: str) -> dict[str, str]:
     s = web.settings
     return {
+        "AGENTLEDGER_KAFKA_BOOTSTRAP": s.kafka_address,
         "AGENTLEDGER_PG_DSN": s.pg_address,
         "AGENTLEDGER_REDIS_URL": s.redis_address,
         "AGENTLEDGER_REDIS_PREFIX": s.redis_prefix,
         "AGENTLEDGER_TOPIC_PREFIX": s.topic_prefix,
+        "AGENTLEDGER_ARTIFACT_DIR": str(s.resolved_artifact_dir),
         "AGENTLEDGER_TOKEN": token,
     }
 
@@ -251,9 +256,10 @@ async def test_a_token_reads_only_its_fleets_runs(web: Web) -> None:
     other = web.runs_of(FLEETS[1])[0]
     async with _client(web, web.token_a) as client:
         for name in TOOLS - {"find_runs"}:
-            refused = await client.call_tool(name, {"run_id": other})
+            handle = {"artifact": f"sha256:{'0' * 64}"} if name == "get_artifact" else {}
+            refused = await client.call_tool(name, {"run_id": other, **handle})
             assert refused.is_error and _text(refused.content[0]) == f"no run {other}"
-            unknown = await client.call_tool(name, {"run_id": "no-such-run"})
+            unknown = await client.call_tool(name, {"run_id": "no-such-run", **handle})
             assert unknown.is_error and _text(unknown.content[0]) == "no run no-such-run"
         for what in RESOURCES:
             with pytest.raises(MCPError, match=f"no run {other}"):
@@ -278,20 +284,65 @@ async def test_a_token_reads_only_its_fleets_runs(web: Web) -> None:
         assert done.stdout == b""
 
 
+def _hidden_texts(web: Web, run_id: str, hidden: set[str]) -> set[str]:
+    """Long strings of the run's hidden entries that no MODEL_VISIBLE entry of it holds."""
+
+    def strings(node: Any) -> Iterator[str]:
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict | list):
+            for value in node.values() if isinstance(node, dict) else node:
+                yield from strings(value)
+
+    entries = [e for e in web.sent if e.run_id == run_id]
+    shown = "\n".join(json.dumps(to_json(e)) for e in entries if e.entry_id not in hidden)
+    return {
+        text
+        for e in entries
+        if e.entry_id in hidden
+        for text in strings(to_json(e))
+        if len(text) >= 40 and json.dumps(text)[1:-1] not in shown
+    }
+
+
+async def _served(client: Client, run_id: str) -> dict[str, str]:
+    """Everything the server serves of a run: every tool (get_artifact with the handle of
+    every item of the next turn), resource and prompt, as text (content and ``_meta``)."""
+    served: dict[str, str] = {}
+    for name in sorted(TOOLS - {"find_runs", "get_artifact"}):
+        more = {"limit": 1000} if name == "get_timeline" else {}
+        answer = await _tool(client, name, run_id=run_id, **more)
+        served[name] = "\n".join([*(_text(c) for c in answer.content), json.dumps(answer.meta)])
+        assert all(i["visibility"] == "MODEL_VISIBLE" for i in (answer.meta or {}).get("items", []))
+    turn = await _tool(client, "get_next_turn", run_id=run_id)
+    for item in turn.structured_content["items"]:
+        handle = f"sha256:{item['sha256']}"
+        answer = await _tool(client, "get_artifact", run_id=run_id, artifact=handle)
+        served[handle] = answer.structured_content["text"] + json.dumps(answer.meta)
+    for what in RESOURCES:
+        read = await client.read_resource(f"ledger://runs/{run_id}/{what}")
+        served[what] = "\n".join(_text(c) for c in read.contents) + json.dumps(read.meta)
+    for prompt in ("resume_run", "explain_failure", "review_diff"):
+        got = await client.get_prompt(prompt, {"run_id": run_id})
+        served[prompt] = "\n".join(_text(m.content) for m in got.messages)
+    return served
+
+
+def _leaks(served: dict[str, str], hidden: set[str]) -> None:
+    for name, text in served.items():
+        leaked = [h for h in hidden if h in text]
+        assert not leaked, (name, leaked, text[text.find(leaked[0]) - 600 :][:900])
+
+
 async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
+    """Every tool (get_artifact with the handle of every item of the next turn), resource and
+    prompt, for every run of the token's fleet: no id and no text of an entry that is not
+    MODEL_VISIBLE (here AUDIT_ONLY, INTERNAL_ONLY, HUMAN_VISIBLE)."""
     async with _client(web, web.token_a) as client:
         for run_id in web.runs_of(FLEETS[0]):
             hidden = _hidden(web, run_id)
             assert hidden  # the simulator's run starts, model calls, contexts are audit-only
-            for name in sorted(TOOLS - {"find_runs"}):
-                more = {"limit": 1000} if name == "get_timeline" else {}
-                answer = await _tool(client, name, run_id=run_id, **more)
-                served = "\n".join([*(_text(c) for c in answer.content), json.dumps(answer.meta)])
-                leaked = [h for h in hidden if h in served]
-                assert not leaked, (name, leaked, served[served.find(leaked[0]) - 600 :][:900])
-                assert all(
-                    i["visibility"] == "MODEL_VISIBLE" for i in (answer.meta or {}).get("items", [])
-                )
+            _leaks(await _served(client, run_id), hidden | _hidden_texts(web, run_id, hidden))
             # the CLI (an operator's) shows them: the check above could fail
             assert [h for h in hidden if h in json.dumps(_cli(web, "timeline", run_id, "--json"))]
             # what a hidden model call saw is not served either
@@ -302,6 +353,119 @@ async def test_nothing_of_a_hidden_entry_is_served(web: Web) -> None:
             )
             refused = await client.call_tool("get_next_turn", {"run_id": run_id, "call": call})
             assert refused.is_error
+
+
+async def test_no_token_kind_is_served_what_is_not_for_a_model(web: Web) -> None:
+    """Entries made REDACTED, INTERNAL_ONLY and AUDIT_ONLY, each with a canary in its text,
+    in a new run: an admin token of the fleet is served nothing of them either, through every
+    tool, resource and prompt (the policy does not depend on the token's kind)."""
+    new = simulate(1, 1, seed=6262)
+    canaries: dict[str, str] = {}
+    levels = iter(("REDACTED", "INTERNAL_ONLY", "AUDIT_ONLY"))
+    for n, entry in enumerate(new):
+        doc = to_json(entry)
+        texts = [p for p in doc["parts"] if {"text", "summary", "message"} & set(p)]
+        if entry.sequence_no < 5 or entry.visibility.value != "MODEL_VISIBLE" or not texts:
+            continue
+        level = next(levels, None)
+        if level is None:
+            break
+        canary = f"CANARY-{level}-{uuid.uuid4().hex[:8]}"
+        for part in texts:
+            key = next(k for k in ("text", "summary", "message") if k in part)
+            part[key] = f"{canary} {part[key]}"
+        doc["visibility"] = level
+        new[n] = from_json(doc)
+        canaries[entry.entry_id] = canary
+    assert len(canaries) == 3
+    async with AsyncPublisher(web.settings) as publisher:
+        await publisher.publish_batch(new)
+    await _project(web.settings)
+    admin = create_token(web.settings, [FLEETS[0]], admin=True)["token"]
+    async with _client(web, admin) as client:
+        served = await _served(client, new[0].run_id)
+    _leaks(served, set(canaries) | set(canaries.values()))
+    # the CLI (an operator's) shows them: the check above could fail
+    shown = json.dumps(_cli(web, "timeline", new[0].run_id, "--json"))
+    assert [e for e in canaries if e in shown]
+
+
+async def test_get_artifact_serves_by_handle_only_what_a_next_turn_offers(web: Web) -> None:
+    """Large tool output the publisher moved into the artifact store is read back by its
+    handle, a page at a time, as stored; output that held a secret (its artifact RESTRICTED,
+    the secret replaced before it was stored) is refused; an item's own text by its sha256;
+    nothing of another fleet's run, nor a handle the next turn does not offer."""
+    new = simulate(1, 1, seed=5151)
+    run_id = new[0].run_id
+    clean = "".join(f"line {n}: 42 passed, 0 failed\n" for n in range(2000))  # ~60 KB
+    secret = "ghp_" + "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"[:36]
+    leaky = f"git clone https://x-access-token@github.com/o/r # {secret}\n" + clean
+    # the last tool result (the run's next turn holds it): its output moved to the store by
+    # the publisher, and a second artifact beside it that held a secret
+    store = FileArtifactStore.from_settings(web.settings)
+    restricted = store.put(leaky.encode(), "text/plain")
+    result = [e for e in new if e.kind.value == "TOOL_CALL_RESULT"][-1]
+    doc = to_json(result)
+    doc["parts"][0].update(summary=clean, artifact_refs=[to_json_ref(restricted)])
+    new[new.index(result)] = from_json(doc)
+    small = web.settings.model_copy(update={"max_entry_bytes": 16 * 1024})  # moves the output
+    async with AsyncPublisher(small) as publisher:
+        await publisher.publish_batch(new)
+    await _project(web.settings)
+
+    async with _client(web, web.token_a) as client:
+        turn = await _tool(client, "get_next_turn", run_id=run_id)
+        items = turn.structured_content["items"]
+        item = next(i for i in items if i["source_entry_id"] == result.entry_id)
+        refs = {r["redaction_level"]: r for r in item["artifact_refs"]}
+        offered, withheld = refs["REVIEW"], refs["RESTRICTED"]
+        assert offered["redaction_level"] == "REVIEW"
+        assert withheld["redaction_level"] == "RESTRICTED"
+        assert secret not in json.dumps(turn.structured_content)
+
+        got, offset = "", 0
+        while offset is not None:  # pages of 25,000 characters, as stored
+            page = await _tool(
+                client,
+                "get_artifact",
+                run_id=run_id,
+                artifact=offered["artifact_id"],
+                offset=offset,
+                limit=25_000,
+            )
+            doc = page.structured_content
+            assert doc["kind"] == "artifact" and len(doc["text"]) <= 25_000
+            assert (page.meta or {})["items"][0]["source_entry_id"] == result.entry_id
+            got, offset = got + doc["text"], doc["next_offset"]
+        assert got == clean
+
+        refused = await client.call_tool(
+            "get_artifact", {"run_id": run_id, "artifact": withheld["artifact_id"]}
+        )
+        assert refused.is_error and "withheld (RESTRICTED)" in _text(refused.content[0])
+        item = next(i for i in items if i.get("text"))
+        own = await _tool(
+            client, "get_artifact", run_id=run_id, artifact=f"sha256:{item['sha256']}"
+        )
+        assert own.structured_content["kind"] == "item"
+        assert own.structured_content["text"] == item["text"]
+
+        other = web.runs_of(FLEETS[1])[0]
+        for run, handle in (
+            (other, offered["artifact_id"]),
+            (web.live_run, offered["artifact_id"]),
+        ):
+            refused = await client.call_tool("get_artifact", {"run_id": run, "artifact": handle})
+            assert refused.is_error, run
+        assert _text(refused.content[0]).startswith("no artifact")
+    # the store holds the secret's output redacted: the secret never reached it
+    assert withheld["sha256"] == restricted.sha256
+    assert secret.encode() not in store.get(restricted.sha256)
+    assert b"[REDACTED:" in store.get(restricted.sha256)
+
+
+def to_json_ref(ref: ArtifactRef) -> dict[str, Any]:
+    return ref.model_dump(mode="json")
 
 
 def _hostile_call(web: Web) -> list[LedgerEntry]:
@@ -339,6 +503,7 @@ async def _project(settings: Settings) -> None:
         settings.redis_address,
         sink,
         redis_prefix=settings.redis_prefix,
+        change_streams=stream_projections(settings),  # the outbox the change relay sends
     )
     await engine.start()
     try:
@@ -459,6 +624,23 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
     uri = f"ledger://runs/{web.live_run}/working-memory"
     by_prefix = f"ledger://runs/{web.live_run[:13]}/working-memory"  # resolved to the run
     other = f"ledger://runs/{web.runs_of(FLEETS[1])[0]}/working-memory"
+    # the change streams: the engine writes the outbox in its commit, the relay sends it
+    relay, stop = ChangeRelay(web.settings, idle_s=0.2), asyncio.Event()
+    relaying = asyncio.create_task(relay.run(stop))
+    try:
+        with anyio.fail_after(30):
+            await relay.active.wait()
+        latency, legacy_latency = await _subscribe_both_ways(web, uri, by_prefix, other)
+    finally:
+        stop.set()
+        await relaying
+    print(f"commit to notification: listen {latency:.3f} s, subscribe {legacy_latency:.3f} s")
+    assert latency <= 1.0 and legacy_latency <= 1.0
+
+
+async def _subscribe_both_ways(
+    web: Web, uri: str, by_prefix: str, other: str
+) -> tuple[float, float]:
     heard: list[float] = []
     updated = asyncio.Event()
 
@@ -497,8 +679,7 @@ async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> 
         with anyio.fail_after(5):
             await updated.wait()
         legacy_latency = heard[0] - committed
-    print(f"commit to notification: listen {latency:.3f} s, subscribe {legacy_latency:.3f} s")
-    assert latency <= 1.0 and legacy_latency <= 1.0
+    return latency, legacy_latency
 
 
 @contextmanager

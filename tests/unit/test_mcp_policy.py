@@ -12,12 +12,17 @@ import pytest
 
 from consumers.mcp_ledger import (
     MAX_CHARS,
+    OFFERED_LEVELS,
     WITHHELD,
+    _artifact_page,
     _drop_hidden_evidence,
     _drop_hidden_index,
     _fit_items,
     _hidden_of,
     _sweep,
+    artifact_sha,
+    artifact_source,
+    cut_text,
 )
 from consumers.mcp_server import PROMPTS, TOOLS, _query, _read_uri
 from schemas.errors import BadArgumentError, NotFoundError
@@ -49,7 +54,7 @@ def test_the_last_sweep_leaves_out_or_replaces_whatever_names_a_hidden_entry() -
     doc: dict[str, Any] = {
         "finalized": [[3, {"entry_id": HIDDEN}]],
         "rows": [{"refs": {"entry": SHOWN}}, {"refs": {"context_entry": HIDDEN}}],
-        "detail": {"context_entry_id": HIDDEN, "note": f"made by {HIDDEN}."},
+        "detail": {"context_entry_id": HIDDEN, "note": f"made by {HIDDEN} and {SHOWN}."},
         "ids": [HIDDEN, SHOWN],
         "kept": SHOWN,
     }
@@ -57,7 +62,10 @@ def test_the_last_sweep_leaves_out_or_replaces_whatever_names_a_hidden_entry() -
     assert HIDDEN not in json.dumps(doc)
     assert doc["rows"] == [{"refs": {"entry": SHOWN}}]
     assert doc["finalized"] == [[3]]
-    assert doc["detail"] == {"context_entry_id": WITHHELD, "note": WITHHELD}
+    assert doc["detail"] == {
+        "context_entry_id": WITHHELD,
+        "note": f"made by {WITHHELD} and {SHOWN}.",  # the words stay, the id goes
+    }
     assert doc["ids"] == [WITHHELD, SHOWN] and doc["kept"] == SHOWN
     assert _sweep(doc, set()) == 0
 
@@ -73,8 +81,37 @@ def test_a_manifest_too_big_loses_its_biggest_texts_first() -> None:
     assert len(json.dumps(doc)) <= MAX_CHARS
     assert [t["sha256"] for t in truncated] == ["c"]
     assert truncated[0]["chars"] == MAX_CHARS // 2 + 10 and truncated[0]["source_entry_id"] == "e3"
-    assert items[2]["text"] is None and items[1]["text"] == "small"
+    assert truncated[0]["artifact"] == "sha256:c"  # the handle get_artifact reads it back by
+    assert items[2]["text"] == cut_text(MAX_CHARS // 2 + 10, "c") and items[1]["text"] == "small"
+    assert "get_artifact" in items[2]["text"] and "artifact=sha256:c" in items[2]["text"]
     assert _fit_items({"items": [{"text": "fits"}]}) == []
+
+
+def test_a_handle_names_what_a_next_turn_offers_and_nothing_else() -> None:
+    cut, offered, restricted = "a" * 64, "b" * 64, "c" * 64
+    items: list[dict[str, Any]] = [
+        {"sha256": cut, "text": "the whole text", "source_entry_id": "e1"},
+        {
+            "sha256": "d" * 64,
+            "text": "[tool output: see artifact]",
+            "artifact_refs": [
+                {"sha256": offered, "redaction_level": "REVIEW"},
+                {"sha256": restricted, "redaction_level": "RESTRICTED"},
+            ],
+        },
+    ]
+    assert artifact_source(items, cut) == (items[0], None)
+    assert artifact_source(items, offered) == (items[1], items[1]["artifact_refs"][0])
+    assert artifact_source(items, "e" * 64) is None
+    assert "RESTRICTED" not in OFFERED_LEVELS and "REVIEW" in OFFERED_LEVELS
+    assert artifact_sha(f"sha256:{cut.upper()}") == cut == artifact_sha(cut)
+    for bad in ("sha256:abc", "../../etc/passwd", ""):
+        with pytest.raises(BadArgumentError):
+            artifact_sha(bad)
+    page = _artifact_page("r", "sha256:x", "artifact", "text/plain", "x" * (3 * MAX_CHARS), 5, 10)
+    assert page["text"] == "x" * 10 and page["next_offset"] == 15
+    big = _artifact_page("r", "sha256:x", "artifact", "text/plain", '"' * MAX_CHARS, 0, MAX_CHARS)
+    assert len(json.dumps(big)) <= MAX_CHARS and big["next_offset"] == len(big["text"])
 
 
 def test_a_resource_query_takes_only_the_tools_arguments() -> None:
@@ -95,7 +132,9 @@ def test_every_tool_is_described_and_takes_what_it_says() -> None:
         schema = tool.args.model_json_schema()
         assert schema["type"] == "object" and tool.description
         assert {"run_id", "min_seq", "timeout_s"} <= set(schema["properties"])  # every read
-        if tool.name != "find_runs":
+        if tool.name == "get_artifact":
+            assert sorted(schema["required"]) == ["artifact", "run_id"]
+        elif tool.name != "find_runs":
             assert schema["required"] == ["run_id"]
         assert schema.get("additionalProperties") is False
 
