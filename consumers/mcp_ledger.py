@@ -27,7 +27,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
@@ -524,20 +524,8 @@ class Ledger:
         does; with ``run_id`` and ``min_seq``, once every projection the list is read from has
         applied that sequence number of that run (read-your-writes: a sequence number is a
         run's). One transaction (with ``min_seq``, none is held while waiting)."""
-        if min_seq is not None:
-            return self._find_runs(
-                fleet=fleet,
-                status=status,
-                failure_class=failure_class,
-                search=search,
-                sort=sort,
-                limit=limit,
-                via=via,
-                run_id=run_id,
-                min_seq=min_seq,
-                timeout_s=timeout_s,
-            )
-        with self._one_transaction():
+        within = nullcontext() if min_seq is not None else self._one_transaction()
+        with within:
             return self._find_runs(
                 fleet=fleet,
                 status=status,
