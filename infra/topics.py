@@ -7,6 +7,8 @@ their order inside one partition, kept forever (``retention.ms=-1``), compressed
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -120,6 +122,59 @@ def change_topic_specs(
     ]
     specs.append(TopicSpec(change_schema_topic(prefix), 1, replication, CHANGE_TOPIC_CONFIG))
     return specs
+
+
+class TopicLister:
+    """Lists the cluster's topics on a thread and event loop of its own.
+
+    A full metadata answer is decoded in Python: ~60 ms for a cluster of 500 topics on this
+    machine. On the caller's event loop that would hold up every other task for as long (a
+    worker's hot batches every few seconds); on a thread of its own the caller's loop gets the
+    interpreter back at every switch interval. One admin client, kept across calls."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def _names(self) -> list[str]:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=15000)
+            await admin.start()
+            self._admin = admin
+        try:
+            return list(await self._admin.list_topics())
+        except Exception:
+            admin, self._admin = self._admin, None  # a new client next time
+            await admin.close()
+            raise
+
+    async def names(self) -> list[str]:
+        """Every topic the cluster has."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="agentledger-topics", daemon=True
+            )
+            thread.start()
+            self._loop, self._thread = loop, thread
+        future = asyncio.run_coroutine_threadsafe(self._names(), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def close(self) -> None:
+        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None:
+            return
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            closing = asyncio.run_coroutine_threadsafe(admin.close(), loop)
+            with contextlib.suppress(Exception):  # best effort: the thread goes either way
+                await asyncio.wait_for(asyncio.wrap_future(closing), 5)
+        loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, 5)
+        if not thread.is_alive():
+            loop.close()
 
 
 async def listed_topics(bootstrap: str) -> list[str]:

@@ -71,6 +71,18 @@ class Health:
                 out[tp] = max(0, int(mark) - next_offset)
         return out
 
+    def behind(self, highwater: Mapping[TP, int | None], taken: Mapping[TP, int]) -> int:
+        """Entries behind the high-water marks over every assigned partition, counting the
+        ``taken`` ones (highest offset per partition, taken but not yet applied) as done: what
+        is still to come after them. Partitions whose mark is unknown count nothing."""
+        total = 0
+        for tp, next_offset in self.next_offset.items():
+            mark = highwater.get(tp)
+            if mark is not None:
+                done = max(next_offset, taken.get(tp, -1) + 1)
+                total += max(0, int(mark) - done)
+        return total
+
     def idle_s(self, now: float) -> float:
         """Seconds since the worker last made progress or was (re)assigned partitions."""
         marks = [m for m in (self.started, self.last_applied, self.last_assigned) if m is not None]

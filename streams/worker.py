@@ -1,12 +1,12 @@
-"""``agentledger worker``: the faust app whose agent feeds ledger batches to the engine.
+"""``agentledger worker``: the faust app that feeds ledger batches to the engine.
 
 faust decides who consumes which partition (one consumer group across worker processes) and
-hands the agent batches of events. It does not decide *where* a partition resumes: after every
-rebalance, :class:`PositionedConsumer` seeks each assigned partition to the offset after the one
-PostgreSQL says was applied. faust acks a batch even when the handler raised (``take_events``
-acks in a ``finally``), so a non-retriable failure stops the process instead of moving on; the
-stored offsets decide where the next start begins.
-"""
+fetches. It does not decide *where* a partition resumes: after every rebalance,
+:class:`PositionedConsumer` seeks each assigned partition to the offset after the one
+PostgreSQL says was applied. Nor does it carry the records one by one through its streams:
+each fetch goes to the engine's loop whole (:mod:`streams.feed`), as faust's per-record path
+cost as much as applying them. No acks and no Kafka commits: a non-retriable failure stops the
+process, and the stored offsets decide where the next start begins."""
 
 from __future__ import annotations
 
@@ -18,14 +18,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
 import faust
 import psycopg
-from aiokafka.admin import AIOKafkaAdminClient
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode import Service
@@ -34,12 +33,14 @@ from infra.admin import existing_ledger_topics
 from infra.local import register_worker
 from infra.migrate import migrate
 from infra.settings import Settings
+from infra.topics import TopicLister
 from projectors.registry import selected
 from schemas.topics import fleet_of_ledger_topic, ledger_topic
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord, tune_gc
+from streams.feed import Feed
 from streams.health import Health, Supervision, forget, report, stall
 from streams.telemetry import telemetry_from_setting
 
@@ -52,6 +53,7 @@ class PositionedConsumer(faust_aiokafka.Consumer):
     engine: Engine | None = None
     ledger_topics: frozenset[str] = frozenset()
     health: Health | None = None
+    feed: Feed | None = None
 
     async def perform_seek(self) -> None:
         # faust's own seek first: it initialises its ack bookkeeping for the new assignment.
@@ -76,6 +78,27 @@ class PositionedConsumer(faust_aiokafka.Consumer):
             self.health.assigned({(tp.topic, tp.partition): o for tp, o in targets.items()})
         logger.info("resumed %d partitions at PostgreSQL positions", len(targets))
 
+    async def _drain_messages(self, fetcher: Any) -> None:
+        """Put each fetch's records on :attr:`feed` as one list (see :mod:`streams.feed`), not
+        one by one through faust's conductor and streams; without a feed, faust's own path."""
+        feed = self.feed
+        if feed is None:
+            await super()._drain_messages(fetcher)
+            return
+        consumer_stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                fetched = [message async for _tp, message in self.getmany(timeout=1.0)]
+                await self.sleep(0)  # a fetch that came back at once still lets others run
+                if fetched:
+                    await feed.put(fetched)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                logger.info("the broker stopped the consumer; shutting down")
+                return
+            raise
+
     def highwater(self, tp: TP) -> int:
         """The partition's high-water mark, or None while it is not assigned.
 
@@ -95,15 +118,10 @@ class PositionedTransport(faust_aiokafka.Transport):
     Consumer = PositionedConsumer
 
 
-def _record(event: Any) -> SourceRecord:
-    m = event.message
+def _record(m: Any) -> SourceRecord:
     headers = tuple((k, v) for k, v in (m.headers or ()))
     stamp = int(m.timestamp * 1000) if m.timestamp else None  # faust keeps seconds
     return SourceRecord(m.topic, m.partition, m.offset, m.key, m.value, headers, stamp)
-
-
-def _event_lag(app: faust.App, events: list[Any]) -> int:
-    return _lag(app, ((e.message.topic, e.message.partition, e.message.offset) for e in events))
 
 
 def _lag(app: faust.App, positions: Iterable[tuple[str, int, int]]) -> int:
@@ -121,45 +139,24 @@ def _lag(app: faust.App, positions: Iterable[tuple[str, int, int]]) -> int:
     return lag
 
 
-BACKLOG = 1000  # entries behind the partitions' high-water marks that make the worker "behind"
+def _behind(app: faust.App, health: Health, taken: Mapping[tuple[str, int], int]) -> int:
+    """Entries still to come after those taken (highest offset per partition, not yet
+    applied) over every assigned ledger partition: the whole backlog, not only the taken
+    partitions' (a fleet's runs spread over all of them, so each alone may look caught up)."""
+    highwater: dict[tuple[str, int], int | None] = {}
+    for topic, partition in health.next_offset:
+        try:
+            highwater[(topic, partition)] = app.consumer.highwater(TP(topic, partition))
+        except Exception:  # not assigned any more (a rebalance under way): no figure
+            continue
+    return health.behind(highwater, taken)
 
 
-async def _batches(
-    stream: Any, size: int, within_s: float, lag: Callable[[list[Any]], int]
-) -> AsyncIterator[list[Any]]:
-    """faust's ``take_events``, merged into full batches while the worker is behind.
-
-    ``take_events`` yields what its per-event feeding collected in one ``within_s`` window:
-    under a backlog that is a few dozen events, so every batch touched each run for an entry or
-    two and paid the per-run document round trip each time. While the consumer lag is at least
-    ``BACKLOG``, windows are merged up to ``size``; otherwise (the steady state of the hot path)
-    each window is sent as it comes.
-    """
-    windows = stream.take_events(size, within=within_s).__aiter__()
-    carried: asyncio.Future[list[Any]] | None = None  # a window asked for, not yet come
-    try:
-        while True:
-            try:
-                events = await (carried or windows.__anext__())
-            except StopAsyncIteration:
-                break
-            carried = None
-            merged = list(events)
-            while len(merged) < size and lag(events) >= BACKLOG:
-                carried = asyncio.ensure_future(windows.__anext__())
-                done, _ = await asyncio.wait({carried}, timeout=within_s * 2)
-                if not done:
-                    break  # the backlog ran dry: send what is merged, keep waiting after
-                try:
-                    events = carried.result()
-                except StopAsyncIteration:
-                    break
-                carried = None
-                merged.extend(events)
-            yield merged
-    finally:
-        if carried is not None:
-            carried.cancel()
+# Entries still to come (over all assigned partitions) at which the worker counts as behind and
+# waits a little for more records to merge into its batch: each batch pays a fixed cost (a
+# transaction, each touched run's heads and views), so while records wait, fewer larger batches
+# catch up sooner than many small ones; a worker that keeps up sends what came as it comes.
+BACKLOG = 100
 
 
 # Exit codes of the faust process. Any exit the supervisor did not ask for is restarted with
@@ -365,8 +362,12 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
     relay = ChangeRelay(settings) if settings.change_relay else None
     relay_stop = asyncio.Event()
     PositionedConsumer.engine = engine
-    source = app.topic(*topics, value_type=bytes)
-    admin: list[AIOKafkaAdminClient] = []
+    # No acks: positions live in PostgreSQL, and records reach the engine through the feed, not
+    # faust's stream (whose per-topic "stream idle" checks would then report a healthy worker).
+    source = app.topic(*topics, value_type=bytes, acks=False)
+    feed = Feed(max_records=2 * batch_size)
+    PositionedConsumer.feed = feed
+    lister = TopicLister(settings.kafka_address)  # off this loop: see TopicLister
     health_conn: list[psycopg.AsyncConnection[Any]] = []
     supervision = Supervision.from_env()
     started = asyncio.Event()
@@ -379,10 +380,13 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         # faust's consumer runs in its own thread; with the default 5 ms GIL switch interval a
         # batch being folded holds fetched records back for up to 5 ms at a time.
         sys.setswitchinterval(0.001)
-        behind = partial(_event_lag, app)
-        async for events in _batches(stream, batch_size, within_s, behind):
+        # Iterating the agent's channel is what subscribes the consumer to the ledger topics
+        # (faust's Stream does the same); the records themselves come through the feed.
+        aiter(stream.channel)
+        behind = partial(_behind, app, health)
+        async for messages in feed.batches(batch_size, within_s, behind, BACKLOG):
             try:
-                records = [_record(e) for e in events]
+                records = [_record(m) for m in messages]
                 health.begin()
                 await engine.process(records)
                 last: dict[tuple[str, int], int] = {}
@@ -412,11 +416,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         if not started.is_set() or STOP.requested:
             return
         try:
-            if not admin:
-                client = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_address)
-                await client.start()
-                admin.append(client)
-            names = await admin[0].list_topics()
+            names = await lister.names()
         except Exception:
             logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
             return
@@ -492,8 +492,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         relay_stop.set()
         await engine.close()
         await sink.close()
-        for client in admin:
-            await client.close()
+        await lister.close()
         for conn in health_conn:
             with contextlib.suppress(Exception):
                 await forget(conn)
