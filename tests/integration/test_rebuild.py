@@ -118,17 +118,30 @@ def _serving(d: Deployment, name: str, run_id: str) -> int:
 
 def test_drill_4_rebuild_under_live_traffic_then_swap_and_verify(deployment: Deployment) -> None:
     d = deployment
-    runs = _runs(24, seed=41)
-    first, second = runs[:12], runs[12:]
+    drawn = _runs(40, seed=41)
+    first, more = drawn[:12], drawn[12:]
     asyncio.run(_publish(d.settings, first))
     worker = d.start_worker("w")
+    published: Runs = []
+    runs: Runs = first
     try:
         d.wait_applied(first)
         old = {n: d.live(n) for n in ("working-memory", "cost-metrics")}
 
+        async def traffic(stop: asyncio.Event) -> None:
+            # a run every 0.5 s until the rebuilds are swapped in (however long the replay
+            # processes take to start on a loaded machine), from a stock that outlasts them
+            async with AsyncPublisher(d.settings) as publisher:
+                for run in more[:-1]:
+                    if stop.is_set():
+                        return
+                    await publisher.publish_batch(run)
+                    published.append(run)
+                    await asyncio.sleep(0.5)
+
         async def rebuild_while_publishing() -> dict[str, str]:
-            # (long enough to outlast starting the two replay processes as well)
-            traffic = asyncio.create_task(_publish(d.settings, second, pause_s=0.5))
+            stop = asyncio.Event()
+            flowing = asyncio.create_task(traffic(stop))
             new = {}
             for name in old:
                 p = projection(name)
@@ -141,11 +154,16 @@ def test_drill_4_rebuild_under_live_traffic_then_swap_and_verify(deployment: Dep
                 assert _serving(d, name, first[0][0].run_id) == len(first[0])
                 await swap(d.settings, p, build)
                 new[name] = build
-            assert not traffic.done(), "the traffic outlasted the rebuilds"
-            await traffic
+            assert not flowing.done(), "the traffic ran out before the rebuilds were swapped in"
+            stop.set()
+            await flowing
+            await _publish(d.settings, more[-1:])  # and one run after both swaps
+            published.extend(more[-1:])
             return new
 
         new = asyncio.run(rebuild_while_publishing())
+        assert len(published) >= 2
+        runs = first + published
         d.wait_applied(runs)  # the worker followed the pointer into the new builds
     finally:
         d.stop_worker(worker)
