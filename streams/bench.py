@@ -660,21 +660,41 @@ async def _publish_raw(d: PrivateDeployment, entries_wanted: int, seed: int = 99
 
 
 class _ProcessSampler:
-    """RSS (the largest process's) and CPU time (summed) of processes, from /proc, sampled while
-    a figure is measured."""
+    """RSS (the largest process's) and CPU time (summed) of processes and their children, from
+    /proc, sampled while a figure is measured. ``agentledger worker`` is a supervisor whose
+    child, the faust process, does the work (and may be started again): each pid counts with
+    the children it has at each sample, and the CPU of children that ended with its own."""
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids
         self.rss_mb: list[float] = []
-        self.cpu_start = sum(self._cpu_s(pid) for pid in pids)
+        self.cpu_start = self.cpu_s(absolute=True)
+
+    @staticmethod
+    def _family(pid: int) -> list[int]:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        return [pid, *children]
 
     def sample(self) -> None:
-        sizes = [size for pid in self.pids if (size := self._rss_mb(pid)) is not None]
+        sizes = [
+            size
+            for pid in self.pids
+            for member in self._family(pid)
+            if (size := self._rss_mb(member)) is not None
+        ]
         if sizes:
             self.rss_mb.append(max(sizes))
 
-    def cpu_s(self) -> float:
-        return sum(self._cpu_s(pid) for pid in self.pids) - self.cpu_start
+    def cpu_s(self, absolute: bool = False) -> float:
+        total = 0.0
+        for pid in self.pids:
+            total += self._cpu_s(pid, reaped=True)  # with its children that ended
+            total += sum(self._cpu_s(child) for child in self._family(pid)[1:])
+        return total if absolute else total - self.cpu_start
 
     @staticmethod
     def _rss_mb(pid: int) -> float | None:
@@ -688,11 +708,14 @@ class _ProcessSampler:
         return None
 
     @staticmethod
-    def _cpu_s(pid: int) -> float:
+    def _cpu_s(pid: int, reaped: bool = False) -> float:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            ticks = int(fields[11]) + int(fields[12])
+            if reaped:  # cutime + cstime: children waited for
+                ticks += int(fields[13]) + int(fields[14])
+            return ticks / os.sysconf("SC_CLK_TCK")
         except OSError:
             return 0.0
 
