@@ -31,12 +31,19 @@ Lag = Callable[[Mapping[tuple[str, int], int]], int]
 
 
 class Record(Protocol):
-    topic: str
-    partition: int
-    offset: int
+    """What the feed reads of a fetched record (faust's message has more)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
 
 
-def take(taken: Taken, records: Sequence[Any]) -> None:
+def take(taken: Taken, records: Sequence[Record]) -> None:
     """Note the highest offset per partition of ``records`` in ``taken``."""
     for r in records:
         tp = (r.topic, r.partition)
