@@ -6,6 +6,8 @@ one way both turn it into JSON (Decimals and times as strings, as the CLI has al
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from consumers.analytics import (
+    ANALYTICS,
     DIMENSIONS,
     cost_report,
     failure_days,
@@ -178,9 +181,44 @@ def applied(settings: Settings, run_id: str) -> int:
         return sum(seq for _, seq in ops.live_applied(conn, TIMELINE_SOURCES, [run_id]))
 
 
+# The timelines assembled last, by (database, run): a run's timeline is rebuilt only when a
+# row it is made of has been written since (its version in each projection's live build), so
+# a page of a 10,000-entry run, its next page, its header and its costs share one assembly.
+# Bounded by rows: the runs assembled last, up to TIMELINE_CACHE_ROWS rows in all.
+TIMELINE_CACHE_ROWS = 60_000
+_timelines: OrderedDict[tuple[str, str], tuple[object, dict[str, Any]]] = OrderedDict()
+_timelines_lock = threading.Lock()
+
+
 def timeline(settings: Settings, run_id: str) -> dict[str, Any]:
     """The run's header and timeline rows (``agentledger timeline --json``)."""
-    return run_timeline(settings, run_id)
+    with ops.connect(settings.pg_address) as conn:
+        version = ops.live_versions(conn, ANALYTICS, run_id)
+    key = (settings.pg_address, run_id)
+    with _timelines_lock:
+        kept = _timelines.get(key)
+        if kept is not None and kept[0] == version:
+            _timelines.move_to_end(key)
+            return _copy(kept[1])
+    doc = run_timeline(settings, run_id)
+    # kept only when no write landed while it was assembled (else the next read assembles it)
+    with ops.connect(settings.pg_address) as conn:
+        if ops.live_versions(conn, ANALYTICS, run_id) != version:
+            return doc
+    with _timelines_lock:
+        _timelines[key] = (version, doc)
+        _timelines.move_to_end(key)
+        rows = sum(len(d["rows"]) for _, d in _timelines.values())
+        while rows > TIMELINE_CACHE_ROWS and len(_timelines) > 1:
+            _, (_, dropped) = _timelines.popitem(last=False)
+            rows -= len(dropped["rows"])
+    return _copy(doc)
+
+
+def _copy(doc: dict[str, Any]) -> dict[str, Any]:
+    """A kept timeline for a caller that may change its header or its list of rows (the rows
+    themselves are not changed by any caller)."""
+    return {**doc, "rows": list(doc["rows"])}
 
 
 def memory(settings: Settings, run_id: str, at: int | None = None) -> dict[str, Any]:

@@ -180,6 +180,20 @@ def live_applied(
     return [(str(r), int(s)) for r, s in rows]
 
 
+def live_versions(
+    conn: psycopg.Connection[Any], projections: Sequence[str], run_id: str
+) -> list[tuple[str, str, int, str]]:
+    """(projection, build, applied_seq, row version) of a run in each of these projections'
+    live builds: the row version (``xmin``, the transaction that last wrote the row) changes
+    with every write of the run's state, whatever changed in it; a swap changes the build."""
+    rows = conn.execute(
+        f"SELECT s.projection, s.build, s.applied_seq, s.xmin::text FROM {LIVE_STATE} "
+        "WHERE s.projection = ANY(%s) AND s.run_id = %s ORDER BY s.projection",
+        (list(projections), run_id),
+    ).fetchall()
+    return [(str(p), str(b), int(a), str(x)) for p, b, a, x in rows]
+
+
 def live_applied_totals(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """Entries applied per projection's live build (summed over its runs)."""
     rows = conn.execute(

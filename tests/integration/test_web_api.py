@@ -22,12 +22,14 @@ import pytest
 from markupsafe import escape
 from typer.testing import CliRunner
 
+from consumers import analytics, queries
 from consumers.access import create_token
 from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
 from projectors.stores import postgres_ops as ops
 from schemas.models import ModelUsagePart
+from streams.simulate import simulate_runs
 from tests.integration.web_support import (
     FLEETS,
     HOSTILE_REPOSITORY,
@@ -36,6 +38,7 @@ from tests.integration.web_support import (
     MARKER,
     Web,
     free_port,
+    publish_and_project,
     web_deployment,
 )
 
@@ -500,3 +503,37 @@ def test_builds_are_for_admins_and_are_the_clis(web: Web) -> None:
         [b for b in builds if b["live"]]
     )
     assert httpx.get(f"{web.base}/builds", cookies={"al_session": web.token_a}).status_code == 403
+
+
+async def test_a_run_read_again_is_assembled_once_until_it_is_written(
+    web: Web, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's header, its rows and its costs read one after the other are one assembly of its
+    timeline (the server keeps it by the version of the rows it is made of); once another entry
+    of the run is applied, the next read assembles it again and has the new rows."""
+    [run] = list(simulate_runs(1, 1, seed=3131))
+    assert run[0].fleet_id == FLEETS[0]
+    run_id = run[0].run_id
+    await publish_and_project(web.settings, run[:12])
+    assembled: list[str] = []
+    real = analytics.run_timeline
+
+    def counted(settings: Settings, wanted: str) -> dict[str, Any]:
+        assembled.append(wanted)
+        return real(settings, wanted)
+
+    monkeypatch.setattr(queries, "run_timeline", counted)  # the queries layer's own name
+    header = _api(web, f"/api/v1/runs/{run_id}")
+    rows = _all_rows(web, run_id, 5)
+    costs = _api(web, f"/api/v1/runs/{run_id}/costs")
+    assert assembled == [run_id]
+    assert header["status"] == "RUNNING" and header["row_count"] == len(rows) > 5
+    assert costs == header["cost"]
+    await publish_and_project(web.settings, run[12:])
+    grown = _api(web, f"/api/v1/runs/{run_id}/timeline", limit=1000)["rows"]
+    assert assembled == [run_id, run_id]
+    # the new rows, and the old ones as they stand now (a pending tool call has its result)
+    assert len(grown) > len(rows) and grown[: len(rows)] != rows
+    assert grown == _cli(web, "timeline", run_id, "--json")["rows"]
+    assert _api(web, f"/api/v1/runs/{run_id}")["status"] != "RUNNING"
+    assert assembled == [run_id, run_id]
