@@ -24,7 +24,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# tests/run lints (ruff, mypy) beside the tests, as a fifth process
+test: $(STAMP)
 	tests/ensure-chromium
 	tests/run
 

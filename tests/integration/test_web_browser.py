@@ -19,11 +19,13 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, sync_playwright
 
+from consumers.render import as_of
 from infra.settings import Settings
 from tests.integration.web_support import (
     FLEETS,
     MARKER,
     Web,
+    cli_json,
     publish_and_project,
     web_deployment,
 )
@@ -188,6 +190,25 @@ def _walk(page: Page, web: Web) -> None:
     page.go_back()
     page.go_back()
     assert parse_qs(urlparse(page.url).query)["search"] == [MARKER]  # back to the filtered list
+
+    # the working memory at any sequence number: the slider, then the next one
+    page.goto(f"{web.base}/runs/{web.hostile_run}")
+    page.click("text=working memory")
+    slider = page.locator("input[name=at]")
+    last = int(slider.get_attribute("max") or 0)
+    assert last > 6 and slider.input_value() == str(last)  # it opens at the run's last entry
+    slider.fill("5")
+    page.click("form.filters button[type=submit]")
+    assert parse_qs(urlparse(page.url).query)["at"] == ["5"]
+    at_5 = cli_json(web.settings, "memory", web.hostile_run, "--at", "5", "--json")
+    assert page.locator("p.asof").inner_text() == as_of(at_5["seq"], at_5["asked_seq"])
+    assert slider.input_value() == "5"
+    page.click("text=seq 6 →")
+    assert parse_qs(urlparse(page.url).query)["at"] == ["6"]
+    at_6 = cli_json(web.settings, "memory", web.hostile_run, "--at", "6", "--json")
+    assert page.locator("p.asof").inner_text() == as_of(at_6["seq"], at_6["asked_seq"])
+    goal = page.locator("dl.header dd").first.inner_text()
+    assert goal == (at_6["state"].get("task_goal") or "-")
 
     page.goto(f"{web.base}/runs/{web.hostile_run}")
     page.click("text=compare with another run")

@@ -57,6 +57,7 @@ from schemas.models import EntryKind, LedgerEntry, parse_entry
 from schemas.topics import ledger_topic
 from streams.contract import RecordContractError, check_record
 from streams.publisher import SequenceBook, prepare
+from tests.fuzz import examples as scaled
 
 T = TypeVar("T")
 
@@ -86,7 +87,7 @@ LONG_MAX = 2**63 - 1
 
 def _profile(examples: int) -> settings:
     return settings(
-        max_examples=examples,
+        max_examples=scaled(examples),
         deadline=None,
         derandomize=True,
         database=None,
