@@ -191,7 +191,14 @@ _timelines_lock = threading.Lock()
 
 
 def timeline(settings: Settings, run_id: str) -> dict[str, Any]:
-    """The run's header and timeline rows (``agentledger timeline --json``)."""
+    """The run's header and timeline rows (``agentledger timeline --json``). One connection
+    for the whole read (the row versions, each projection's document, the call costs and the
+    re-check): on the CLI's path each statement opened its own."""
+    with ops.one_connection(settings.pg_address):
+        return _timeline(settings, run_id)
+
+
+def _timeline(settings: Settings, run_id: str) -> dict[str, Any]:
     with ops.connect(settings.pg_address) as conn:
         version = ops.live_versions(conn, ANALYTICS, run_id)
     key = (settings.pg_address, run_id)
