@@ -366,7 +366,7 @@ async def hot_path(
             # Each fleet's agents validate, redact and encode on their own machines (as in
             # ingest): staged before the clock, so the publisher's CPU on this machine is what
             # sending costs. Staged inside the loop, it took a third of a core from the worker
-            # and the load reached 830 of the 1,000 entries/s asked (docs/measured.md).
+            # and the load reached 700-890 of the 1,000 entries/s asked (docs/measured.md).
             staged: list[tuple[LedgerEntry, Encoded]] = []
             for run in runs:
                 if len(staged) >= int(rate * (warmup + seconds)) + 10:
