@@ -28,6 +28,7 @@ from projectors.stores import contract as pg
 from projectors.stores.contract import RunView, Store, StoreTransaction, ViewStore
 from projectors.stores.postgres import PostgresStore
 from projectors.stores.redis import RedisViewStore
+from projectors.working_memory import SHARED_FOLDS
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
 from schemas.models import LedgerEntry
@@ -533,6 +534,7 @@ class Engine:
                     result.writes.append(write)
                     if view is not None:
                         result.views.append(view)
+        SHARED_FOLDS.clear()  # (its results are shared within one batch's folds)
         return results
 
     @staticmethod

@@ -694,3 +694,43 @@ def test_simulated_runs_give_sensible_memory() -> None:
             assert state.open_problems
         if outcome == "policy":  # the simulator records the denial AUDIT_ONLY: not for a model
             assert not any(x.kind == "policy-denied" for x in state.blocked_by)
+
+
+def test_shared_folds_change_no_result_and_share_the_second_fold() -> None:
+    """context-manifests keeps its own working memory: a worker folding both shares the second
+    fold of each entry (issue 25), and the results are those of folding each alone."""
+    from projectors.context_manifests import ContextManifestsProjection
+    from projectors.working_memory import SHARED_FOLDS, SharedFolds
+
+    entries = next(iter(simulate_runs(1, 1, seed=9, entries_per_run=120)))
+    wm, cm = WorkingMemoryProjection(), ContextManifestsProjection()
+    SHARED_FOLDS.clear()
+    alone_wm = fold_all(wm, entries)
+    SHARED_FOLDS.clear()
+    alone_cm = fold_all(cm, entries)
+    SHARED_FOLDS.clear()
+
+    hits = SHARED_FOLDS.hits
+    memory, context = None, None
+    for entry in entries:  # as a batch folds them: each entry onto both projections
+        memory = wm.fold(memory or wm.initial(entry), entry)
+        context = cm.fold(context or cm.initial(entry), entry)
+    assert memory is not None and context is not None
+    assert SHARED_FOLDS.hits - hits == len(entries)  # every second fold shared
+    assert context.memory is memory  # one object from then on
+    assert alone_wm is not None and alone_cm is not None
+    assert wm.to_json(memory) == wm.to_json(alone_wm)
+    assert cm.checkpoint_json(cm.finish(context)) == cm.checkpoint_json(cm.finish(alone_cm))
+
+    # an equal state (not the same object) is shared too; a different one is folded
+    folds = SharedFolds()
+    first = entries[0]
+    start = wm.initial(first)
+    once = folds.fold(start, first)
+    assert folds.fold(start.model_copy(), first) is once and folds.hits == 1
+    other = start.model_copy(update={"run_id": "other-run"})
+    assert folds.fold(other, first) is other  # another run's state: not this entry's
+    assert folds.hits == 1
+    # another decoded copy of the entry is folded again, not looked up
+    again = LedgerEntry.model_validate(first.model_dump())
+    assert folds.fold(start, again) == once and folds.hits == 1
