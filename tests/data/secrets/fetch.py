@@ -80,6 +80,7 @@ SOURCES = (
     "detectsecrets",
     "whispers",
     "ripsecrets",
+    "trivy",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -659,6 +660,79 @@ def fetch_ripsecrets() -> None:
         assert texts[(copy["path"], copy["commit"])] == copy["text"], copy["path"]
 
 
+# trivy (the eleventh source, HELD OUT, ninth round): the data files of aquasecurity/trivy's
+# secret scanner tests (``pkg/fanal/secret/testdata/``: every file but the scanner configs, the
+# ``.yaml`` files other than ``symfony-secret.yaml``, and ``invalid-utf8.txt``), copied whole into
+# ``trivy-tests.jsonl`` (path, commit, text), and every expected finding of its
+# ``scanner_test.go`` (``types.SecretFinding``: rule id, lines, ``Match``) into
+# ``trivy-findings.jsonl``. trivy masks exactly the secret in ``Match`` with ``*``, so the values
+# are found by a rule fixed before the copy was measured (``trivy_cases``): each finding's
+# ``Match`` read as a pattern (its ``*`` runs are the secret, as many characters as stars, the
+# rest literal) and searched in every line of every copied file; each line it matches is a case,
+# the line as trivy's authors wrote it, and each starred span a value. Findings of the test
+# configs' own rules (``rule1``, ``multi-line-secret``) are no builtin detector's and are left
+# out; so are the rules that find ids or public values.
+TRIVY_REPO = "aquasecurity/trivy"
+TRIVY_CUSTOM_RULES = frozenset({"rule1", "multi-line-secret"})
+TRIVY_NOT_SECRET = frozenset(
+    {"aws-access-key-id", "aws-account-id", "alibaba-access-key-id", "stripe-publishable-token"}
+)
+
+
+def trivy_pattern(match: str) -> re.Pattern[str] | None:
+    """A ``Match`` as a pattern: each run of ``*`` a group of that many characters, the rest
+    literal; None when it has under 4 literal characters (it would match any line)."""
+    parts = re.findall(r"\*+|[^*]+", match)
+    if sum(len(p) for p in parts if p[0] != "*") < 4:
+        return None
+    return re.compile("".join(f"(.{{{len(p)}}})" if p[0] == "*" else re.escape(p) for p in parts))
+
+
+def build_trivy() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    copies = copied_cases("trivy-tests")
+    for finding in copied_cases("trivy-findings"):
+        rule = finding["rule_id"]
+        if rule in TRIVY_CUSTOM_RULES:
+            dropped["custom-rule"] += 1
+            continue
+        if rule in TRIVY_NOT_SECRET:
+            dropped["not-a-secret"] += 1
+            continue
+        pattern = trivy_pattern(finding["match"])
+        found = [
+            (copy, line, m)
+            for copy in copies
+            for line in copy["text"].splitlines()
+            if pattern is not None and (m := pattern.search(line))
+        ]
+        if not found:
+            dropped["not-found"] += 1  # a match across lines (private keys) or of another copy
+            continue
+        for copy, line, m in found:
+            for value in m.groups():
+                if (rule, line + value) in seen:
+                    dropped["duplicate"] += 1
+                    continue
+                seen.add((rule, line + value))
+                if keep(value, dropped):
+                    case = {"path": copy["path"], "commit": copy["commit"], "input": line}
+                    row = wanted_row("trivy", "trivy." + rule, case, value, _KNOWN_PREFIXES)
+                    row["how"] = "match"
+                    rows.append(row)
+    return rows, dropped
+
+
+def fetch_trivy() -> None:
+    """Download each copied file at its commit and check the copy is the file."""
+    copies = copied_cases("trivy-tests")
+    texts = fetched_texts(TRIVY_REPO, copies)
+    for copy in copies:
+        assert texts[(copy["path"], copy["commit"])] == copy["text"], copy["path"]
+
+
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -684,6 +758,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "detectsecrets": build_detectsecrets,
     "whispers": build_whispers,
     "ripsecrets": build_ripsecrets,
+    "trivy": build_trivy,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -693,6 +768,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "detectsecrets": lambda: fetch_wanted(DETECTSECRETS_REPO, "detectsecrets"),
     "whispers": lambda: fetch_wanted(WHISPERS_REPO, "whispers"),
     "ripsecrets": fetch_ripsecrets,
+    "trivy": fetch_trivy,
 }
 
 
