@@ -28,6 +28,7 @@ BESIDE_A_BASELINE = (
     "rebuild: every projection from offset 0",
     "worker RSS, last third of the run",
     "one worker: a backlog applied (all six projections)",
+    "engine CPU per realistic entry in batches of 20 (a worker keeping up)",
     "engine CPU per realistic entry (6 projections, PostgreSQL + Redis, batches of 200)",
     "pure folds per entry, all six projections (no stores)",
 )
