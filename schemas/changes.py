@@ -55,6 +55,9 @@ class ProjectionChange:
     partition: int | None = None
     offset: int | None = None
     extra: dict[str, Any] | None = None  # fields of a newer writer this reader does not know
+    # ``state`` as JSON text, when the writer has it so (the relay: the outbox keeps the head's
+    # text); encoded as it is instead of ``state``. Readers get ``state``.
+    state_json: str | None = None
 
     def at(self, partition: int, offset: int) -> ProjectionChange:
         return replace(self, partition=partition, offset=offset)
@@ -68,6 +71,12 @@ def change_key(change: ProjectionChange, partition: int) -> bytes:
     return orjson.dumps(["state", change.run_id])
 
 
+def _state_json(change: ProjectionChange) -> str | None:
+    if change.state_json is not None:
+        return change.state_json
+    return None if change.state is None else orjson.dumps(change.state).decode()
+
+
 def _record(change: ProjectionChange) -> dict[str, Any]:
     return {
         "change_id": change.change_id,
@@ -79,7 +88,7 @@ def _record(change: ProjectionChange) -> dict[str, Any]:
         "run_id": change.run_id,
         "applied_seq": change.applied_seq,
         "held": change.held,
-        "state_json": None if change.state is None else orjson.dumps(change.state).decode(),
+        "state_json": _state_json(change),
         "previous_build": change.previous_build,
         "inputs_json": None if change.inputs is None else orjson.dumps(change.inputs).decode(),
         "committed_at": change.committed_at,

@@ -41,7 +41,7 @@ from infra.topics import change_topic_specs, ensure_topics, partition_for
 from projectors.registry import selected
 from projectors.stores import outbox
 from projectors.stores.outbox import OutboxRow
-from projectors.stores.postgres import use_documents
+from projectors.stores.postgres import from_jsonb_text, use_documents
 from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
 from schemas.topics import change_schema_topic, change_topic
 
@@ -211,7 +211,8 @@ class ChangeRelay:
             run_id=run_id,
             applied_seq=seq or 0,
             held=held or 0,
-            state=doc if kind == "state" and doc else None,
+            # the head's JSON text as the batch wrote it (NULs as jsonb takes them, undone)
+            state_json=from_jsonb_text(doc.encode()).decode() if kind == "state" and doc else None,
             previous_build=previous,
             inputs=inputs if kind == "build" else None,
             traceparent=tp,

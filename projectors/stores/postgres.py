@@ -537,9 +537,9 @@ async def write_runs(
 
 async def _outbox(cur: AsyncCursor[Any], changed: list[tuple[str, str, RunWrite, bytes]]) -> None:
     """The change outbox rows of these keys' new heads (each given as :func:`_text` made it
-    for al_run_state), for the builds that are live (the worker checked the pointer after
-    locking the offset rows a swap locks, so this is the pointer the batch commits under); the
-    relay is woken at commit."""
+    for al_run_state, kept as that text: the relay passes it on unparsed), for the builds that
+    are live (the worker checked the pointer after locking the offset rows a swap locks, so this
+    is the pointer the batch commits under); the relay is woken at commit."""
     if not changed:
         return
     rows = [
@@ -559,7 +559,7 @@ async def _outbox(cur: AsyncCursor[Any], changed: list[tuple[str, str, RunWrite,
     await cur.execute(
         "INSERT INTO al_changes (projection, build, kind, run_id, fleet_id, applied_seq, held, "
         "gaps, doc, traceparent) SELECT u.p, u.b, 'state', u.r, u.f, u.s, u.h, u.g::jsonb, "
-        "u.d::jsonb, u.t FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+        "u.d, u.t FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
         "%b::bigint[], %b::int[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY "
         "AS u(p, b, r, f, s, h, g, d, t, n) "
         "WHERE EXISTS (SELECT 1 FROM al_live l WHERE l.projection = u.p AND l.build = u.b) "

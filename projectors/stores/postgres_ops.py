@@ -544,7 +544,7 @@ def outbox_swap(
     conn.execute(
         "INSERT INTO al_changes (projection, build, kind, run_id, fleet_id, applied_seq, held, "
         "gaps, doc) SELECT projection, build, 'state', run_id, fleet_id, applied_seq, "
-        "cardinality(held), gaps, coalesce(head, state) FROM al_run_state "
+        "cardinality(held), gaps, coalesce(head, state)::text FROM al_run_state "
         "WHERE projection = %s AND build = %s ORDER BY run_id",
         (projection, build),
     )

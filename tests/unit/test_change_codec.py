@@ -42,6 +42,19 @@ def test_round_trip() -> None:
     assert codec.decode(codec.encode(CHANGE)) == CHANGE
 
 
+def test_a_state_given_as_its_json_text_is_read_back_as_the_state() -> None:
+    """The relay hands the outbox's JSON text on unparsed: readers get the same state."""
+    import orjson
+
+    codec = ChangeCodec()
+    raw = ProjectionChange(
+        **{**CHANGE.__dict__, "state": None, "state_json": orjson.dumps(CHANGE.state).decode()}
+    )
+    assert codec.decode(codec.encode(raw)) == CHANGE
+    spaced = ProjectionChange(**{**raw.__dict__, "state_json": '{"totals": {"calls": 3}}'})
+    assert codec.decode(codec.encode(spaced)).state == {"totals": {"calls": 3}}
+
+
 def test_keys_keep_a_run_latest_state_and_one_marker_per_partition() -> None:
     assert change_key(CHANGE, 3) == b'["state","run-1"]'
     marker = ProjectionChange(1, "BUILD_CHANGED", "cost-metrics", "b2", 2, AT)
