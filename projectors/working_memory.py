@@ -263,7 +263,9 @@ class SharedFolds:
     (the same decoded object) onto a state that is the first's, or equal to it, returns the
     first's result, the same object, so the two memories stay one object from then on and the
     check is ``is``. The fold is pure, so this changes no result, only the work (issue 25:
-    ~9 % of the worker's fold time). Bounded, and cleared by the engine after each batch.
+    ~9 % of the worker's fold time). It keeps results only while armed (the engine arms it for
+    a batch's folds and clears it after), so a reader's refold holds nothing; and at most
+    ``LIMIT`` at a time.
     """
 
     LIMIT = 4_096
@@ -271,8 +273,14 @@ class SharedFolds:
     def __init__(self) -> None:
         self._done: dict[tuple[str, int], tuple[LedgerEntry, WorkingMemory, WorkingMemory]] = {}
         self.hits = 0
+        self.armed = False
+
+    def arm(self) -> None:
+        self.armed = True
 
     def fold(self, state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
+        if not self.armed:
+            return _fold(state, entry)
         key = (entry.run_id, entry.sequence_no)
         done = self._done.get(key)
         if done is not None and done[0] is entry and (done[1] is state or done[1] == state):
@@ -285,7 +293,9 @@ class SharedFolds:
         return result
 
     def clear(self) -> None:
+        """Forget every result and disarm."""
         self._done.clear()
+        self.armed = False
 
 
 SHARED_FOLDS = SharedFolds()

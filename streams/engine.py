@@ -513,6 +513,7 @@ class Engine:
             # hot phase waits on PostgreSQL, which would otherwise leave the CPU idle
             await self._hot_idle.wait()
         results: dict[Target, _TargetResult] = {}
+        SHARED_FOLDS.arm()  # (no await until it is cleared: no other batch folds meanwhile)
         with self.telemetry.span("fold", targets=len(arriving_by_target)):
             for target, arriving in arriving_by_target.items():
                 mine = rows[(target.name, target.build)]

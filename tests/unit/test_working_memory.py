@@ -712,11 +712,16 @@ def test_shared_folds_change_no_result_and_share_the_second_fold() -> None:
 
     hits = SHARED_FOLDS.hits
     memory, context = None, None
+    for entry in entries[:3]:  # not armed (a reader's refold): nothing kept, nothing shared
+        wm.fold(wm.initial(entry), entry)
+    assert SHARED_FOLDS.hits == hits and not SHARED_FOLDS._done
+    SHARED_FOLDS.arm()  # as the engine does for a batch's folds
     for entry in entries:  # as a batch folds them: each entry onto both projections
         memory = wm.fold(memory or wm.initial(entry), entry)
         context = cm.fold(context or cm.initial(entry), entry)
     assert memory is not None and context is not None
     assert SHARED_FOLDS.hits - hits == len(entries)  # every second fold shared
+    SHARED_FOLDS.clear()
     assert context.memory is memory  # one object from then on
     assert alone_wm is not None and alone_cm is not None
     assert wm.to_json(memory) == wm.to_json(alone_wm)
@@ -724,6 +729,7 @@ def test_shared_folds_change_no_result_and_share_the_second_fold() -> None:
 
     # an equal state (not the same object) is shared too; a different one is folded
     folds = SharedFolds()
+    folds.arm()
     first = entries[0]
     start = wm.initial(first)
     once = folds.fold(start, first)
