@@ -514,28 +514,30 @@ class Engine:
             await self._hot_idle.wait()
         results: dict[Target, _TargetResult] = {}
         SHARED_FOLDS.arm()  # (no await until it is cleared: no other batch folds meanwhile)
-        with self.telemetry.span("fold", targets=len(arriving_by_target)):
-            for target, arriving in arriving_by_target.items():
-                mine = rows[(target.name, target.build)]
-                states = kept.get((target.name, target.build), {})
-                result = results[target] = _TargetResult()
-                for run_id, arrived in arriving.items():
-                    row = mine.get(run_id)
-                    source, items = _admit(row, arrived, result.poison)
-                    if not items:
-                        continue
-                    if target.whole_runs_only and row is None and _begun_before(items):
-                        stats.skipped += len(items)
-                        continue
-                    state = states[run_id][1] if row and row.cached else None
-                    ids = known_ids.get((target.name, target.build), {}).get(run_id, {})
-                    write, view = self._fold_run(
-                        target, run_id, row, state, items, stats, result, source, ids
-                    )
-                    result.writes.append(write)
-                    if view is not None:
-                        result.views.append(view)
-        SHARED_FOLDS.clear()  # (its results are shared within one batch's folds)
+        try:
+            with self.telemetry.span("fold", targets=len(arriving_by_target)):
+                for target, arriving in arriving_by_target.items():
+                    mine = rows[(target.name, target.build)]
+                    states = kept.get((target.name, target.build), {})
+                    result = results[target] = _TargetResult()
+                    for run_id, arrived in arriving.items():
+                        row = mine.get(run_id)
+                        source, items = _admit(row, arrived, result.poison)
+                        if not items:
+                            continue
+                        if target.whole_runs_only and row is None and _begun_before(items):
+                            stats.skipped += len(items)
+                            continue
+                        state = states[run_id][1] if row and row.cached else None
+                        ids = known_ids.get((target.name, target.build), {}).get(run_id, {})
+                        write, view = self._fold_run(
+                            target, run_id, row, state, items, stats, result, source, ids
+                        )
+                        result.writes.append(write)
+                        if view is not None:
+                            result.views.append(view)
+        finally:
+            SHARED_FOLDS.clear()  # (its results are shared within one batch's folds)
         return results
 
     @staticmethod
