@@ -652,10 +652,11 @@ def build_ripsecrets() -> tuple[list[dict[str, Any]], Counter[str]]:
     return rows, dropped
 
 
-def fetch_ripsecrets() -> None:
-    """Download each copied file at its commit and check the copy is the file."""
-    copies = copied_cases("ripsecrets-tests")
-    texts = fetched_texts(RIPSECRETS_REPO, copies)
+def fetch_whole(repo: str, name: str) -> None:
+    """Download each file copied whole into ``<name>.jsonl`` at its commit and check the copy is
+    the file (ripsecrets', trivy's)."""
+    copies = copied_cases(name)
+    texts = fetched_texts(repo, copies)
     for copy in copies:
         assert texts[(copy["path"], copy["commit"])] == copy["text"], copy["path"]
 
@@ -725,14 +726,6 @@ def build_trivy() -> tuple[list[dict[str, Any]], Counter[str]]:
     return rows, dropped
 
 
-def fetch_trivy() -> None:
-    """Download each copied file at its commit and check the copy is the file."""
-    copies = copied_cases("trivy-tests")
-    texts = fetched_texts(TRIVY_REPO, copies)
-    for copy in copies:
-        assert texts[(copy["path"], copy["commit"])] == copy["text"], copy["path"]
-
-
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -767,8 +760,8 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "veles3": lambda: fetch_veles("veles3"),
     "detectsecrets": lambda: fetch_wanted(DETECTSECRETS_REPO, "detectsecrets"),
     "whispers": lambda: fetch_wanted(WHISPERS_REPO, "whispers"),
-    "ripsecrets": fetch_ripsecrets,
-    "trivy": fetch_trivy,
+    "ripsecrets": lambda: fetch_whole(RIPSECRETS_REPO, "ripsecrets-tests"),
+    "trivy": lambda: fetch_whole(TRIVY_REPO, "trivy-tests"),
 }
 
 
