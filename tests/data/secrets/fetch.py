@@ -81,6 +81,7 @@ SOURCES = (
     "whispers",
     "ripsecrets",
     "trivy",
+    "kics",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -726,6 +727,143 @@ def build_trivy() -> tuple[list[dict[str, Any]], Counter[str]]:
     return rows, dropped
 
 
+# kics (the twelfth source, HELD OUT, tenth round): the positive test files of Checkmarx/kics'
+# "Passwords And Secrets" query (``assets/queries/common/passwords_and_secrets/test/positive*``:
+# Terraform, YAML, JSON, Dockerfile), its ``positive_expected_result.json`` (each finding's rule
+# name, file and line) and the query's ``regex_rules.json``, copied whole into
+# ``kics-tests.jsonl`` (path, commit, text) after the detector was frozen. The values are found by
+# a rule fixed before the copy was read (``kics_cases``): for each expected finding, its rule's
+# own regex from the copied ``regex_rules.json`` is searched in the finding's line (a rule with
+# ``multiline.detectLineGroup`` in the whole file, its group's line then being the finding's
+# line), and the value is the group ``_group`` picks (as for the rule-file sources), a URL's
+# password for "Password in URL"; a rule the copied rule file does not have is read by the
+# heuristic (the longest 16+ character run that is no name). The case's text is the finding's
+# line as the test file has it (``line``); the whole file is kept beside it (``file_text`` is
+# not stored: ``kics-tests.jsonl`` has it) for the whole-file figure. Left out, by reason:
+# ``not-a-secret`` (an AWS access key id, a Google OAuth client id, a PuTTY header, a
+# certificate), ``multi-line`` (a private key's body), ``line-mismatch`` (the rule's regex does
+# not match the finding's line in the stored copy: the file changed after the expected results
+# were written), and the drop rules every source shares.
+KICS_REPO = "Checkmarx/kics"
+KICS_DIR = "assets/queries/common/passwords_and_secrets/"
+KICS_NOT_SECRET = frozenset(
+    {"AWS Access Key", "Google OAuth", "Putty Private Key", "Putty User Key File Content"}
+    | {"AWS Certificate"}
+)
+KICS_MULTI_LINE = frozenset({"Asymmetric private key"})
+_ANY_LINES = "((.*)\\s*)*"
+
+
+def kics_hits(rule: dict[str, Any], text: str) -> list[tuple[int, str]]:
+    """Every (line, value) the rule finds in ``text``: its regex per line, or over the whole
+    text for a rule with ``multiline.detectLineGroup`` (the line is its group's), the value the
+    group ``_group`` picks (a URL's password for "Password in URL")."""
+    pattern = rule["regex"]
+    group = (rule.get("multiline") or {}).get("detectLineGroup")
+    if group and _ANY_LINES in pattern:
+        # RE2 runs ``((.*)\s*)*`` in linear time, Python's backtracking ``re`` never ends on it:
+        # the head up to its last use (``apiVersion ... env:``: "inside a manifest") is dropped
+        # and the group renumbered in what is left
+        head, pattern = pattern.rsplit(_ANY_LINES, 1)
+        group -= re.compile(head + _ANY_LINES).groups
+    hits: list[tuple[int, str]] = []
+    if group:
+        for m in re.finditer(pattern, text):
+            if m.group(group):
+                at = text.count("\n", 0, m.start(group)) + 1
+                hits.append((at, m.group(group).strip().strip("\"'")))
+        return hits
+    for at, line in enumerate(text.splitlines(), 1):
+        m = re.search(pattern, line)
+        if m is None:
+            continue
+        if rule["name"] == "Password in URL":
+            url = _URL_PASSWORD.search(m.group(0))
+            hits.append((at, url.group(2) if url else ""))
+        else:
+            hits.append((at, _group(rule["name"], m)))
+    return hits
+
+
+def kics_aligned(
+    findings: list[dict[str, Any]], rules: dict[str, dict[str, Any]], text: str
+) -> list[tuple[dict[str, Any], int, str | None, str]]:
+    """Each finding of one file with the line it is at in the stored copy, its value and how it
+    was found. The copies are later versions than the expected results (lines were added above
+    the secrets), so a finding whose rule the copied rule file has takes the first hit of that
+    rule at or after its recorded line not taken by an earlier finding (``line-mismatch`` when
+    there is none); a finding of a rule the rule file lacks is read at its line moved by the
+    shift of the file's last aligned finding above it, by the heuristic (``extract``)."""
+    out: list[tuple[dict[str, Any], int, str | None, str]] = []
+    shifts: list[tuple[int, int]] = []
+    lines = text.splitlines()
+    for f in sorted(findings, key=lambda f: (f["queryName"] not in rules, f["line"])):
+        rule = rules.get(f["queryName"])
+        if rule is not None:
+            taken = {at for g, at, _, _ in out if g["queryName"] == f["queryName"]}
+            hit = next(
+                ((a, v) for a, v in kics_hits(rule, text) if a >= f["line"] and a not in taken),
+                None,
+            )
+            if hit is None:
+                out.append((f, f["line"], None, "line-mismatch"))
+            else:
+                shifts.append((f["line"], hit[0] - f["line"]))
+                out.append((f, hit[0], hit[1], "capture"))
+            continue
+        shift = max((s for at, s in shifts if at <= f["line"]), default=0)
+        at = f["line"] + shift
+        if not 1 <= at <= len(lines):
+            out.append((f, at, None, "line-mismatch"))
+            continue
+        value, how = extract("", None, lines[at - 1])
+        out.append((f, at, value, how))
+    return out
+
+
+def build_kics() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str, str]] = set()
+    copies = {c["path"]: c for c in copied_cases("kics-tests")}
+    rules = {
+        "Passwords And Secrets - " + r["name"]: r
+        for r in json.loads(copies[KICS_DIR + "regex_rules.json"]["text"])
+    }
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for finding in json.loads(copies[KICS_DIR + "test/positive_expected_result.json"]["text"]):
+        name = finding["queryName"].removeprefix("Passwords And Secrets - ")
+        if KICS_DIR + "test/" + finding["fileName"] not in copies:
+            dropped["file-not-copied"] += 1
+        elif name in KICS_NOT_SECRET:
+            dropped["not-a-secret"] += 1
+        elif name in KICS_MULTI_LINE:
+            dropped["multi-line"] += 1
+        else:
+            by_file.setdefault(KICS_DIR + "test/" + finding["fileName"], []).append(finding)
+    for path, findings in by_file.items():
+        copy = copies[path]
+        lines = copy["text"].splitlines()
+        for finding, at, value, how in kics_aligned(findings, rules, copy["text"]):
+            name = finding["queryName"].removeprefix("Passwords And Secrets - ")
+            if how == "line-mismatch":
+                dropped["line-mismatch"] += 1
+                continue
+            line = lines[at - 1]
+            if (name, line, value or "") in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((name, line, value or ""))
+            if value and value not in line:  # a multi-line rule's group spans lines
+                dropped["multi-line"] += 1
+            elif keep(value or "", dropped):
+                case = {"path": path, "commit": copy["commit"], "input": line.strip()}
+                row = wanted_row("kics", "kics." + name, case, value or "", _KNOWN_PREFIXES)
+                row["how"], row["line"] = how, at
+                rows.append(row)
+    return rows, dropped
+
+
 def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
@@ -752,6 +890,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "whispers": build_whispers,
     "ripsecrets": build_ripsecrets,
     "trivy": build_trivy,
+    "kics": build_kics,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -762,6 +901,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "whispers": lambda: fetch_wanted(WHISPERS_REPO, "whispers"),
     "ripsecrets": lambda: fetch_whole(RIPSECRETS_REPO, "ripsecrets-tests"),
     "trivy": lambda: fetch_whole(TRIVY_REPO, "trivy-tests"),
+    "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
 }
 
 
