@@ -67,6 +67,11 @@ FOUND = [
     ("quoted-secret-assignment", '{\\"quux_secret\\": \\"Zq8rT1pXw9Lm3Nv7Bc\\"}'),
     ("service-named-token", "zorblax :'9c1F4e7A2b8D0f3E6a5C9k7R1t'"),
     ("named-uuid-credential", "quux42 = 4f2b8c1d-9e3a-4b7c-8d6e-1f0a2b3c4d5e"),
+    # tenth round (kics): a token key, the Graph API Explorer's token prefix, a long literal of
+    # few distinct characters under a secret-named key
+    ("config-secret-assignment", "#    TokenKey: m3#Rq8@vX2!p"),
+    ("token-by-prefix", "The value is EAACEdEose0cBAq7Zk2LmW9xR4tY for now."),
+    ("long-named-literal", 'session_token = "zq4747474z7qz7q4z7q4z7q4z7q4zq7q4zqz47q4x"'),
 ]
 
 LEFT = [

@@ -9,7 +9,9 @@ Sources: ``noseyparker``, ``kingfisher`` (held-out third), ``kingfisher-tuning``
 ``secretlint`` (snapshots, see ``build_secretlint``) and ``veles``, ``veles2``, ``veles3`` (the
 detector tests of google/osv-scalibr, see ``build_veles``), ``detectsecrets`` (the plugin tests of
 Yelp/detect-secrets, see ``build_detectsecrets``), ``whispers`` (Skyscanner/whispers' fixtures, see
-``build_whispers``) and ``ripsecrets`` (sirwart/ripsecrets' test files, see ``build_ripsecrets``).
+``build_whispers``), ``ripsecrets`` (sirwart/ripsecrets' test files, see ``build_ripsecrets``),
+``trivy`` (aquasecurity/trivy's test data, see ``build_trivy``) and ``kics`` (Checkmarx/kics'
+positive tests of its secrets query, see ``build_kics``).
 The hand-copied sources share one writer (``write_rows``), one builder for cases that name their
 credential (``build_wanted``) and one downloader (``fetched_texts``).
 
@@ -768,10 +770,10 @@ def kics_hits(rule: dict[str, Any], text: str) -> list[tuple[int, str]]:
         group -= re.compile(head + _ANY_LINES).groups
     hits: list[tuple[int, str]] = []
     if group:
-        for m in re.finditer(pattern, text):
-            if m.group(group):
-                at = text.count("\n", 0, m.start(group)) + 1
-                hits.append((at, m.group(group).strip().strip("\"'")))
+        for spans in re.finditer(pattern, text):
+            if spans.group(group):
+                at = text.count("\n", 0, spans.start(group)) + 1
+                hits.append((at, spans.group(group).strip().strip("\"'")))
         return hits
     for at, line in enumerate(text.splitlines(), 1):
         m = re.search(pattern, line)
