@@ -15,6 +15,7 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from projectors.stores.contract import RunView, view_doc, view_version
 
@@ -80,28 +81,40 @@ class RedisViewStore:
     async def _write(
         self, batches: Iterable[tuple[str, str, Iterable[RunView]]]
     ) -> tuple[set[tuple[str, str]], int]:
-        pipe = self.client.pipeline(transaction=False)
         builds: list[tuple[str, str, int]] = []  # each build and the index of its EXISTS reply
-        issued = 0
+        commands: list[tuple[Any, ...]] = []
         for projection, build, views in batches:
-            builds.append((projection, build, issued))
-            pipe.exists(ready_key(self.prefix, projection, build))
-            issued += 1
+            builds.append((projection, build, len(commands)))
+            commands.append(("EXISTS", ready_key(self.prefix, projection, build)))
             for v in views:
                 key = view_key(self.prefix, projection, build, v.run_id)
-                args: list[int | bytes] = [
-                    view_version(v.applied_seq, v.held),
-                    v.applied_seq,
-                    view_doc(v),
-                ]
-                await self._cas(keys=[key], args=args, client=pipe)
-                issued += 1
+                version = view_version(v.applied_seq, v.held)
+                commands.append(
+                    ("EVALSHA", self._cas.sha, 1, key, version, v.applied_seq, view_doc(v))
+                )
         if not builds:
             return set(), 0
-        results = await pipe.execute()
+        results = await self._run(commands)
         ready = {(proj, build) for proj, build, at in builds if results[at]}
         moved = sum(int(r) for r in results) - sum(int(results[at]) for _, _, at in builds)
         return ready, moved
+
+    async def _run(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The commands in one pipeline, one round trip: the CAS script by its SHA (redis-py's
+        script objects ask ``SCRIPT EXISTS`` first, a second round trip every batch); a Redis
+        that lost its scripts (a restart) gets it loaded and the pipeline again (each CAS write
+        is a no-op when repeated, and none ran: every ``EVALSHA`` failed)."""
+        try:
+            return await self._pipeline(commands)
+        except NoScriptError:
+            await self.client.script_load(CAS_SCRIPT)
+            return await self._pipeline(commands)
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute())
 
     async def ready_builds(self, builds: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which of these builds have their ready key (one round trip)."""

@@ -300,3 +300,18 @@ class TestRedisViews(ViewContract):
             yield store
         finally:
             await store.close()
+
+    async def test_a_redis_that_lost_its_scripts_gets_the_write(
+        self, views: ViewStore, names: tuple[str, str]
+    ) -> None:
+        """The CAS script runs by its SHA in the write's one round trip; after a restart (here
+        SCRIPT FLUSH) it is loaded again and the same write lands, never backwards."""
+        assert isinstance(views, RedisViewStore)
+        projection, build = names
+        assert await views.write(projection, build, [_view("r1", 3, doc=b'{"n":3}')]) == 1
+        await views.client.script_flush()
+        assert await views.write(projection, build, [_view("r1", 4, doc=b'{"n":4}')]) == 1
+        await views.client.script_flush()
+        assert await views.write(projection, build, [_view("r1", 2, doc=b'{"n":2}')]) == 0
+        found = await views.read(projection, build, "r1")
+        assert found == (4, {"applied_seq": 4, "gaps": [], "state": {"n": 4}})
