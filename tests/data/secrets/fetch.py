@@ -799,12 +799,13 @@ def kics_aligned(
     out: list[tuple[dict[str, Any], int, str | None, str]] = []
     shifts: list[tuple[int, int]] = []
     lines = text.splitlines()
+    names = {f["queryName"] for f in findings} & rules.keys()
+    hits = {name: kics_hits(rules[name], text) for name in names}
     for f in sorted(findings, key=lambda f: (f["queryName"] not in rules, f["line"])):
-        rule = rules.get(f["queryName"])
-        if rule is not None:
+        if f["queryName"] in hits:
             taken = {at for g, at, _, _ in out if g["queryName"] == f["queryName"]}
             hit = next(
-                ((a, v) for a, v in kics_hits(rule, text) if a >= f["line"] and a not in taken),
+                ((a, v) for a, v in hits[f["queryName"]] if a >= f["line"] and a not in taken),
                 None,
             )
             if hit is None:
