@@ -79,6 +79,7 @@ SOURCES = (
     "veles",
     "veles2",
     "veles3",
+    "veles4",
     "detectsecrets",
     "whispers",
     "ripsecrets",
@@ -446,6 +447,9 @@ VELES_PREFIXES = (
     "ATCTT3xFfGN0",
     # the third slice (veles3)
     "xai-", "hf_", "sk-or-v1-", "hvs.", "hvb.", "ops_eyJ", "1PRK-", "A3-", "sk-proj-", "eyJ", "sk-",
+    # the fourth slice (veles4; a reCAPTCHA secret's "6L" is under 3 characters)
+    "packagist_ack_", "packagist_acs_", "sk_test_", "pplx-", "PMAK-", "PMAT-", "pypi-AgEI",
+    "xapp-", "xoxe.xoxp-", "xoxe-",
 )  # fmt: skip
 
 
@@ -889,6 +893,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "veles": lambda: build_veles("veles"),
     "veles2": lambda: build_veles("veles2"),
     "veles3": lambda: build_veles("veles3"),
+    "veles4": lambda: build_veles("veles4"),
     "detectsecrets": build_detectsecrets,
     "whispers": build_whispers,
     "ripsecrets": build_ripsecrets,
@@ -900,6 +905,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "veles": lambda: fetch_veles("veles"),
     "veles2": lambda: fetch_veles("veles2"),
     "veles3": lambda: fetch_veles("veles3"),
+    "veles4": lambda: fetch_veles("veles4"),
     "detectsecrets": lambda: fetch_wanted(DETECTSECRETS_REPO, "detectsecrets"),
     "whispers": lambda: fetch_wanted(WHISPERS_REPO, "whispers"),
     "ripsecrets": lambda: fetch_whole(RIPSECRETS_REPO, "ripsecrets-tests"),
