@@ -27,7 +27,8 @@ and once at the end of the round; tuned on its Maven miss in the ninth). The nin
 aquasecurity/trivy's secret-scanner test data (``trivy``, held out: measured once with the detector
 frozen at e84bd23, then tuned on). The tenth round's: the positive tests of Checkmarx/kics'
 Passwords And Secrets query (``kics``, held out: measured once with the detector frozen at
-1b2fc17, then tuned on).
+1b2fc17, then tuned on) and a fourth slice of the veles tests (``veles4``, held out: measured
+once at d9b19ef, then tuned on).
 """
 
 from __future__ import annotations

@@ -72,6 +72,8 @@ FOUND = [
     ("config-secret-assignment", "#    TokenKey: m3#Rq8@vX2!p"),
     ("token-by-prefix", "The value is EAACEdEose0cBAq7Zk2LmW9xR4tY for now."),
     ("long-named-literal", 'session_token = "zq4747474z7qz7q4z7q4z7q4z7q4zq7q4zqz47q4x"'),
+    ("llm-provider-key-prefix", "The value is sk-pyx-Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd for now."),
+    ("token-by-prefix", "The value is packagist_ack_9c1f4e7a2b8d0f3e6a5c7b9d1e3f for now."),
 ]
 
 LEFT = [
