@@ -80,6 +80,7 @@ SOURCES = (
     "veles2",
     "veles3",
     "veles4",
+    "kingfisher5",
     "detectsecrets",
     "whispers",
     "ripsecrets",
@@ -216,10 +217,19 @@ def extract(rule_id: str, pattern: str | None, example: str) -> tuple[str | None
     return (runs[0], "heuristic") if runs else (None, "heuristic")
 
 
-def build(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
+def rule_files(source: str) -> dict[str, Any]:
+    """The trimmed copy of a rule-file source: ``<source>-rules.json`` (copied as JSON, no YAML
+    library needed) or ``<source>-rules.yml``."""
+    copied = HERE / f"{source}-rules.json"
+    if copied.exists():
+        return dict(json.loads(copied.read_text(encoding="utf-8")))
     import yaml  # type: ignore[import-untyped]  # build-time only: the tests read the JSONL
 
-    doc = yaml.safe_load((HERE / f"{source}-rules.yml").read_text(encoding="utf-8"))
+    return dict(yaml.safe_load((HERE / f"{source}-rules.yml").read_text(encoding="utf-8")))
+
+
+def build(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
+    doc = rule_files(source)
     rows: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
     seen: set[tuple[str, str]] = set()
@@ -264,9 +274,7 @@ def write(source: str) -> None:
     with (HERE / f"{source}.jsonl").open("w", encoding="utf-8") as out:
         for row in rows:
             out.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-    import yaml
-
-    doc = yaml.safe_load((HERE / f"{source}-rules.yml").read_text(encoding="utf-8"))
+    doc = rule_files(source)
     kept = {r["rule"] for r in rows}
     patterns = {
         rule["id"]: rule["pattern"]
@@ -875,15 +883,19 @@ def fetch(source: str) -> None:
     """Download each listed file at its commit and write the trimmed copy again."""
     import yaml
 
-    path = HERE / f"{source}-rules.yml"
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc = rule_files(source)
     for f in doc["files"]:
         url = f"https://raw.githubusercontent.com/{doc['repo']}/{f['commit']}/{f['path']}"
         with urllib.request.urlopen(url, timeout=30) as response:
             full = yaml.safe_load(response.read().decode("utf-8"))
         keep = ("name", "id", "categories", "visible", "pattern", "examples")
         f["rules"] = [{k: r[k] for k in keep if k in r} for r in full.get("rules", ())]
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    if (HERE / f"{source}-rules.json").exists():
+        text = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+        (HERE / f"{source}-rules.json").write_text(text, encoding="utf-8")
+    else:
+        text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+        (HERE / f"{source}-rules.yml").write_text(text, encoding="utf-8")
 
 
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
@@ -923,7 +935,7 @@ def main(argv: list[str]) -> None:
             if source in BUILDERS:
                 rows, dropped = BUILDERS[source]()
                 write_rows(source, rows, dropped, per_file=source == "detectsecrets")
-            elif (HERE / f"{source}-rules.yml").exists():
+            elif any((HERE / f"{source}-rules.{ext}").exists() for ext in ("yml", "json")):
                 write(source)
     else:
         print(__doc__)
