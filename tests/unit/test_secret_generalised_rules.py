@@ -74,6 +74,16 @@ FOUND = [
     ("long-named-literal", 'session_token = "zq4747474z7qz7q4z7q4z7q4z7q4zq7q4zqz47q4x"'),
     ("llm-provider-key-prefix", "The value is sk-pyx-Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd for now."),
     ("token-by-prefix", "The value is packagist_ack_9c1f4e7a2b8d0f3e6a5c7b9d1e3f for now."),
+    ("token-by-prefix", "The value is e2b_9c1f4e7a2b8d0f3e6a5c7b9d1e3f5a7c9e1b3d5f for now."),
+    (
+        "token-by-prefix",
+        "The value is mfa.Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd_Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd for now.",
+    ),
+    (
+        "seed-phrase",
+        "WALLET_MNEMONIC: river stone tiger unit valve window apple banana cherry grape "
+        "lemon mango",
+    ),
 ]
 
 LEFT = [

@@ -224,6 +224,33 @@ def test_held_out_veles4_as_measured_then_tuned_on() -> None:
     assert all(c.secret in c.example and len(c.secret) >= 8 for c in load("veles4"))
 
 
+def test_held_out_kingfisher5_as_measured_then_tuned_on() -> None:
+    """The tenth round's third held-out source, 30 more Kingfisher rule files: measured once
+    with the detector frozen at abc33b3 (59/61 in context, 26/61 bare, 16/19 prefixed bare);
+    its misses (seed phrases under longer names, E2B and Discord MFA tokens bare) were then
+    looked at and tuned on. Counts only in the messages."""
+    measured = json.loads((CORPORA / "kingfisher5.measured.json").read_text())
+    summary = json.loads((CORPORA / "kingfisher5.dropped.json").read_text())
+    latest = measured["remeasured"][-1]
+    r = _recall("kingfisher5")
+    counts = (r.in_context, r.bare, r.prefixed_bare)
+    assert r.cases == measured["cases"] == summary["kept"] == 61
+    assert r.prefixed == measured["prefixed"] == 19
+    assert (measured["in_context"], measured["bare"], measured["prefixed_bare"]) == (59, 26, 16)
+    assert r.in_context >= latest["in_context"] == 61, counts
+    assert r.bare >= latest["bare"] == 29, counts
+    assert r.prefixed_bare >= latest["prefixed_bare"] == 19, counts
+    held_out = {
+        json.loads(x)["file"] for x in (CORPORA / "kingfisher5.jsonl").read_text().splitlines()
+    }
+    earlier = {
+        json.loads(x)["file"]
+        for name in ("kingfisher", "kingfisher-tuning")
+        for x in (CORPORA / f"{name}.jsonl").read_text().splitlines()
+    }
+    assert held_out and not held_out & earlier  # no rule file of the other slices
+
+
 def test_the_eighth_round_sources_are_what_their_summaries_say() -> None:
     """whispers (X, tuning) and ripsecrets (Y, held out): kept and prefixed counts as built, each
     value in its example, and the two copied from different repositories' files."""
@@ -314,6 +341,7 @@ def test_the_false_positive_measure_fails_for_a_detector_that_flags_long_words()
         "trivy",
         "kics",
         "veles4",
+        "kingfisher5",
     ],
 )
 def test_cases_are_plain_data(source: str) -> None:
