@@ -102,8 +102,8 @@ class RedisViewStore:
     async def _run(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """The commands in one pipeline, one round trip: the CAS script by its SHA (redis-py's
         script objects ask ``SCRIPT EXISTS`` first, a second round trip every batch); a Redis
-        that lost its scripts (a restart) gets it loaded and the pipeline again (each CAS write
-        is a no-op when repeated, and none ran: every ``EVALSHA`` failed)."""
+        that lost its scripts (a restart) gets it loaded and the pipeline again (a CAS write
+        that did run, had another client loaded the script meanwhile, is a no-op repeated)."""
         try:
             return await self._pipeline(commands)
         except NoScriptError:
