@@ -748,23 +748,29 @@ def build_trivy() -> tuple[list[dict[str, Any]], Counter[str]]:
 # Terraform, YAML, JSON, Dockerfile), its ``positive_expected_result.json`` (each finding's rule
 # name, file and line) and the query's ``regex_rules.json``, copied whole into
 # ``kics-tests.jsonl`` (path, commit, text) after the detector was frozen. The values are found by
-# a rule fixed before the copy was read (``kics_cases``): for each expected finding, its rule's
-# own regex from the copied ``regex_rules.json`` is searched in the finding's line (a rule with
-# ``multiline.detectLineGroup`` in the whole file, its group's line then being the finding's
-# line), and the value is the group ``_group`` picks (as for the rule-file sources), a URL's
-# password for "Password in URL"; a rule the copied rule file does not have is read by the
-# heuristic (the longest 16+ character run that is no name). The case's text is the finding's
-# line as the test file has it (``line``); the whole file is kept beside it (``file_text`` is
-# not stored: ``kics-tests.jsonl`` has it) for the whole-file figure. Left out, by reason:
-# ``not-a-secret`` (an AWS access key id, a Google OAuth client id, a PuTTY header, a
-# certificate), ``multi-line`` (a private key's body), ``line-mismatch`` (the rule's regex does
-# not match the finding's line in the stored copy: the file changed after the expected results
-# were written), and the drop rules every source shares.
+# rules fixed before the copies were read (``kics_hits``, ``kics_aligned``): each finding's
+# rule's own regex from the copied ``regex_rules.json`` is searched in the file (per line, or over
+# the whole text for a rule with ``multiline.detectLineGroup``, whose group's line is the hit's),
+# the value being the group ``_group`` picks (as for the rule-file sources) or a URL's password
+# for "Password in URL". The copied test files are later versions than the expected results
+# (lines were added above the secrets), so a finding takes the first hit of its rule at or after
+# its recorded line; a rule the copied rule file lacks is read by the heuristic (the longest 16+
+# character run that is no name) at its line moved by the file's shift. The case's text is that
+# line as the test file has it (its number in ``line``; ``kics-tests.jsonl`` keeps the whole
+# file, for the whole-file figure). Left out, by reason: ``not-a-secret`` (an AWS access key id,
+# a Google OAuth client id, a PuTTY header, a certificate), ``multi-line`` (a private key's
+# body), ``line-mismatch`` (no hit of the rule at or after the recorded line), and the drop rules
+# every source shares.
 KICS_REPO = "Checkmarx/kics"
 KICS_DIR = "assets/queries/common/passwords_and_secrets/"
 KICS_NOT_SECRET = frozenset(
-    {"AWS Access Key", "Google OAuth", "Putty Private Key", "Putty User Key File Content"}
-    | {"AWS Certificate"}
+    {
+        "AWS Access Key",
+        "Google OAuth",
+        "Putty Private Key",
+        "Putty User Key File Content",
+        "AWS Certificate",
+    }
 )
 KICS_MULTI_LINE = frozenset({"Asymmetric private key"})
 _ANY_LINES = "((.*)\\s*)*"
