@@ -114,6 +114,12 @@ NOT_SECRET = frozenset(
         "np.pwhash.3",
         "np.pwhash.4",
         "np.pwhash.5",  # password hashes
+        "kingfisher.pwhash.1",
+        "kingfisher.pwhash.2",
+        "kingfisher.pwhash.3",
+        "kingfisher.pwhash.4",
+        "kingfisher.pwhash.5",
+        "kingfisher.krb5.asrep.23.1",  # the same hashes in Kingfisher's rules (kingfisher6)
         "np.pem.2",  # examples not copied (see the note in the trimmed file)
     }
 )
@@ -190,7 +196,7 @@ def not_secret(rule: dict[str, Any]) -> bool:
     """A rule that finds no credential (see the module docstring)."""
     if rule["id"] in NOT_SECRET or rule.get("visible") is False:
         return True
-    return str(rule.get("name", "")).endswith("Client ID")
+    return str(rule.get("name", "")).endswith(("Client ID", "Role ID"))  # ids, as veles' RoleID
 
 
 def _flags_first(pattern: str) -> str:
