@@ -28,8 +28,9 @@ aquasecurity/trivy's secret-scanner test data (``trivy``, held out: measured onc
 frozen at e84bd23, then tuned on). The tenth round's: the positive tests of Checkmarx/kics'
 Passwords And Secrets query (``kics``, held out: measured once with the detector frozen at
 1b2fc17, then tuned on) and a fourth slice of the veles tests (``veles4``, held out: measured
-once at d9b19ef, then tuned on) and 30 more Kingfisher rule files (``kingfisher5``, held out:
-measured once at abc33b3, then tuned on).
+once at d9b19ef, then tuned on) 30 more Kingfisher rule files (``kingfisher5``, held out:
+measured once at abc33b3, then tuned on), and the last veles packages and 30 more Kingfisher
+files (``veles5``, ``kingfisher6``, held out: each measured once at 42606fb, then tuned on).
 """
 
 from __future__ import annotations

@@ -84,6 +84,18 @@ FOUND = [
         "WALLET_MNEMONIC: river stone tiger unit valve window apple banana cherry grape "
         "lemon mango",
     ),
+    ("token-by-prefix", "The value is sk-hc-v1-" + "9c1f4e7a2b8d0f3e" * 4 + " for now."),
+    ("token-by-prefix", "The value is AQ.Ab8RQm7Zr2Lw9Tx4Kv8Pn3Hs6JdQm7Zr2Lw9Tx4 for now."),
+    ("quay-robot-token", "login acme+deployer:" + "Q7K2M9XD4RT8WQZP" * 4),
+    ("vault-unseal-key", "vault operator unseal Zq8rT1pXw9Lm3Nv7Bc+Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd5"),
+    (
+        "tink-keyset-key",
+        '{"typeUrl":"type.googleapis.com/google.crypto.tink.HmacKey","value":"Qm7Zr2Lw9Tx4Kv8P"}',
+    ),
+    (
+        "vapid-key-pair",
+        "Zq8rT1pXw9Lm3Nv7Bc_Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd5:B" + "Qm7Zr2Lw9T" * 8 + "x4Kv8P",
+    ),
 ]
 
 LEFT = [
