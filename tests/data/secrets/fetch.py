@@ -83,6 +83,7 @@ SOURCES = (
     "kingfisher5",
     "veles5",
     "kingfisher6",
+    "kingfisher7",
     "detectsecrets",
     "whispers",
     "ripsecrets",
