@@ -30,7 +30,8 @@ Passwords And Secrets query (``kics``, held out: measured once with the detector
 1b2fc17, then tuned on) and a fourth slice of the veles tests (``veles4``, held out: measured
 once at d9b19ef, then tuned on) 30 more Kingfisher rule files (``kingfisher5``, held out:
 measured once at abc33b3, then tuned on), and the last veles packages and 30 more Kingfisher
-files (``veles5``, ``kingfisher6``, held out: each measured once at 42606fb, then tuned on).
+files (``veles5``, ``kingfisher6``, held out: each measured once at 42606fb, then tuned on),
+and the next 30 (``kingfisher7``, held out: measured once at e2f166b, then tuned on).
 """
 
 from __future__ import annotations

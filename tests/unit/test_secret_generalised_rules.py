@@ -96,10 +96,15 @@ FOUND = [
         "vapid-key-pair",
         "Zq8rT1pXw9Lm3Nv7Bc_Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd5:B" + "Qm7Zr2Lw9T" * 8 + "x4Kv8P",
     ),
+    ("html-password-input", '<input name="db" type="password" value="Zq8r!T1pXw9">'),
+    ("infura-project-key", "wss://mainnet.infura.io/ws/v3/9c1f4e7a2b8d0f3e6a5c7b9d1e3f5a7c"),
+    ("kubernetes-bootstrap-token", "BOOTSTRAP_TOKEN=q7k2m9.xd4rt8wqzp3ln8hc"),
+    ("token-by-prefix", "The value is signkey-prod-" + "9c1f4e7a2b8d0f3e" * 4 + " for now."),
 ]
 
 LEFT = [
     "commit 3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a",
+    '<input type="password" name="pw" value="${password}"> <input type=password value="{{pw}}">',
     "run_id: otel:9ed94f9bdc36b397e11c51f77d49e01a",
     '"signature": "EqQBCkgIBRABGAIiQKx9"',
     "    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUMvakNDQWVh"
