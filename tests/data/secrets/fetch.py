@@ -84,6 +84,7 @@ SOURCES = (
     "veles5",
     "kingfisher6",
     "kingfisher7",
+    "kingfisher8",
     "detectsecrets",
     "whispers",
     "ripsecrets",
