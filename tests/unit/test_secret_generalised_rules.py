@@ -100,6 +100,11 @@ FOUND = [
     ("infura-project-key", "wss://mainnet.infura.io/ws/v3/9c1f4e7a2b8d0f3e6a5c7b9d1e3f5a7c"),
     ("kubernetes-bootstrap-token", "BOOTSTRAP_TOKEN=q7k2m9.xd4rt8wqzp3ln8hc"),
     ("token-by-prefix", "The value is signkey-prod-" + "9c1f4e7a2b8d0f3e" * 4 + " for now."),
+    ("token-by-prefix", "The value is Mid-server-Qm7Zr2Lw9Tx4Kv8Pn3 for now."),
+    (
+        "token-by-prefix",
+        "The value is sk_dev_Qm7Zr2Lw9Tx4Kv8PQm7Zr2Lw9Tx4_-Kv8PQm7Zr2Lw9Tx4Kv8P for now.",
+    ),
 ]
 
 LEFT = [
