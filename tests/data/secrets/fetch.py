@@ -85,6 +85,7 @@ SOURCES = (
     "kingfisher6",
     "kingfisher7",
     "kingfisher8",
+    "kingfisher9",
     "detectsecrets",
     "whispers",
     "ripsecrets",
