@@ -31,8 +31,9 @@ Passwords And Secrets query (``kics``, held out: measured once with the detector
 once at d9b19ef, then tuned on) 30 more Kingfisher rule files (``kingfisher5``, held out:
 measured once at abc33b3, then tuned on), and the last veles packages and 30 more Kingfisher
 files (``veles5``, ``kingfisher6``, held out: each measured once at 42606fb, then tuned on),
-the next 30 (``kingfisher7``, held out: measured once at e2f166b, then tuned on) and the next
-30 (``kingfisher8``, held out: measured once at f86a433, then tuned on).
+the next 30 (``kingfisher7``, held out: measured once at e2f166b, then tuned on), the next
+30 (``kingfisher8``, at f86a433) and the next 30 (``kingfisher9``, at 748178c), each measured
+once, then tuned on.
 """
 
 from __future__ import annotations

@@ -101,6 +101,8 @@ FOUND = [
     ("kubernetes-bootstrap-token", "BOOTSTRAP_TOKEN=q7k2m9.xd4rt8wqzp3ln8hc"),
     ("token-by-prefix", "The value is signkey-prod-" + "9c1f4e7a2b8d0f3e" * 4 + " for now."),
     ("token-by-prefix", "The value is Mid-server-Qm7Zr2Lw9Tx4Kv8Pn3 for now."),
+    ("token-by-prefix", "The value is nvapi-Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd_Qm7Zr2Lw9Tx4Kv8Pn3Hs for now."),
+    ("label-line-secret", "Client Secret\n9c1f4e7a2b8d0f3e6a5c7b9d1e3f5a7c"),
     (
         "token-by-prefix",
         "The value is sk_dev_Qm7Zr2Lw9Tx4Kv8PQm7Zr2Lw9Tx4_-Kv8PQm7Zr2Lw9Tx4Kv8P for now.",
@@ -109,6 +111,7 @@ FOUND = [
 
 LEFT = [
     "commit 3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a",
+    "Access token\nRefreshAccessTokenForTheCurrentSession",
     '<input type="password" name="pw" value="${password}"> <input type=password value="{{pw}}">',
     "run_id: otel:9ed94f9bdc36b397e11c51f77d49e01a",
     '"signature": "EqQBCkgIBRABGAIiQKx9"',
