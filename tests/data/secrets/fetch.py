@@ -86,6 +86,7 @@ SOURCES = (
     "kingfisher7",
     "kingfisher8",
     "kingfisher9",
+    "kingfisher10",
     "detectsecrets",
     "whispers",
     "ripsecrets",
