@@ -32,8 +32,8 @@ once at d9b19ef, then tuned on) 30 more Kingfisher rule files (``kingfisher5``, 
 measured once at abc33b3, then tuned on), and the last veles packages and 30 more Kingfisher
 files (``veles5``, ``kingfisher6``, held out: each measured once at 42606fb, then tuned on),
 the next 30 (``kingfisher7``, held out: measured once at e2f166b, then tuned on), the next
-30 (``kingfisher8``, at f86a433) and the next 30 (``kingfisher9``, at 748178c), each measured
-once, then tuned on.
+30 (``kingfisher8``, at f86a433), the next 30 (``kingfisher9``, at 748178c) and the next 30
+(``kingfisher10``, at 70c1d15), each measured once, then looked at.
 """
 
 from __future__ import annotations
