@@ -87,6 +87,7 @@ SOURCES = (
     "kingfisher8",
     "kingfisher9",
     "kingfisher10",
+    "kingfisher11",
     "detectsecrets",
     "whispers",
     "ripsecrets",
