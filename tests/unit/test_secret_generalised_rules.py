@@ -107,6 +107,20 @@ FOUND = [
         "token-by-prefix",
         "The value is sk_dev_Qm7Zr2Lw9Tx4Kv8PQm7Zr2Lw9Tx4_-Kv8PQm7Zr2Lw9Tx4Kv8P for now.",
     ),
+    # eleventh round (kingfisher11): SQL account passwords, an auth key, Splunk HEC, prefixes
+    ("sql-password", "mysql> CREATE USER 'app'@'%' IDENTIFIED BY 'k9Lm2pQr';"),
+    ("sql-password", "CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY 'k9Lm2pQr';"),
+    ("sql-password", "GRANT ALL ON db.* TO 'app'@'localhost' IDENTIFIED BY 'k9Lm2pQr';"),
+    ("sql-password", 'ALTER USER app IDENTIFIED WITH mysql_native_password BY "k9Lm2pQr";'),
+    ("sql-password", "CREATE USER scott IDENTIFIED BY tiger;"),
+    ("sql-password", "ALTER ROLE app WITH ENCRYPTED PASSWORD 'k9Lm2pQr';"),
+    ("sql-password", "CREATE USER app PASSWORD 'k9Lm2pQr';"),
+    ("auth-key-literal", "config.redis.auth = 'Zq8rT1pXw9'"),
+    ("auth-key-literal", 'SMTP_AUTH: "Zq8rT1pXw9"'),
+    ("named-uuid-credential", "splunk.hec=d6bd1ad4-cb62-4d80-a637-593ee2b17391"),
+    ("named-uuid-credential", "hec: D6BD1AD4-CB62-4D80-A637-593EE2B17391"),
+    ("token-by-prefix", "The value is xoxc-2541715624-2536568458595-2560197464944-" + "23a1" * 16),
+    ("token-by-prefix", "The value is salad_cloud_user_" + "Qm7Zr2Lw9T" * 5 + " for now."),
 ]
 
 LEFT = [
@@ -137,6 +151,18 @@ LEFT = [
     '"AWS::ApiGateway::ApiKey": "48205d4ffd7feba3",',
     "<passwordLength>16</passwordLength> <tokenType>Bearer</tokenType>",
     "api_version: v1.2-rc3",
+    # eleventh round's look-alikes: prose and code that say "identified by" or "password", bind
+    # variables, an Oracle keyword, auth keys of words, longer words ending in auth
+    "AIX filesets are identified by four decimal values: V.R.M.F.",
+    "Load and return a dynamic library identified by 'name'.",
+    'machine host.domain.com login log password "pass" account acct',
+    'login(client, "bob", password="hunter2")',
+    'cur.execute("CREATE USER %s IDENTIFIED BY %s", (name, pw))',
+    "ALTER USER app IDENTIFIED BY VALUES 'S:1234';",
+    "CREATE LOGIN app WITH PASSWORD = @pwd;",
+    "auth = 'required'; smtp_auth: 'plain'",
+    "oauth = 'client2-abcdef'; author = 'jdoe2024x'",
+    "hec_index: d6bd1ad4-cb62-4d80-a637-593ee2b17391",
 ]
 
 
