@@ -88,6 +88,7 @@ SOURCES = (
     "kingfisher9",
     "kingfisher10",
     "kingfisher11",
+    "kingfisher12",
     "detectsecrets",
     "whispers",
     "ripsecrets",
