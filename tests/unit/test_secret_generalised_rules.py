@@ -121,6 +121,23 @@ FOUND = [
     ("named-uuid-credential", "hec: D6BD1AD4-CB62-4D80-A637-593EE2B17391"),
     ("token-by-prefix", "The value is xoxc-2541715624-2536568458595-2560197464944-" + "23a1" * 16),
     ("token-by-prefix", "The value is salad_cloud_user_" + "Qm7Zr2Lw9T" * 5 + " for now."),
+    # its second held-out source (kingfisher12): Supabase, Unleash, Travis, ThingsBoard, XML
+    ("token-by-prefix", "The value is sbp_" + "9c1f4e7a2b8d0f3e6a5c" * 2 + " for now."),
+    ("token-by-prefix", "The value is sb_secret_Qm7Zr2Lw9Tx4Kv8Pn3Hs6Jd_Qm7Zr2Lw for now."),
+    (
+        "token-by-prefix",
+        "The value is user:" + "9c1f4e7a2b8d0f3e6a5c7b9d1e3f5a7c" + "9c1f4e7a" * 3 + " now.",
+    ),
+    ("travis-secure-value", 'env:\n  global:\n    - secure: "' + "Qm7Zr2Lw9Tx4+Kv8Pn3/" * 4 + '"'),
+    (
+        "thingsboard-device-token",
+        "curl -X POST https://thingsboard.cloud/api/v1/q7k2m9xd4rt8wqzp3ln8/telemetry",
+    ),
+    (
+        "xml-secret-element",
+        "<AutoLogon><Password><Value>UABAAHMAcwB3ADAAcgBkAA==</Value></Password>",
+    ),
+    ("config-secret-assignment", "configuration.api_key['api-secret-key'] = 'Zq8rT1pXw9Lm3Nv7'"),
 ]
 
 LEFT = [
@@ -163,6 +180,9 @@ LEFT = [
     "auth = 'required'; smtp_auth: 'plain'",
     "oauth = 'client2-abcdef'; author = 'jdoe2024x'",
     "hec_index: d6bd1ad4-cb62-4d80-a637-593ee2b17391",
+    "cookie: {secure: true, httpOnly: true}",
+    "https://thingsboard.cloud/api/v1/devices/telemetry",
+    "ssh user:root@host, user:admin",
 ]
 
 
