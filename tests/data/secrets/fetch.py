@@ -89,6 +89,7 @@ SOURCES = (
     "kingfisher10",
     "kingfisher11",
     "kingfisher12",
+    "kingfisher13",
     "detectsecrets",
     "whispers",
     "ripsecrets",
