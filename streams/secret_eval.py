@@ -35,7 +35,8 @@ the next 30 (``kingfisher7``, held out: measured once at e2f166b, then tuned on)
 30 (``kingfisher8``, at f86a433), the next 30 (``kingfisher9``, at 748178c) and the next 30
 (``kingfisher10``, at 70c1d15), each measured once, then looked at. The eleventh round's: the
 next 30 (``kingfisher11``, held out: measured once at 3f56206, then tuned on) and the 30 after
-them (``kingfisher12``, at bbe799c, then tuned on).
+them (``kingfisher12``, at bbe799c, then tuned on), and the last 23 (``kingfisher13``, at 2f739c0,
+then tuned on).
 """
 
 from __future__ import annotations

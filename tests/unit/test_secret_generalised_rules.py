@@ -138,6 +138,15 @@ FOUND = [
         "<AutoLogon><Password><Value>UABAAHMAcwB3ADAAcgBkAA==</Value></Password>",
     ),
     ("config-secret-assignment", "configuration.api_key['api-secret-key'] = 'Zq8rT1pXw9Lm3Nv7'"),
+    # its third held-out source (kingfisher13): Windows command lines, Voiceflow
+    ("windows-cli-password", "schtasks /create /tn Backup /tr b.bat /ru admin /rp Zq8r!T1p"),
+    (
+        "windows-cli-password",
+        "net use Z: \\\\server\\share /user:CORP\\admin Zq8r!T1p /persistent:no",
+    ),
+    ("windows-cli-password", "net user backup Zq8r!T1p /add"),
+    ("windows-cli-password", "cmdkey /generic:git /user:admin /pass:Zq8r!T1p"),
+    ("token-by-prefix", "The value is VF.DM.6421e3d5b1e4a9001d2b7c8f.a1B2c3D4e5F6g7H8 now."),
 ]
 
 LEFT = [
@@ -183,6 +192,8 @@ LEFT = [
     "cookie: {secure: true, httpOnly: true}",
     "https://thingsboard.cloud/api/v1/devices/telemetry",
     "ssh user:root@host, user:admin",
+    "net user bob /add && net user bob * && net user administrator /active:yes",
+    "net use Z: \\\\server\\share /user:admin * && schtasks /query /fo LIST",
 ]
 
 
