@@ -147,6 +147,11 @@ FOUND = [
     ("windows-cli-password", "net user backup Zq8r!T1p /add"),
     ("windows-cli-password", "cmdkey /generic:git /user:admin /pass:Zq8r!T1p"),
     ("token-by-prefix", "The value is VF.DM.6421e3d5b1e4a9001d2b7c8f.a1B2c3D4e5F6g7H8 now."),
+    # its fourth (trufflehog): a token among other words in a secret-named element
+    (
+        "xml-secret-element-token",
+        "<secret>{aletheiaapi AQAAABAAA K7SOW2B8QH9QE435NLH07PH22XL4YOPG}</secret>",
+    ),
 ]
 
 LEFT = [
@@ -194,6 +199,8 @@ LEFT = [
     "ssh user:root@host, user:admin",
     "net user bob /add && net user bob * && net user administrator /active:yes",
     "net use Z: \\\\server\\share /user:admin * && schtasks /query /fo LIST",
+    "<token>see the docs for the refresh_token_rotation_policy setting</token>",
+    "<description>the secret token is here, in a longer sentence</description>",
 ]
 
 

@@ -925,6 +925,51 @@ def fetch(source: str) -> None:
         (HERE / f"{source}-rules.yml").write_text(text, encoding="utf-8")
 
 
+# trufflehog (issue 27's eleventh round, held out): the pattern tests of
+# trufflesecurity/trufflehog's detectors (``pkg/detectors/<name>/<name>_test.go``, the first 25
+# packages in path order that have one). Its licence is AGPL-3.0, so its test strings are not
+# stored in this repository (``.gitignore``): ``build trufflehog`` and ``fetch trufflehog`` run
+# on a local copy only, and only the measured figures are kept (``trufflehog.measured.json``).
+# Each case whose ``want`` is not empty was copied by hand into ``trufflehog-tests.jsonl``: its
+# input as the test builds it (``fmt.Sprintf`` and constants evaluated), each wanted string, and
+# for each the literal the detector's regular expression (``<name>.go``) requires at the start of
+# the captured value (``prefix``; empty when it starts with a class or alternatives), read from
+# the regex by the copier, not chosen here. A wanted string the detector builds from parts
+# (``id:secret``) is not in its input and is dropped.
+TRUFFLEHOG_REPO = "trufflesecurity/trufflehog"
+
+
+def build_trufflehog() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str, str]] = set()
+    for case in copied_cases("trufflehog-tests"):
+        rule = "trufflehog." + case["path"].removeprefix("pkg/detectors/").split("/", 1)[0]
+        for value, prefix in zip(case["want"], case["prefix"], strict=True):
+            if (rule, case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((rule, case["input"], value))
+            if value not in case["input"]:  # built by the detector from parts
+                dropped["not-in-input"] += 1
+            elif keep(value, dropped):
+                prefixes = (prefix,) if len(prefix) >= 3 else ()
+                rows.append(wanted_row("trufflehog", rule, case, value, prefixes))
+    return rows, dropped
+
+
+def fetch_trufflehog() -> None:
+    """Download each test file at its commit and check that each stored case's name and each
+    wanted value (or the constant it was formatted from) is in it."""
+    cases = copied_cases("trufflehog-tests")
+    texts = fetched_texts(TRUFFLEHOG_REPO, cases)
+    for case in cases:
+        text = texts[(case["path"], case["commit"])]
+        assert case["test"].split("/")[-1].split(" - ")[0][:20] in text, case["test"]
+        for value in case["want"]:
+            assert value[:16] in text or value[-16:] in text, (case["path"], value)
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -939,6 +984,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "ripsecrets": build_ripsecrets,
     "trivy": build_trivy,
     "kics": build_kics,
+    "trufflehog": build_trufflehog,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -952,6 +998,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "ripsecrets": lambda: fetch_whole(RIPSECRETS_REPO, "ripsecrets-tests"),
     "trivy": lambda: fetch_whole(TRIVY_REPO, "trivy-tests"),
     "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
+    "trufflehog": fetch_trufflehog,
 }
 
 
