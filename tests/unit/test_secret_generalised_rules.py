@@ -150,7 +150,7 @@ FOUND = [
     # its fourth (trufflehog): a token among other words in a secret-named element
     (
         "xml-secret-element-token",
-        "<secret>{aletheiaapi AQAAABAAA K7SOW2B8QH9QE435NLH07PH22XL4YOPG}</secret>",
+        "<secret>{billing ZX81QW44RT9P0LMN2BV7CX6KJ3HG5FDS}</secret>",
     ),
 ]
 
