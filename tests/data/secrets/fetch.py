@@ -939,11 +939,11 @@ def fetch(source: str) -> None:
 TRUFFLEHOG_REPO = "trufflesecurity/trufflehog"
 
 
-def build_trufflehog() -> tuple[list[dict[str, Any]], Counter[str]]:
+def build_trufflehog(source: str = "trufflehog") -> tuple[list[dict[str, Any]], Counter[str]]:
     rows: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
     seen: set[tuple[str, str, str]] = set()
-    for case in copied_cases("trufflehog-tests"):
+    for case in copied_cases(f"{source}-tests"):
         rule = "trufflehog." + case["path"].removeprefix("pkg/detectors/").split("/", 1)[0]
         for value, prefix in zip(case["want"], case["prefix"], strict=True):
             if (rule, case["input"], value) in seen:
@@ -954,14 +954,14 @@ def build_trufflehog() -> tuple[list[dict[str, Any]], Counter[str]]:
                 dropped["not-in-input"] += 1
             elif keep(value, dropped):
                 prefixes = (prefix,) if len(prefix) >= 3 else ()
-                rows.append(wanted_row("trufflehog", rule, case, value, prefixes))
+                rows.append(wanted_row(source, rule, case, value, prefixes))
     return rows, dropped
 
 
-def fetch_trufflehog() -> None:
+def fetch_trufflehog(source: str = "trufflehog") -> None:
     """Download each test file at its commit and check that each stored case's name and each
     wanted value (or the constant it was formatted from) is in it."""
-    cases = copied_cases("trufflehog-tests")
+    cases = copied_cases(f"{source}-tests")
     texts = fetched_texts(TRUFFLEHOG_REPO, cases)
     for case in cases:
         text = texts[(case["path"], case["commit"])]
@@ -985,6 +985,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "trivy": build_trivy,
     "kics": build_kics,
     "trufflehog": build_trufflehog,
+    "trufflehog2": lambda: build_trufflehog("trufflehog2"),
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -999,6 +1000,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trivy": lambda: fetch_whole(TRIVY_REPO, "trivy-tests"),
     "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
     "trufflehog": fetch_trufflehog,
+    "trufflehog2": lambda: fetch_trufflehog("trufflehog2"),
 }
 
 
