@@ -37,7 +37,8 @@ the next 30 (``kingfisher7``, held out: measured once at e2f166b, then tuned on)
 next 30 (``kingfisher11``, held out: measured once at 3f56206, then tuned on) and the 30 after
 them (``kingfisher12``, at bbe799c, then tuned on), and the last 23 (``kingfisher13``, at 2f739c0,
 then tuned on); and from another scanner, the pattern tests of trufflehog's first 25 detectors
-(``trufflehog``, at 28a1f3d, then tuned on; AGPL-3.0, so only its figures are stored).
+(``trufflehog``, at 28a1f3d, then tuned on) and the next 25 (``trufflehog2``, at 4332f70, then
+tuned on): AGPL-3.0, so only their figures are stored.
 """
 
 from __future__ import annotations

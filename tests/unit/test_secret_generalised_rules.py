@@ -152,6 +152,8 @@ FOUND = [
         "xml-secret-element-token",
         "<secret>{billing ZX81QW44RT9P0LMN2BV7CX6KJ3HG5FDS}</secret>",
     ),
+    # its fifth (trufflehog2): a random token under a key that names a service
+    ("service-named-random-token", "apollo: Zq8rT1pXw9Lm3Nv7Bc4Kd2"),
 ]
 
 LEFT = [
@@ -201,6 +203,11 @@ LEFT = [
     "net use Z: \\\\server\\share /user:admin * && schtasks /query /fo LIST",
     "<token>see the docs for the refresh_token_rotation_policy setting</token>",
     "<description>the secret token is here, in a longer sentence</description>",
+    "commit: Zq8rT1pXw9Lm3Nv7Bc4Kd2",
+    "name: HelloWorldApplication2024",
+    "title: TheQuickBrownFoxJumps",
+    '"fsx:DescribeS3AccessPointAttachments", backend: "EC2ContainerServiceBackend",',
+    '"fsx:ReleaseFileSystemNfsV3Locks", state = stGetValueDecoderByAsn1Spec',
 ]
 
 
