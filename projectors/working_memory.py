@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,7 @@ from projectors.base import (
     parse_json,
     storable,
 )
+from projectors.layered import Layered, LayeredDict
 from projectors.trust import may_instruct, model_visible
 from schemas.models import (
     ArtifactRefPart,
@@ -153,12 +154,19 @@ _NO_CALL = ToolCallStatus()  # a call the index does not know yet (copied, never
 
 
 class RunIndex(_Frozen):
-    """What exists in the run so far; bounded by the run's size."""
+    """What exists in the run so far; bounded by the run's size. Its maps grow with the run and
+    change a little at every entry: Layered, so a fold step copies what it changes only."""
 
-    entries: dict[str, Outcome] = Field(default_factory=dict)
-    tool_calls: dict[str, ToolCallStatus] = Field(default_factory=dict)
+    entries: Annotated[Layered[str, Outcome], LayeredDict(dict[str, Outcome])] = Field(
+        default_factory=Layered
+    )
+    tool_calls: Annotated[Layered[str, ToolCallStatus], LayeredDict(dict[str, ToolCallStatus])] = (
+        Field(default_factory=Layered)
+    )
     # artifact id -> the carrying entry with the most telling outcome (see _TELLING)
-    artifacts: dict[str, str] = Field(default_factory=dict)
+    artifacts: Annotated[Layered[str, str], LayeredDict(dict[str, str])] = Field(
+        default_factory=Layered
+    )
     created_files: tuple[str, ...] = ()  # ADDED in this run, so a later DELETE drops them
 
 
@@ -354,43 +362,45 @@ def _content(state: WorkingMemory) -> tuple[object, ...]:
 
 
 def _indexed(index: RunIndex, entry: LedgerEntry) -> RunIndex:
-    entries = index.entries.copy()
     if not model_visible(entry):
-        entries[entry.entry_id] = "hidden"
-        return index.model_copy(update={"entries": entries})
-    entries[entry.entry_id] = _outcome(entry)
-    update: dict[str, object] = {"entries": entries}
+        return index.model_copy(
+            update={"entries": index.entries.updated({entry.entry_id: "hidden"})}
+        )
+    # what this entry sets, read before the index (the index's maps are never changed)
+    entries: dict[str, Outcome] = {entry.entry_id: _outcome(entry)}
+    calls: dict[str, ToolCallStatus] = {}
+    artifacts: dict[str, str] = {}
     for part in entry.parts:
         if not isinstance(part, _INDEXED_PARTS):  # (text, usage, ...: nothing to index)
             continue
         if isinstance(part, ToolCallPart | ToolResultPart):
-            calls = _own(update, "tool_calls", index.tool_calls)
-            _index_call(calls, entries, part, entry.entry_id)
+            _index_call(index, calls, entries, part, entry.entry_id)
         for artifact_id in _artifact_ids(part):
-            artifacts = _own(update, "artifacts", index.artifacts)
             carrier = artifacts.get(artifact_id)
-            if carrier is None or _more_telling(entries, entry.entry_id, carrier):
+            if carrier is None:
+                carrier = index.artifacts.get(artifact_id)
+            if carrier is None or _more_telling(index, entries, entry.entry_id, carrier):
                 artifacts[artifact_id] = entry.entry_id
+    update: dict[str, object] = {"entries": index.entries.updated(entries)}
+    if calls:
+        update["tool_calls"] = index.tool_calls.updated(calls)
+    if artifacts:
+        update["artifacts"] = index.artifacts.updated(artifacts)
     return index.model_copy(update=update)
 
 
-def _own(update: dict[str, object], name: str, shared: dict[str, Any]) -> dict[str, Any]:
-    """The copy of an index dict this fold step changes (made on its first change only: an
-    entry without tool calls or artifacts keeps sharing the previous state's dicts, which no
-    one changes in place)."""
-    own = update.get(name)
-    if own is None:
-        own = update[name] = shared.copy()
-    return own  # type: ignore[return-value]
-
-
 def _index_call(
+    index: RunIndex,
     calls: dict[str, ToolCallStatus],
     entries: dict[str, Outcome],
     part: ToolCallPart | ToolResultPart,
     entry_id: str,
 ) -> None:
-    known = calls.get(part.tool_call_id, _NO_CALL)
+    """Sets in ``calls`` and ``entries`` (what the entry changes, read before ``index``) what
+    a tool call's request or result says."""
+    known = calls.get(part.tool_call_id)
+    if known is None:
+        known = index.tool_calls.get(part.tool_call_id, _NO_CALL)
     if isinstance(part, ToolCallPart):
         read_only = part.permission_class is PermissionClass.READ_ONLY
         known = known.model_copy(update={"request_entry_id": entry_id, "read_only": read_only})
@@ -408,8 +418,16 @@ def _index_call(
         entries[known.request_entry_id] = _call_outcome(known)
 
 
-def _more_telling(entries: dict[str, Outcome], candidate: str, carrier: str) -> bool:
-    return _TELLING[entries[candidate]] > _TELLING[entries.get(carrier, "agent")]
+def _more_telling(
+    index: RunIndex, entries: dict[str, Outcome], candidate: str, carrier: str
+) -> bool:
+    def outcome(entry_id: str) -> Outcome:
+        found = entries.get(entry_id)
+        if found is None:
+            found = index.entries.get(entry_id)
+        return "agent" if found is None else found
+
+    return _TELLING[outcome(candidate)] > _TELLING[outcome(carrier)]
 
 
 # The parts that name a tool call or carry an artifact (see _artifact_ids).
