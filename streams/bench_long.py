@@ -27,7 +27,7 @@ from projectors.stores import postgres as pg
 from schemas.codec import LedgerCodec
 from schemas.models import LedgerEntry
 from schemas.topics import ledger_topic
-from streams.engine import Engine, Poison, SourceRecord, Target
+from streams.engine import Engine, Poison, SourceRecord, Target, tune_gc
 from streams.simulate import simulate_runs
 
 LENGTHS = (30, 300, 3_000, 10_000)
@@ -126,7 +126,10 @@ async def long_runs(
     seed: int = 15,
     entries_per_length: int = ENTRIES_PER_LENGTH,
 ) -> list[Cost]:
-    """Every projection at every length (see the module's doc)."""
+    """Every projection at every length (see the module's doc), under the worker's collector
+    settings (``tune_gc``: at the interpreter's default a young collection ran every 700
+    allocations, and a long run's larger states made each one longer)."""
+    tune_gc()
     out = []
     for length in lengths:
         runs = runs_of(length, seed, entries_per_length)
