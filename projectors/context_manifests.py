@@ -1416,14 +1416,15 @@ class _Settled(NamedTuple):
     runs: _Runs
     last_instruction: int  # the index of the last item in an instruction section (or -1)
     json: tuple[bytes, ...]  # the items as JSON, in comma-separated pieces
-    call_ids: frozenset[str | None]
+    call_ids: frozenset[str | None]  # (and the call ids of the orphan results in it)
     result_keys: frozenset[str]  # their results' source entry ids ("" for none)
+    orphans: tuple[DroppedItem, ...]  # its results of no call in the pool (dropped), in order
 
 
 def _nothing_settled(budget: ContextBudget) -> _Settled:
     return _Settled(
         budget, (), 0, (), (), 0, (), (), (), _NO_SUMS, {}, _NO_RUNS, -1, (), frozenset(),
-        frozenset(),
+        frozenset(), (),
     )  # fmt: skip
 
 
@@ -1493,7 +1494,7 @@ def _turn(
             keys=(*before_keys, *settled.keys, *after_keys),
             sums=_added_sums(_added_sums(before_sums, settled.sums), after_sums),
             steps=all_steps,
-            orphans=tuple(orphans),
+            orphans=(*settled.orphans, *orphans),
             dropped=(),
             over=(),
             parts=(head, settled, after),
@@ -1518,7 +1519,7 @@ def _turn(
         keys=prefix_keys(items),
         sums=_summed(_NO_SUMS, items),
         steps=all_steps,
-        orphans=tuple(orphans),
+        orphans=(*settled.orphans, *orphans),
         dropped=tuple(dropped),
         over=over,
         parts=None,
@@ -1618,10 +1619,16 @@ def _settled_for(
 def _settle(pool: tuple[ManifestItem, ...], settled: _Settled, units: list[_Unit]) -> _Settled:
     """``settled`` extended over the history units that follow it in ``pool`` (``units``, as
     ``pool``'s next turn has them) and are settled now: up to the first that is not, or to
-    where a result of a call not in it would be taken in. (``settled`` is ``pool``'s, see
+    where a result of a call not in it would be taken in. A result of no call in the pool (an
+    orphan: dropped from the next turn) is settled with them, its call id kept in
+    ``call_ids``, so that a call or result of that id appended later starts over, as it does
+    for theirs: an orphan in a long run's window stopped every later unit from settling, and
+    each next turn worked out the whole window again. (``settled`` is ``pool``'s, see
     _settled_for.)"""
     cut, count = settled.cut, 0  # the new cut, and how many units it adds
     pending: set[int] = set()  # (ids of) results of the added calls not reached yet
+    called: set[str | None] | None = None  # the pool's call ids, when an orphan is met
+    orphans: list[tuple[int, ManifestItem]] = []  # (position, result) of the orphans met
     j = 0
     for position in range(settled.cut, len(pool)):
         item = pool[position]
@@ -1631,9 +1638,14 @@ def _settle(pool: tuple[ManifestItem, ...], settled: _Settled, units: list[_Unit
         ):
             continue
         if item.item_kind is K.TOOL_OUTPUT:
-            if id(item) not in pending:  # an orphan, or the result of a later call
+            if id(item) in pending:
+                pending.discard(id(item))
+                continue
+            if called is None:
+                called = {i.tool_call_id for i in pool if i.item_kind is K.TOOL_CALL}
+            if item.tool_call_id in called:  # the result of a later call
                 break
-            pending.discard(id(item))
+            orphans.append((position, item))
             continue
         if not pending:
             cut, count = position, j
@@ -1647,7 +1659,8 @@ def _settle(pool: tuple[ManifestItem, ...], settled: _Settled, units: list[_Unit
         if not pending:
             cut, count = len(pool), j
     added = units[:count]
-    if not added or not _apart(added, pool[cut:], settled):
+    dropped = [item for position, item in orphans if position < cut]
+    if not (added or dropped) or not _apart(added, pool[cut:], settled, dropped):
         return settled._replace(pool=pool)
     instructions, _, steps, kept = _sorted_out(pool[settled.cut : cut])
     items = [i for u in added for i in u.items]
@@ -1667,17 +1680,26 @@ def _settle(pool: tuple[ManifestItem, ...], settled: _Settled, units: list[_Unit
         sections=_added_counts(settled.sections, sections),
         runs=_runs_after(settled.runs, items),
         last_instruction=settled.last_instruction if last is None else len(settled.items) + last,
-        json=(*settled.json, b",".join(map(_ITEM_JSON, items))),
-        call_ids=settled.call_ids | {u.first.tool_call_id for u in added if len(u.items) == 2},
+        json=(*settled.json, b",".join(map(_ITEM_JSON, items))) if items else settled.json,
+        call_ids=settled.call_ids
+        | {u.first.tool_call_id for u in added if len(u.items) == 2}
+        | {item.tool_call_id for item in dropped},
         result_keys=settled.result_keys | {_result_key(u.result) for u in added if u.result},
+        orphans=(*settled.orphans, *(_dropped(item, _ORPHAN) for item in dropped)),
     )
 
 
-def _apart(added: Sequence[_Unit], later: Iterable[ManifestItem], settled: _Settled) -> bool:
-    """Whether no tool call or result but the added units' own names one of their calls, and
-    no other result has the source entry of one of their results (its placeholder is found by
-    it): what the settled units' answers depend on."""
+def _apart(
+    added: Sequence[_Unit],
+    later: Iterable[ManifestItem],
+    settled: _Settled,
+    orphans: Sequence[ManifestItem] = (),
+) -> bool:
+    """Whether no tool call or result but the added units' own names one of their calls (or
+    one of the orphan results' call ids), and no other result has the source entry of one of
+    their results (its placeholder is found by it): what the settled units' answers depend on."""
     calls = [u.first.tool_call_id for u in added if len(u.items) == 2]
+    calls += [item.tool_call_id for item in orphans]
     keys = [_result_key(u.result) for u in added if u.result is not None]
     if (
         len(set(calls)) < len(calls)
@@ -1983,6 +2005,9 @@ def _fitted(text: str, limit: int) -> str:
     return text.encode()[:room].decode(errors="ignore") + marker
 
 
+_ORPHAN = "orphan tool result (its call is not in context)"
+
+
 def _history(
     rest: Sequence[ManifestItem], budget: ContextBudget, first: int = 0
 ) -> tuple[list[_Unit], list[DroppedItem]]:
@@ -2020,7 +2045,7 @@ def _history(
             protected = len(units) >= recent
             units.append(_Unit(item, None, (_marked(item, protected),), protected, not protected))
         elif item.tool_call_id not in calls:
-            orphans.append(_dropped(item, "orphan tool result (its call is not in context)"))
+            orphans.append(_dropped(item, _ORPHAN))
     return units, orphans
 
 

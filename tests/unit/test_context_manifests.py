@@ -546,6 +546,45 @@ def test_orphan_tool_result_is_dropped() -> None:
     assert [d.tool_call_id for d in turn.dropped] == ["c-9"]
 
 
+def _orphan(b: EntryBuilder, call_id: str) -> LedgerEntry:
+    part = ToolResultPart(
+        tool_call_id=call_id, status=ToolResultStatus.SUCCEEDED, timed_out=False, summary="?"
+    )
+    return b.add(EntryKind.TOOL_CALL_RESULT, (part,))
+
+
+def test_a_kept_state_settles_past_an_orphan_result_and_starts_over_for_its_call() -> None:
+    """An orphan result early in a long window does not keep the next turn from settling the
+    units after it (each batch then works out only what follows, as a reloaded state would
+    not: the kept and the reloaded state give the same documents), and a call of its id
+    arriving later makes the next turn start over: the result is that call's then."""
+    b = started(EntryKind.USER_TASK)
+    _orphan(b, "c-orphan")
+    for n in range(40):
+        tool_round(b, f"call-{n}")
+        b.add(EntryKind.ASSISTANT_RESPONSE, text(f"step {n}"))
+    projection = ContextManifestsProjection()
+    kept = None
+    for at in range(0, len(b.entries), 5):
+        for entry in b.entries[at : at + 5]:
+            kept = projection.fold(kept or projection.initial(entry), entry)
+        assert kept is not None
+        kept = projection.finish(kept)
+        reloaded = projection.finish(projection.from_doc(projection.to_doc(kept)))
+        assert projection.head_json(kept) == projection.head_json(reloaded)
+    assert kept is not None and kept.next_turn is not None
+    assert [d.tool_call_id for d in kept.next_turn.dropped] == ["c-orphan"]
+    settled = kept.settled.value
+    assert settled is not None and settled.units  # past the orphan: all but the newest turns
+    assert len(kept.pool) - settled.cut < 12, (len(kept.pool), settled.cut)
+    tool_round(b, "c-orphan", answered=False)  # its call, late
+    late = projection.finish(projection.fold(kept, b.entries[-1]))
+    assert late.next_turn is not None and late.next_turn == next_turn(b.entries)
+    paired = [i.item_kind for i in late.next_turn.items if i.tool_call_id == "c-orphan"]
+    assert paired == [K.TOOL_CALL, K.TOOL_OUTPUT_PLACEHOLDER], paired  # (older than the window)
+    assert all(d.tool_call_id != "c-orphan" for d in late.next_turn.dropped)
+
+
 def test_compaction_replaces_history_but_keeps_instructions_and_open_calls() -> None:
     b = started(EntryKind.SYSTEM_INSTRUCTION, EntryKind.USER_TASK)
     tool_round(b, "call-done")
