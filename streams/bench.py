@@ -1022,6 +1022,7 @@ class Sizes:
     one_worker_entries: int = 100_000  # the backlog one worker applies
     import_files: int = 500  # mini-swe-agent trajectories imported (beside publish as JSONL)
     redact_runs: int = 40  # simulated runs whose entries are redacted and encoded, timed
+    long_rounds: int = 1  # rounds of every length, the least CPU of each kept (bench_long)
 
 
 CORES = os.cpu_count() or 1
@@ -1043,7 +1044,18 @@ QUICK = Sizes(
 # Ingest at 300k entries (the publishers stage every entry before the clock starts, ~1 ms of
 # their CPU each); rebuild at 1M (topped up with raw entries after the ingest).
 FULL = Sizes(
-    1000.0, 30.0, 300_000, 4, 3_000, 1_000_000, CORES, CORES, bench_long.LENGTHS, 3_000, 10_000
+    1000.0,
+    30.0,
+    300_000,
+    4,
+    3_000,
+    1_000_000,
+    CORES,
+    CORES,
+    bench_long.LENGTHS,
+    3_000,
+    10_000,
+    long_rounds=3,
 )
 
 
@@ -1223,7 +1235,10 @@ async def run_bench(
     d = await deployment("benchlong")
     try:
         costs = await bench_long.long_runs(
-            d.settings, sizes.long_lengths, entries_per_length=sizes.long_entries
+            d.settings,
+            sizes.long_lengths,
+            entries_per_length=sizes.long_entries,
+            rounds=sizes.long_rounds,
         )
         report.figures += [Figure(*f) for f in bench_long.figures(costs)]
     finally:
