@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from typing import Any
@@ -22,6 +23,7 @@ from projectors.context_manifests import (
     ContextManifestsProjection,
     ContextState,
     ManifestItem,
+    _Memo,
     estimate_tokens,
     is_data_section,
     scan_instruction_like,
@@ -967,3 +969,37 @@ def test_history_rows_json_is_the_old_docs_json() -> None:
                 base = m
                 rows += 1
     assert rows > 20
+
+
+def test_a_memo_keeps_a_result_only_while_its_object_lives() -> None:
+    """The context-manifests memos (an item's JSON, its protected form, ...) refer to their
+    objects weakly: a result goes with its object (a worker's RSS had kept the items of every
+    run it folded until a memo filled), a living object's result is reused, and an object
+    made later at a freed address gets its own result."""
+    made: list[int] = []
+
+    def make(item: ManifestItem) -> int:
+        made.append(item.tokens)
+        return item.tokens
+
+    memo = _Memo(make, kept=100)
+    items = [ManifestItem.model_validate(_item_doc(n)) for n in range(10)]
+    assert [memo(i) for i in items] == list(range(10)) and made == list(range(10))
+    assert [memo(i) for i in items] == list(range(10)) and len(made) == 10  # (reused)
+    assert len(memo._found) == 10
+    del items[5:]
+    gc.collect()
+    assert len(memo._found) == 5  # the results of the five gone went with them
+    for n in range(10, 60):  # new objects, some at the addresses of the gone
+        assert memo(ManifestItem.model_validate(_item_doc(n))) == n
+    assert [memo(i) for i in items] == list(range(5)) and len(made) == 60
+
+
+def _item_doc(tokens: int) -> dict[str, Any]:
+    return {
+        "item_kind": "CONVERSATION_TURN",
+        "trust_level": "PLATFORM_TRUSTED",
+        "visibility": "MODEL_VISIBLE",
+        "sha256": sha256_hex(str(tokens)),
+        "tokens": tokens,
+    }
