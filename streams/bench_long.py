@@ -143,7 +143,7 @@ async def long_runs(
     for round_ in range(rounds):
         for length in lengths:
             for projection in all_projections():
-                build = f"long{length}" if round_ == 0 else f"long{length}r{round_}"
+                build = f"long{length}r{round_}"
                 cost = await measure(settings, projection, length, made[length], batch, build)
                 key = (projection.name, length)
                 if key not in best or cost.cpu_us_per_entry < best[key].cpu_us_per_entry:

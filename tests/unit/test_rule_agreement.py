@@ -106,12 +106,16 @@ def _fold_checked(states: list[Any], entries: list[LedgerEntry]) -> tuple[int, i
     return checked, memory_checked
 
 
+def _first_decision(run: list[LedgerEntry]) -> int | None:
+    """The position of the run's first approval decision (None: it has none)."""
+    return next((i for i, e in enumerate(run) if e.kind is EntryKind.APPROVAL_DECISION), None)
+
+
 def _with_variants(run: list[LedgerEntry]) -> Iterator[list[LedgerEntry]]:
     """The run up to its first approval decision, that decision in each shape."""
-    cut = [i for i, e in enumerate(run) if e.kind is EntryKind.APPROVAL_DECISION]
-    if not cut:
+    at = _first_decision(run)
+    if at is None:
         return
-    at = cut[0]
     for variant in _variants(run[at]):
         yield [*run[:at], variant]
 
@@ -120,12 +124,12 @@ def _variant_checks(run: list[LedgerEntry]) -> Iterator[tuple[int, int]]:
     """:func:`_check_run` of each of :func:`_with_variants`' runs, the common prefix folded once
     (the folds are pure: each variant is folded onto the same states; the prefix holds no
     approval decision, so only the variant is checked)."""
-    cut = [i for i, e in enumerate(run) if e.kind is EntryKind.APPROVAL_DECISION]
-    if not cut:
+    at = _first_decision(run)
+    if at is None:
         return
     states: list[Any] = [None, None, None]
-    assert _fold_checked(states, run[: cut[0]]) == (0, 0)
-    for variant in _variants(run[cut[0]]):
+    assert _fold_checked(states, run[:at]) == (0, 0)
+    for variant in _variants(run[at]):
         yield _fold_checked(list(states), [variant])
 
 
