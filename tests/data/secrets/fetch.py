@@ -986,6 +986,8 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "kics": build_kics,
     "trufflehog": build_trufflehog,
     "trufflehog2": lambda: build_trufflehog("trufflehog2"),
+    "trufflehog3": lambda: build_trufflehog("trufflehog3"),
+    "trufflehog4": lambda: build_trufflehog("trufflehog4"),
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1001,6 +1003,8 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
     "trufflehog": fetch_trufflehog,
     "trufflehog2": lambda: fetch_trufflehog("trufflehog2"),
+    "trufflehog3": lambda: fetch_trufflehog("trufflehog3"),
+    "trufflehog4": lambda: fetch_trufflehog("trufflehog4"),
 }
 
 
