@@ -154,6 +154,18 @@ FOUND = [
     ),
     # its fifth (trufflehog2): a random token under a key that names a service
     ("service-named-random-token", "apollo: Zq8rT1pXw9Lm3Nv7Bc4Kd2"),
+    # the twelfth round's (trufflehog3, trufflehog4): a 20-character token among words in a
+    # secret-named element, service-named tokens with separators or in lower case, a key in a
+    # URL's path, a getter that returns the credential
+    ("xml-secret-element-token", "<secret>{billing AQAAABAAA qz7rk2mw9xt4np8vb3ls}</secret>"),
+    ("service-named-segmented-token", 'acme: "Kq3-vT9_pLm2.xR7wZ4nB8cD1-fG6hJ0"'),
+    ("service-named-segmented-token", "acme: q__7rvkt2zm9xp4wn8bc3ld6fh"),
+    (
+        "url-path-key-token",
+        'url := "https://api.example.com/v1/keys/pk_7f3a9c2e81d44b6f9e0a5c1d2b"',
+    ),
+    ("secret-getter-literal", 'func getAcmeToken() string { return "Zq8rT1pXw9Lm3Nv7Bc4K" }'),
+    ("secret-getter-literal", "def api_key(self) -> str:\n    return 'Zq8rT1pXw9Lm3Nv7Bc4K'"),
 ]
 
 LEFT = [
@@ -208,6 +220,14 @@ LEFT = [
     "title: TheQuickBrownFoxJumps",
     '"fsx:DescribeS3AccessPointAttachments", backend: "EC2ContainerServiceBackend",',
     '"fsx:ReleaseFileSystemNfsV3Locks", state = stGetValueDecoderByAsn1Spec',
+    # the twelfth round's look-alikes: images, releases and versions under one-word keys, words
+    # in a URL's path after keys/, getters returning attributes or words
+    "image: python3.11-slim-bookworm-2024",
+    "release: release-2024-12-01_final_build",
+    "runtime: nodejs20.x-arm64-provided.al2023",
+    "https://example.com/docs/keys/how-to-rotate-2024-keys/",
+    "def get_token(self): return self._token",
+    'def password_hint(self): return "ask-the-vault-owner"',
 ]
 
 
