@@ -988,6 +988,8 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "trufflehog2": lambda: build_trufflehog("trufflehog2"),
     "trufflehog3": lambda: build_trufflehog("trufflehog3"),
     "trufflehog4": lambda: build_trufflehog("trufflehog4"),
+    "trufflehog5": lambda: build_trufflehog("trufflehog5"),
+    "trufflehog6": lambda: build_trufflehog("trufflehog6"),
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1005,6 +1007,8 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trufflehog2": lambda: fetch_trufflehog("trufflehog2"),
     "trufflehog3": lambda: fetch_trufflehog("trufflehog3"),
     "trufflehog4": lambda: fetch_trufflehog("trufflehog4"),
+    "trufflehog5": lambda: fetch_trufflehog("trufflehog5"),
+    "trufflehog6": lambda: fetch_trufflehog("trufflehog6"),
 }
 
 
