@@ -166,6 +166,22 @@ FOUND = [
     ),
     ("secret-getter-literal", 'func getAcmeToken() string { return "Zq8rT1pXw9Lm3Nv7Bc4K" }'),
     ("secret-getter-literal", "def api_key(self) -> str:\n    return 'Zq8rT1pXw9Lm3Nv7Bc4K'"),
+    # its third and fourth parts (trufflehog5, trufflehog6): OpenAI keys named by their owner,
+    # Mailgun's segmented keys, EcoStruxure IT keys, Google OAuth client ids, table cells
+    (
+        "openai-key-any-name",
+        "The value is sk-build-bot-Zq8rT1pXw9Lm3Nv7T3BlbkFJBc4Kd2Xy7Wq1Er5Ty9Ui for now.",
+    ),
+    ("mailgun-key-segments", "pass '7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b-3f5a7c9e-1b3d5f7a'"),
+    (
+        "ecostruxure-it-key",
+        "The value is AK1Zq8rT1pXw9Lm3Nv7Bc4Kd2/Xy7Wq1Er5Ty9Ui0Op3As6Df8Gh2Jk4Lz for now.",
+    ),
+    (
+        "google-oauth-client-id",
+        '"client_id": "123456789012-a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6.apps.googleusercontent.com"',
+    ),
+    ("secret-named-table-cell", "apiKey |7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b3f5a7c9e\nbaseUrl |x"),
 ]
 
 LEFT = [
@@ -228,6 +244,13 @@ LEFT = [
     "https://example.com/docs/keys/how-to-rotate-2024-keys/",
     "def get_token(self): return self._token",
     'def password_hint(self): return "ask-the-vault-owner"',
+    # and of its third and fourth parts: sk- words, UUIDs and traceparents, tables of types
+    "sk-learn-pipeline-T3-model and scikit-learn's sk-tree",
+    "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    "id 7c1e9a3f-5b2d-4c6e-8a0b-1d3f5e7c9a1b",
+    "| apiKey | string | the key of the account |",
+    "| token | 2024-01-01T00:00:00Z |",
+    "AK1 is the first row; AK47 and AK100 are others",
 ]
 
 
