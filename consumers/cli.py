@@ -10,9 +10,8 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from infra.cli_support import console, err, fleet_option
+from infra.cli_support import Table, console, err, fleet_option, print_table
 from infra.cli_support import settings as _settings
 from infra.settings import Settings
 from schemas.models import RunStatus
@@ -299,7 +298,7 @@ def runs_cmd(
             str(run["conflicting_duplicates"] or "-"),
             (run["task"] or "-")[:60],
         )
-    console.print(table)
+    print_table(table)
     console.print(f"{len(found)} runs" + (f" (the first {limit})" if len(found) == limit else ""))
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from consumers.analytics import ANALYTICS, cost_report, failure_report, run_timeline, runs_applied
 from consumers.render_analytics import money, timeline_headline, tokens
+from infra.cli_support import Table, print_table
 from infra.clients import redis_client
 from infra.settings import Settings
 from projectors.stores.redis import RedisViewStore
@@ -131,7 +131,7 @@ def _analytics(
             reported,
             style="bold" if row is costs.total else None,
         )
-    console.print(table)
+    print_table(table, console)
     failures = failure_report(settings, run_ids=run_ids)
     classes = ", ".join(f"{name} {n}" for name, n in failures.by_class.items())
     console.print(
@@ -166,7 +166,7 @@ def _summary(
     table = Table("projections", "runs complete", "slowest run landed", "outcomes across runs")
     slowest = f"{max(landed.values()) * 1000:.0f} ms" if landed else "-"
     table.add_row(", ".join(HOT), f"{len(landed)}/{len(runs)}", slowest, str(len(outcomes)))
-    console.print(table)
+    print_table(table, console)
     console.print(
         "\nThe stack keeps running. Explore:\n"
         "  .venv/bin/agentledger infra status        # what runs where\n"

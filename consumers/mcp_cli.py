@@ -8,9 +8,8 @@ import os
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from infra.cli_support import console, err
+from infra.cli_support import Table, err, print_table
 from infra.cli_support import settings as _settings
 
 commands = typer.Typer()
@@ -56,4 +55,4 @@ def mcp_audit(
             "-" if r["max_seq"] is None else str(r["max_seq"]),
             str(r["last_at"]),
         )
-    console.print(table)
+    print_table(table)

@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from consumers.analytics import CostReport, CostRow, FailureCount, FailureReport, RunFailure
+from infra.cli_support import Table, print_table
 from projectors.failure_classifications import explain
 
 _STATUS_STYLE = {
@@ -280,7 +280,7 @@ def print_costs(console: Console, report: CostReport) -> None:
         *(cell(t) if name not in ("over", "run total (agent's)") else "" for name, cell in columns),
     )
     table.rows[-1].style = "bold"
-    console.print(table)
+    print_table(table, console)
     if t.unpriced_calls:
         console.print(
             f"[yellow]{t.unpriced_calls} calls of models the price table lacks: unpriced, not "
@@ -367,7 +367,7 @@ def print_failures(console: Console, report: FailureReport) -> None:
     fleet_totals = [str(sum(r.runs for r in report.rows if r.fleet_id == f)) for f in fleets]
     cells = _count_cells([getattr(t, k) for k in _COUNTS])
     table.add_row("total", *fleet_totals, *cells, style="bold")
-    console.print(table)
+    print_table(table, console)
     console.print(
         f"final: finished runs; provisional: unfinished; stalled: unfinished and not written "
         f"for {report.stalled_after_minutes:g} minutes"

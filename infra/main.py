@@ -15,14 +15,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from consumers import cli as read_commands
 from consumers import mcp_cli as mcp_commands
 from consumers.examples.budget_guard import BudgetGuard
 from consumers.web import cli as web_commands
 from infra import local
-from infra.cli_support import console, err, merge
+from infra.cli_support import Table, console, err, merge, print_table
 from infra.cli_support import settings as _settings
 from infra.services import ServiceStatus
 from infra.settings import Settings
@@ -47,7 +46,7 @@ def _print_status(rows: list[ServiceStatus], as_json: bool) -> None:
         table.add_row(
             r.name, state, r.address, str(r.pid or "-"), "local" if r.managed else "external"
         )
-    console.print(table)
+    print_table(table)
 
 
 @infra_app.command("up")
@@ -107,7 +106,7 @@ def infra_status(
                     str(w.get("restarts", 0)),
                     str(w.get("last_exit") or "-"),
                 )
-            console.print(table)
+            print_table(table)
         if health:
             table = Table("worker", "group", "state", "behind", "partitions", "last batch")
             for h in health:
@@ -121,7 +120,7 @@ def infra_status(
                     str(len(h.lag)),
                     "never" if ago is None else f"{ago:.0f}s ago",
                 )
-            console.print(table)
+            print_table(table)
     if stalled:
         for bad in stalled:
             err.print(
@@ -201,7 +200,7 @@ def bench(
         base = f"{f.baseline:,.1f} {f.unit}  ({f.baseline_name})" if f.baseline is not None else "-"
         ratio = f"{f.ratio:.2f}x" if f.ratio is not None else "-"
         table.add_row(f.name, f"{f.value:,.1f} {f.unit}", base, ratio)
-    console.print(table)
+    print_table(table)
     console.print(json.dumps(report.machine))
 
 

@@ -12,9 +12,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from infra.cli_support import console, err, fleet_option
+from infra.cli_support import Table, console, err, fleet_option, print_table
 from infra.cli_support import settings as _settings
 from schemas.errors import AgentLedgerError
 
@@ -602,7 +601,7 @@ def dlq_list(
             f"{r['bytes']} (prefix kept)" if r["truncated"] else str(r["bytes"]),
             status,
         )
-    console.print(table)
+    print_table(table)
     pending = sum(1 for r in rows if not r["redriven"] and r["dismissed"] is None)
     console.print(f"{len(rows)} dead letters, {pending} pending")
 

@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from infra.cli_support import Table, print_table
 from infra.settings import Settings, load_settings
 from projectors.registry import NAMES, all_projections, projection
 from streams.rebuild import (
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
                 if as_json:
                     print(json.dumps(builds_json(settings), indent=2, default=str))
                 else:
-                    console.print(_table(list_builds(settings), settings))
+                    print_table(_table(list_builds(settings), settings), console)
                 return
             if what in ("swap", "drop"):
                 if build is None:

@@ -7,9 +7,8 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from infra.cli_support import console, err, fleet_option
+from infra.cli_support import Table, console, err, fleet_option, print_table
 from infra.cli_support import settings as _settings
 
 commands = typer.Typer()
@@ -66,7 +65,7 @@ def tokens_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
             str(r["expires_at"] or "never"),
             str(r["revoked_at"] or "-"),
         )
-    console.print(table)
+    print_table(table)
 
 
 @tokens_app.command("revoke")

@@ -101,3 +101,57 @@ def test_subscribe_lines_and_run_costs_never_say_zero() -> None:
         "cost",
         "tokens",
     ]
+
+
+def test_a_costs_table_in_a_narrow_console_keeps_every_figure_and_column() -> None:
+    """At 60 columns (a narrow terminal; piped, rich lays out at 80) the table keeps its own
+    width: every figure and key whole, every column there. Before, rich fitted it to the
+    console: ``374.…`` for 374,206 tokens, and the columns past the edge (cost) cropped."""
+    row = replace(
+        ROW,
+        key="9f0e2b7c-4d1a-4c55-8a1f-144b9d2e0123",
+        input_tokens=374_206,
+        cached_input_tokens=200_498,
+        output_tokens=16_371,
+        reasoning_tokens=6_611,
+        cost_usd=Decimal("0.2756128"),
+    )
+    console = Console(width=60, record=True)
+    print_costs(console, CostReport("run", [row], replace(row, key="total")))
+    text = console.export_text()
+    assert "…" not in text
+    header = next(ln for ln in text.splitlines() if ln.startswith("┃"))
+    assert [h.strip() for h in header.split("┃")[1:-1]] == [
+        "run",
+        "calls",
+        "in",
+        "cached",
+        "out",
+        "reasoning",
+        "latency",
+        "cost",
+        "reported",
+        "disagree",
+        "budget",
+        "over",
+    ]
+    line = next(ln for ln in text.splitlines() if ln.startswith("│ 9f0e"))
+    cells = [c.strip() for c in line.split("│")[1:-1]]
+    assert cells[0] == "9f0e2b7c-4d1a-4c55-8a1f-144b9d2e0123"
+    assert cells[2:5] == ["374.2k", "200.5k", "16.4k"] and cells[7] == "$0.2756", cells
+
+
+def test_every_command_line_table_folds_past_its_widest() -> None:
+    """The tables of every command come from one class (infra.cli_support.Table): a table
+    wider than print_table lays out folds its cells instead of cutting them."""
+    from infra.cli_support import WIDE_TABLE, Table, print_table
+
+    table = Table("a", "b")
+    table.add_column("c", justify="right")
+    assert [c.overflow for c in table.columns] == ["fold", "fold", "fold"]
+    table.add_row("x" * WIDE_TABLE, "374,206", "$0.2756")
+    console = Console(width=80, record=True)
+    print_table(table, console)
+    text = console.export_text()
+    assert "…" not in text and "374,206" in text and "$0.2756" in text
+    assert text.count("x") == WIDE_TABLE
