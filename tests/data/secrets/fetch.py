@@ -990,6 +990,8 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "trufflehog4": lambda: build_trufflehog("trufflehog4"),
     "trufflehog5": lambda: build_trufflehog("trufflehog5"),
     "trufflehog6": lambda: build_trufflehog("trufflehog6"),
+    "trufflehog7": lambda: build_trufflehog("trufflehog7"),
+    "trufflehog8": lambda: build_trufflehog("trufflehog8"),
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1009,6 +1011,8 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trufflehog4": lambda: fetch_trufflehog("trufflehog4"),
     "trufflehog5": lambda: fetch_trufflehog("trufflehog5"),
     "trufflehog6": lambda: fetch_trufflehog("trufflehog6"),
+    "trufflehog7": lambda: fetch_trufflehog("trufflehog7"),
+    "trufflehog8": lambda: fetch_trufflehog("trufflehog8"),
 }
 
 
