@@ -182,6 +182,14 @@ FOUND = [
         '"client_id": "123456789012-a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6.apps.googleusercontent.com"',
     ),
     ("secret-named-table-cell", "apiKey |7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b3f5a7c9e\nbaseUrl |x"),
+    # its fifth and sixth parts (trufflehog7, trufflehog8): LaunchDarkly and SaladCloud keys
+    # bare, a token after a dash in a note
+    ("launchdarkly-key", "The value is sdk-7q2kx9mb-4tzr-41lc-z6q1-h7zn5fdlcybw for now."),
+    (
+        "saladcloud-api-key",
+        "The value is salad_cloud_org_Zq8rT1pXw9Lm3Nv7Bc4Kd2Xy7Wq1Er5Ty9Ui0Op3As6 now.",
+    ),
+    ("secret-named-dash-literal", "acme token - 'Zq8rT1pXw9-Lm3Nv7Bc4K'"),
 ]
 
 LEFT = [
@@ -251,6 +259,11 @@ LEFT = [
     "| apiKey | string | the key of the account |",
     "| token | 2024-01-01T00:00:00Z |",
     "AK1 is the first row; AK47 and AK100 are others",
+    # and of its fifth and sixth parts: JDBC URLs without credentials stay (a reading made after
+    # looking at trufflehog7: its jdbc cases hold none but a placeholder), words after dashes
+    "jdbc:postgresql://localhost:5432/postgres and jdbc:sqlite:/data/test.db",
+    "the token - 'see-the-runbook' and the password is 'https://vault.example.com/x1'",
+    "api-gateway-prod-eu-west-1 and sdk-version-2024",
 ]
 
 
