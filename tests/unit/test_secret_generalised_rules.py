@@ -158,7 +158,7 @@ FOUND = [
     # secret-named element, service-named tokens with separators or in lower case, a key in a
     # URL's path, a getter that returns the credential
     ("xml-secret-element-token", "<secret>{billing AQAAABAAA qz7rk2mw9xt4np8vb3ls}</secret>"),
-    ("service-named-segmented-token", 'acme: "Kq3-vT9_pLm2.xR7wZ4nB8cD1-fG6hJ0"'),
+    ("service-named-segmented-token", 'acme: "Kq3-vT9_pLm2xR7wZ4nB8cD1.fG6hJ0"'),
     ("service-named-segmented-token", "acme: q__7rvkt2zm9xp4wn8bc3ld6fh"),
     (
         "url-path-key-token",
@@ -264,6 +264,13 @@ LEFT = [
     "jdbc:postgresql://localhost:5432/postgres and jdbc:sqlite:/data/test.db",
     "the token - 'see-the-runbook' and the password is 'https://vault.example.com/x1'",
     "api-gateway-prod-eu-west-1 and sdk-version-2024",
+    # the code the segmented rule found in installed packages (47.5 findings per 10,000 chunks
+    # against 44.2 before it), left since
+    "max_frame_size = self._h2_state.max_outbound_frame_size",
+    "location=awscrt.s3.S3ChecksumLocation.TRAILER,",
+    'fips: "s3-accesspoint-fips.us-east-1.amazonaws.com"',
+    "big = 0x1234567890abcdef12345",
+    "func = dll._testfunc_array_in_struct2a",
 ]
 
 
