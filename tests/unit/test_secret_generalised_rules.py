@@ -179,7 +179,8 @@ FOUND = [
     ),
     (
         "google-oauth-client-id",
-        '"client_id": "123456789012-a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6.apps.googleusercontent.com"',
+        '"client_id": "123456789012-a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6.apps.googleusercontent.com",'
+        ' "client_secret": "d-FL95Q19q7MQmFpd7hHD0Ty"',
     ),
     ("secret-named-table-cell", "apiKey |7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b3f5a7c9e\nbaseUrl |x"),
     # its fifth and sixth parts (trufflehog7, trufflehog8): LaunchDarkly and SaladCloud keys
@@ -271,6 +272,29 @@ LEFT = [
     'fips: "s3-accesspoint-fips.us-east-1.amazonaws.com"',
     "big = 0x1234567890abcdef12345",
     "func = dll._testfunc_array_in_struct2a",
+    # the review of this round's rules (306 ordinary snippets, 2026-12-07): ids, names and
+    # public values they took for keys
+    "DELETE https://petstore.example/api/v1/tokens/3fa85f64-5717-4562-b3fc-2c963f66afa6",
+    "GET https://api.cloudflare.com/client/v4/user/tokens/ed17574386854bf78a67040be0a770b0",
+    "GET https://k8s.local:6443/api/v1/namespaces/ci/secrets/builder-dockercfg-x7k9p",
+    "Identity added: /home/jane/keys/id_ed25519_github2024",
+    "https://etherscan.io/token/0xa0b86991c6218b36c1d19d4a2e9eb0ce3606eb48",
+    'ami = "ami-02640b349e1d81584"',
+    'snapshot = "snap-02d6e8a1c3b5f7d90"',
+    '"destination": "acct_1032D82eZvKYlo2C"',
+    "endpoint: my-nlb-fbea34538d9e8821.elb.us-east-1.amazonaws.com",
+    'def token(self): return "https://oauth2.googleapis.com/token"',
+    'def api_key(self) -> str: return "OPENAI_API_KEY_V2"',
+    "if not user.check_password(raw):\n    return 'invalid_credentials_e401'",
+    "export type Credential = ApiKey | OAuth2ClientCredentials",
+    "| DB password | projects/acme-prod/secrets/db-password/versions/3 |",
+    "| Access token | GITHUB_TOKEN_FOR_CI_V2 |",
+    'case PASSWORD -> "PBKDF2WithHmacSHA256";',
+    "token -> 'auth_token_v2'",
+    "<token> OAuth2AuthorizationCodeFlowV2 (see RFC 6749) </token>",
+    '<credential type="ssh"> github-deploy-key-2024 for the deploy job </credential>',
+    "https://accounts.google.com/o/oauth2/auth?client_id=764086051850-"
+    "6qr4p6gpi6hn506pt8ejuq83di341hur.apps.googleusercontent.com&scope=openid",
 ]
 
 
