@@ -191,6 +191,13 @@ FOUND = [
         "The value is salad_cloud_org_Zq8rT1pXw9Lm3Nv7Bc4Kd2Xy7Wq1Er5Ty9Ui0Op3As6 now.",
     ),
     ("secret-named-dash-literal", "acme token - 'Zq8rT1pXw9-Lm3Nv7Bc4K'"),
+    # forms the review found missed: getters with modifiers or expression bodies, a Unicode dash
+    # and quotes, an OpenAI key in a URL-encoded form
+    ("secret-getter-literal", 'fun apiKey() = "Zq8rT1pXw9Lm3Nv7Bc4Kd2"'),
+    ("secret-getter-literal", 'public string GetToken() => "Zq8rT1pXw9Lm3Nv7Bc4Kd2";'),
+    ("secret-getter-literal", 'private static String getSecret() { return "Zq8rT1pXw9Lm3Nv7"; }'),
+    ("secret-named-dash-literal", "acme token \u2014 \u2018Zq8rT1pXw9-Lm3Nv7Bc4K\u2019"),
+    ("openai-key-any-name", "curl -d key%3Dsk-bot-Zq8rT1pXw9Lm3Nv7T3BlbkFJBc4Kd2Xy7Wq1Er5Ty9"),
 ]
 
 LEFT = [
@@ -295,6 +302,8 @@ LEFT = [
     '<credential type="ssh"> github-deploy-key-2024 for the deploy job </credential>',
     "https://accounts.google.com/o/oauth2/auth?client_id=764086051850-"
     "6qr4p6gpi6hn506pt8ejuq83di341hur.apps.googleusercontent.com&scope=openid",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl jane@host",
+    "public String getToken() { return token; } fun tokenCount() = 42",
 ]
 
 
