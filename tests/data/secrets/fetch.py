@@ -67,6 +67,7 @@ import sys
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -985,13 +986,6 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "trivy": build_trivy,
     "kics": build_kics,
     "trufflehog": build_trufflehog,
-    "trufflehog2": lambda: build_trufflehog("trufflehog2"),
-    "trufflehog3": lambda: build_trufflehog("trufflehog3"),
-    "trufflehog4": lambda: build_trufflehog("trufflehog4"),
-    "trufflehog5": lambda: build_trufflehog("trufflehog5"),
-    "trufflehog6": lambda: build_trufflehog("trufflehog6"),
-    "trufflehog7": lambda: build_trufflehog("trufflehog7"),
-    "trufflehog8": lambda: build_trufflehog("trufflehog8"),
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1006,14 +1000,12 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trivy": lambda: fetch_whole(TRIVY_REPO, "trivy-tests"),
     "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
     "trufflehog": fetch_trufflehog,
-    "trufflehog2": lambda: fetch_trufflehog("trufflehog2"),
-    "trufflehog3": lambda: fetch_trufflehog("trufflehog3"),
-    "trufflehog4": lambda: fetch_trufflehog("trufflehog4"),
-    "trufflehog5": lambda: fetch_trufflehog("trufflehog5"),
-    "trufflehog6": lambda: fetch_trufflehog("trufflehog6"),
-    "trufflehog7": lambda: fetch_trufflehog("trufflehog7"),
-    "trufflehog8": lambda: fetch_trufflehog("trufflehog8"),
 }
+
+# trufflehog's later slices (trufflehog2 .. trufflehog8): the same builder and check, by name
+TRUFFLEHOG_SLICES = [f"trufflehog{n}" for n in range(2, 9)]
+BUILDERS.update({s: partial(build_trufflehog, s) for s in TRUFFLEHOG_SLICES})
+FETCHERS.update({s: partial(fetch_trufflehog, s) for s in TRUFFLEHOG_SLICES})
 
 
 def main(argv: list[str]) -> None:
