@@ -155,6 +155,12 @@ class Projection(Protocol, Generic[S]):
         takes it and :meth:`to_json`'s document alike (it may say repeats once)."""
         ...
 
+    def checkpoint_pages(self, state: S) -> tuple[bytes, tuple[bytes, dict[str, bytes]] | None]:
+        """:meth:`checkpoint_json`, and, when the projection makes it more cheaply than
+        :func:`projectors.paging.split` would from that document, the same split into pages
+        (else None)."""
+        ...
+
     def from_doc(self, doc: dict[str, Any]) -> S: ...
 
     def whole_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -259,6 +265,9 @@ class ModelProjection(Generic[S]):
 
     def checkpoint_json(self, state: S) -> bytes:
         return self.to_json(state)
+
+    def checkpoint_pages(self, state: S) -> tuple[bytes, tuple[bytes, dict[str, bytes]] | None]:
+        return self.checkpoint_json(state), None
 
     def from_doc(self, doc: dict[str, Any]) -> S:
         return self.state_type.model_validate(doc)

@@ -54,6 +54,7 @@ from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, assert
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from projectors import paging
 from projectors.base import (
     HistoryRow,
     ModelProjection,
@@ -660,23 +661,38 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     ) -> bytes:
         """The state's JSON with its lists of items given as pieces: the pool and the last
         recorded manifest's items as made once per item, ``manifests`` and the next turn's."""
+        bare, lists = self._bare_lists(state, manifests, turn_items)
+        return paging.splice(bare, [(mark, pieces) for _path, mark, pieces in lists])
+
+    def _bare_lists(
+        self, state: ContextState, manifests: list[bytes], turn_items: list[bytes] | None
+    ) -> tuple[bytes, list[tuple[str, tuple[bytes, bytes], list[bytes]]]]:
+        """The state's JSON without its lists of items, and each list as (its path, its mark in
+        that JSON, its pieces)."""
         turn = state.next_turn
         bare = state.model_copy(
             update={
                 "pool": (),
                 "manifests": (),
                 "last_context_items": (),
+                "prefix_basis": (),
                 "next_turn": None if turn is None else turn.model_copy(update={"items": ()}),
             }
         )
-        spliced = [
-            (_POOL_MARK, list(map(_ITEM_JSON, state.pool))),
-            (_MANIFESTS_MARK, manifests),
-            (_CONTEXT_ITEMS_MARK, list(map(_CONTEXT_ITEM_JSON, state.last_context_items))),
+        lists = [
+            ("pool", _POOL_MARK, list(map(_ITEM_JSON, state.pool))),
+            ("manifests", _MANIFESTS_MARK, manifests),
+            (
+                "last_context_items",
+                _CONTEXT_ITEMS_MARK,
+                list(map(_CONTEXT_ITEM_JSON, state.last_context_items)),
+            ),
+            # (a key is a tuple of strings, None and an int: orjson writes it as pydantic does)
+            ("prefix_basis", _BASIS_MARK, list(map(orjson.dumps, state.prefix_basis))),
         ]
         if turn is not None and turn_items is not None:
-            spliced.append((_ITEMS_MARK, turn_items))
-        return _spliced(super().to_json(bare), spliced)
+            lists.append(("next_turn.items", _ITEMS_MARK, turn_items))
+        return super().to_json(bare), lists
 
     def checkpoint_json(self, state: ContextState) -> bytes:
         """The state as a checkpoint (read back only by :meth:`from_doc`): :meth:`to_json`'s
@@ -686,6 +702,22 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
         item's position in the pool: the manifests share ~all their ~200 items and the next
         turn ~3/4 of its items with the pool, so this halves the bytes a run's checkpoints
         write (issue 25)."""
+        return self._spliced_state(state, *self._checkpoint_lists(state))
+
+    def checkpoint_pages(
+        self, state: ContextState
+    ) -> tuple[bytes, tuple[bytes, dict[str, bytes]] | None]:
+        """:meth:`checkpoint_json`, and the same split into pages from its pieces (no parse)
+        when its lists of items are all it pages; else None (the store splits it)."""
+        if not _lists_page_alone(state):
+            return self.checkpoint_json(state), None
+        bare, lists = self._bare_lists(state, *self._checkpoint_lists(state))
+        return paging.split_lists(bare, lists, self.paged)
+
+    @staticmethod
+    def _checkpoint_lists(state: ContextState) -> tuple[list[bytes], list[bytes] | None]:
+        """The kept manifests (deltas after the first) and the next turn's items (a pool
+        item by its position) as :meth:`checkpoint_json` writes them."""
         manifests = []
         previous: ContextManifest | None = None
         for m in state.manifests:
@@ -702,7 +734,7 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
             for item in turn.items:
                 at = position.get(id(item))
                 items.append(_ITEM_JSON(item) if at is None else b"%d" % at)
-        return self._spliced_state(state, manifests, items)
+        return manifests, items
 
     def from_doc(self, doc: dict[str, Any]) -> ContextState:
         """A state from :meth:`to_json`'s document or :meth:`checkpoint_json`'s."""
@@ -2219,27 +2251,26 @@ _ITEM_JSON = _Memo(_item_json, kept=32_768)
 _RECORDED_JSON = _Memo(_item_json, kept=32_768)
 
 # Where a state (or manifest) made without them has its empty lists of items: the empty list
-# and the key after it, in field order (pool, manifests, last context items, the next turn's
-# items). A key is never escaped and a string holds no unescaped quote, and the only dicts
-# before them whose keys come from the ledger (the memory's index) hold no lists, so the first
-# match after the previous one is the field.
+# and the key after it, in field order (pool, manifests, last context items, the prefix basis,
+# the next turn's items). A key is never escaped and a string holds no unescaped quote, and the
+# only dicts before them whose keys come from the ledger (the memory's index) hold no lists, so
+# the first match after the previous one is the field.
 _POOL_MARK = (b'"pool":[', b'],"findings":')
 _MANIFESTS_MARK = (b'"manifests":[', b'],"manifests_recorded":')
 _CONTEXT_ITEMS_MARK = (b'"last_context_items":[', b'],"duplicate_model_calls":')
+_BASIS_MARK = (b'"prefix_basis":[', b'],"next_turn":')
 _ITEMS_MARK = (b'"items":[', b'],"items_omitted":')
 
 
-def _spliced(bare: bytes, lists: list[tuple[tuple[bytes, bytes], list[bytes]]]) -> bytes:
-    """``bare`` (JSON with an empty list at each mark, in order) with each list's pieces as its
-    elements."""
-    out: list[bytes] = []
-    start = 0
-    for (opening, closing), pieces in lists:
-        at = bare.index(opening + closing, start) + len(opening)
-        out += (bare[start:at], b",".join(pieces))
-        start = at
-    out.append(bare[start:])
-    return b"".join(out)
+def _lists_page_alone(state: ContextState) -> bool:
+    """Whether the paged members of the state's checkpoint but its lists (the memory's index)
+    are too small for :func:`paging.split` to page (its rule for a map: more than PAGE_ITEMS
+    members; the index's maps are all of its paged members)."""
+    index = state.memory.index if state.memory is not None else None
+    return index is None or all(
+        len(getattr(index, path.removeprefix("index."))) <= paging.PAGE_ITEMS
+        for path in INDEX_PAGED
+    )
 
 
 def _context_item_json(item: ContextItem) -> bytes:
@@ -2262,7 +2293,7 @@ def _manifest_json(manifest: ContextManifest) -> bytes:
     """A recorded manifest as pydantic writes it, its items from :data:`_RECORDED_JSON`."""
     bare = manifest.model_copy(update={"items": ()})
     json = bare.__pydantic_serializer__.to_json(bare)
-    return _spliced(json, [(_ITEMS_MARK, list(map(_RECORDED_JSON, manifest.items)))])
+    return paging.splice(json, [(_ITEMS_MARK, list(map(_RECORDED_JSON, manifest.items)))])
 
 
 def _manifest_delta(previous: ContextManifest, manifest: ContextManifest) -> bytes:
@@ -2275,7 +2306,7 @@ def _manifest_delta(previous: ContextManifest, manifest: ContextManifest) -> byt
     bare = manifest.model_copy(update={"items": ()})
     json = bare.__pydantic_serializer__.to_json(bare)
     added = list(map(_RECORDED_JSON, manifest.items[kept:]))
-    json = _spliced(json, [(_ITEMS_MARK, added)])
+    json = paging.splice(json, [(_ITEMS_MARK, added)])
     return b'%b,"items_delta":%b}' % (json[:-1], orjson.dumps(removed))
 
 

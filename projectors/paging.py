@@ -72,6 +72,61 @@ def split(doc: bytes, paths: Sequence[str]) -> tuple[bytes, dict[str, bytes]]:
     return orjson.dumps(tree), pages
 
 
+def splice(bare: bytes, lists: Sequence[tuple[tuple[bytes, bytes], Sequence[bytes]]]) -> bytes:
+    """``bare`` (JSON with an empty list at each mark: ``(opening, closing)``, the text just
+    before its ``]`` and from it, in the order the marks come) with each list's JSON pieces
+    as its members."""
+    return _replaced(bare, [(mark, (b"[", b",".join(pieces), b"]")) for mark, pieces in lists])
+
+
+def split_lists(
+    bare: bytes,
+    lists: Sequence[tuple[str, tuple[bytes, bytes], Sequence[bytes]]],
+    paths: Sequence[str],
+) -> tuple[bytes, tuple[bytes, dict[str, bytes]]]:
+    """A checkpoint made of pieces, whole and as :func:`split` leaves it, without parsing it:
+    ``bare`` with each list ``(path, mark, pieces)`` spliced in at its mark (see
+    :func:`splice`), and the same with the lists :func:`split` would page (its rule, on the
+    pieces' bytes) as references to their pages. For a projection whose other paged paths
+    hold nothing large enough to page: a large checkpoint was otherwise parsed again only to
+    be split (issue 25). ``paths`` are the projection's paged paths (split's order of them)."""
+    whole = splice(bare, [(mark, pieces) for _path, mark, pieces in lists])
+    if len(whole) < PAGED_FROM_BYTES:
+        return whole, (whole, {})
+    pages: dict[str, bytes] = {}
+    paged: list[str] = []
+    values: list[tuple[tuple[bytes, bytes], tuple[bytes, ...]]] = []
+    for path, mark, pieces in lists:
+        if len(pieces) > 1 and (
+            len(pieces) > PAGE_ITEMS or sum(map(len, pieces)) > PAGED_ARRAY_BYTES
+        ):
+            ref = {MARK: _array_pages(list(pieces), pages), KIND: "array"}
+            values.append((mark, (orjson.dumps(ref),)))
+            paged.append(path)
+        else:
+            values.append((mark, (b"[", b",".join(pieces), b"]")))
+    if not pages:
+        return whole, (whole, {})
+    left = _replaced(bare, values)
+    paged.sort(key=paths.index)
+    return whole, (b"%b,%b:%b}" % (left[:-1], orjson.dumps(PAGED), orjson.dumps(paged)), pages)
+
+
+def _replaced(
+    bare: bytes, values: Sequence[tuple[tuple[bytes, bytes], tuple[bytes, ...]]]
+) -> bytes:
+    """``bare`` with the empty list at each mark replaced by the value given as its parts."""
+    out: list[bytes] = []
+    start = 0
+    for (opening, closing), parts in values:
+        at = bare.index(opening + closing, start) + len(opening) - 1  # at the list's '['
+        out.append(bare[start:at])
+        out += parts
+        start = at + 2  # past its '[]'
+    out.append(bare[start:])
+    return b"".join(out)
+
+
 def join(doc: Any, pages: Mapping[str, Any]) -> Any:
     """The document :func:`split` was given, from what it left and the pages (parsed)."""
     if not isinstance(doc, dict) or PAGED not in doc:

@@ -649,17 +649,18 @@ class Engine:
             or tail_bytes >= max(self.checkpoint_min_bytes, CHECKPOINT_RATIO * row.checkpoint_bytes)
         )
         head: bytes | None = None
+        split: tuple[bytes, dict[str, bytes]] | None = None
         try:
             head = projection.head_json(state) if state is not None else None
-            doc = _checkpoint(projection, state) if due else None
+            doc, split = _checkpoint(projection, state) if due else (None, None)
         except Exception as exc:  # a state no document holds: the batch's entries go, not the run
             if row is not None and due and head is not None:
-                doc = None  # only the checkpoint failed: keep the tail, say so loudly
+                doc, split = None, None  # only the checkpoint failed: keep the tail, say so loudly
                 logger.exception("%s: no checkpoint for run %s", projection.name, run_id)
             else:
                 state, history, applied = stored, [], {}
                 head = projection.head_json(state) if state is not None else None
-                doc = _checkpoint(projection, state) if due else None
+                doc, split = _checkpoint(projection, state) if due else (None, None)
                 tail_count = row.tail_count if row else 0
                 tail_bytes = row.tail_bytes if row else 0
                 for entry, payload, record in plan.apply:
@@ -686,6 +687,7 @@ class Engine:
             entry_ids=entry_ids,
             conflicts=conflicts,
             paged=projection.paged,
+            split=split,
         )
         changed = bool(plan.apply or plan.hold or conflicts)
         if changed and projection.name in self.change_streams:
@@ -881,8 +883,10 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         logger.error("deferred analytics batch failed", exc_info=task.exception())
 
 
-def _checkpoint(projection: Projection[Any], state: Any) -> bytes:
-    return projection.checkpoint_json(state) if state is not None else b"{}"
+def _checkpoint(
+    projection: Projection[Any], state: Any
+) -> tuple[bytes, tuple[bytes, dict[str, bytes]] | None]:
+    return projection.checkpoint_pages(state) if state is not None else (b"{}", None)
 
 
 def _fold_failure(

@@ -113,6 +113,9 @@ class RunWrite:
     publish: bool = False
     traceparent: str | None = None
     paged: tuple[str, ...] = ()
+    # ``state`` already split into pages as projectors.paging.split would (the projection made
+    # it from its pieces), or None: a store that pages splits ``state`` itself
+    split: tuple[bytes, dict[str, bytes]] | None = None
 
 
 @dataclass(frozen=True)

@@ -395,7 +395,9 @@ async def write_runs(
     tails = [(proj, build, w) for proj, build, w in flat if w.state is None]
     # what grows with a run leaves a large checkpoint in pages (projectors/paging.py)
     split = {
-        id(w): paging.split(w.state, w.paged) for _p, _b, w in checkpoints if w.state is not None
+        id(w): w.split if w.split is not None else paging.split(w.state, w.paged)
+        for _p, _b, w in checkpoints
+        if w.state is not None
     }
     async with conn.cursor() as cur:
         if checkpoints:

@@ -107,3 +107,46 @@ def test_every_projection_checkpoint_of_a_long_run_round_trips() -> None:
         if p.name in ("working-memory", "context-manifests"):
             assert pages, p.name
         assert p.from_doc(back) == p.from_doc(orjson.loads(doc)), p.name
+
+
+def test_a_checkpoint_split_from_its_pieces_is_the_split_of_its_document() -> None:
+    """split_lists gives what split gives for the document the pieces make (same bytes, same
+    pages), without parsing it; a small document stays whole."""
+    bare = b'{"a":1,"big":[],"tail":"x","few":[],"end":true}'
+    marks = ((b'"big":[', b'],"tail":'), (b'"few":[', b'],"end":'))
+    big = [orjson.dumps({"n": i, "text": "y" * 90}) for i in range(1_500)]
+    few = [b"1", b"2"]
+    lists = [("big", marks[0], big), ("few", marks[1], few)]
+    whole, (left, pages) = paging.split_lists(bare, lists, ("few", "big"))
+    assert orjson.loads(whole) == {
+        "a": 1,
+        "big": [orjson.loads(b) for b in big],
+        "tail": "x",
+        "few": [1, 2],
+        "end": True,
+    }
+    assert (left, pages) == paging.split(whole, ("few", "big"))
+    assert len(pages) > 1 and len(left) < 1_024
+    small = [("big", marks[0], big[:3]), ("few", marks[1], few)]
+    whole, split = paging.split_lists(bare, small, ("big", "few"))
+    assert len(whole) < paging.PAGED_FROM_BYTES and split == (whole, {})
+
+
+def test_context_manifests_pages_its_checkpoint_from_pieces_as_split_would() -> None:
+    """While the memory's index is small enough to stay in the row, the context manifests'
+    checkpoint comes split from its pieces, the same bytes and pages split gives; beyond it,
+    no split is given (the store splits the document)."""
+    p = next(p for p in all_projections() if p.name == "context-manifests")
+    [run] = list(simulate_runs(1, 1, 25, entries_per_run=700))
+    given = 0
+    for n in (60, 240, 300, 520, 700):
+        state = fold_all(p, run[:n])
+        assert state is not None
+        whole, split = p.checkpoint_pages(state)
+        assert whole == p.checkpoint_json(state)
+        if n <= paging.PAGE_ITEMS:
+            assert split == paging.split(whole, p.paged), n
+            given += bool(split and split[1])
+        else:
+            assert split is None, n
+    assert given >= 2  # some of them large enough to be paged
