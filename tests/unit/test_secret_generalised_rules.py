@@ -198,6 +198,25 @@ FOUND = [
     ("secret-getter-literal", 'private static String getSecret() { return "Zq8rT1pXw9Lm3Nv7"; }'),
     ("secret-named-dash-literal", "acme token \u2014 \u2018Zq8rT1pXw9-Lm3Nv7Bc4K\u2019"),
     ("openai-key-any-name", "curl -d key%3Dsk-bot-Zq8rT1pXw9Lm3Nv7T3BlbkFJBc4Kd2Xy7Wq1Er5Ty9"),
+    # the thirteenth round's (trufflehog9 .. trufflehog11): prefixed formats bare (a Stripe
+    # payment intent's client secret, Ticket Tailor, TruffleHog Enterprise, Voiceflow workspace
+    # and legacy keys, Zoho OAuth tokens, Shutterstock's v2/ tokens), a quoted value on the line
+    # after its key, a dotted token of more than 128 characters after a dash
+    (
+        "token-by-prefix",
+        "The value is pi_3NqzK2Lp9XwRt7Vb4Mc8Zd1E_secret_Qw3Er5Ty7Ui9Op1As2Df4Gh6J now.",
+    ),
+    ("token-by-prefix", "The value is sk_7311_482019_4f0c9a8e7b6d5c4b3a291807f6e5d4c3 for now."),
+    ("token-by-prefix", "The value is thog-key-5d3c1b9a7f2e4d60 for now."),
+    ("token-by-prefix", "The value is VF.WS.6f1a2b3c4d5e6f7a8b9c0d1e.Zq8rT1pXw9Lm3Nv7 now."),
+    ("token-by-prefix", "The value is VF.6f1a2b3c4d5e6f7a8b9c0d1e.Zq8rT1pXw9Lm3Nv7 now."),
+    (
+        "token-by-prefix",
+        "The value is 1000.5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b.0a1b2c3d4e5f60718293a4b5c6d7e8f9 now.",
+    ),
+    ("token-by-prefix", "The value is v2/" + "Zq8rT1pXw9Lm3Nv7Bc4Kd2" * 15 + " for now."),
+    ("config-secret-assignment", '  qs: {\n    api_key:\n      "Q7ZL3K9XW2PM8RT4VN6B",\n  },'),
+    ("secret-named-dash-literal", "acme token - '" + "Zq8rT1pXw9Lm3Nv7Bc4K." * 7 + "x'"),
 ]
 
 LEFT = [
@@ -304,6 +323,13 @@ LEFT = [
     "6qr4p6gpi6hn506pt8ejuq83di341hur.apps.googleusercontent.com&scope=openid",
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl jane@host",
     "public String getToken() { return token; } fun tokenCount() = 42",
+    # the thirteenth round's look-alikes: URL paths under v2/, numbers after 1000., sk_ names,
+    # a Stripe payment intent id alone, a key name followed by a nested mapping
+    "GET https://api.example.com/v2/users/12345/orders?page=2",
+    "1000.25 and 1000.50 in total, 1000.0e3",
+    "sk_learn_model_2024 and sk_test_fixture",
+    "payment pi_3NqzK2Lp9XwRt7Vb4Mc8Zd1E succeeded",
+    "api_key:\n  name: primary\n  rotate: weekly",
 ]
 
 
