@@ -92,6 +92,11 @@ class CostRow:
     cache_write_input_tokens: int = 0  # part of input_tokens
     usage_unknown_calls: int = 0  # calls whose tokens the source did not report (not summed)
     latency_calls: int = 0  # calls with a known latency (avg_latency_ms is over these)
+    # calls that leave one count unknown (see projectors.cost_metrics.CostTotals)
+    cached_unknown_calls: int = 0
+    output_unknown_calls: int = 0
+    reasoning_unknown_calls: int = 0
+    cache_write_unknown_calls: int = 0
     fleet_id: str | None = None  # --by run only
     task_budget_usd: Decimal | None = None  # --by run only
     over_budget: bool | None = None  # --by run only
@@ -195,6 +200,10 @@ def _cost_row(r: Sequence[Any], budget: tuple[Any, ...] | None, key: str | None 
         cache_write_input_tokens=int(r[13]),
         usage_unknown_calls=r[14],
         latency_calls=r[15],
+        cached_unknown_calls=r[16],
+        output_unknown_calls=r[17],
+        reasoning_unknown_calls=r[18],
+        cache_write_unknown_calls=r[19],
         fleet_id=fleet,
         task_budget_usd=limit,
         over_budget=over,

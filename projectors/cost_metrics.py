@@ -125,6 +125,12 @@ class CostTotals(_Frozen):
     provider_reported_cost_usd: UsdAmount = _ZERO  # over the calls that report one
     unpriced_reported_cost_usd: UsdAmount = _ZERO  # the reported cost of unpriced calls
     cost_disagreements: int = 0
+    # calls that leave one count unknown (the source did not report it: Claude Code's reasoning,
+    # an output a log lost), usage_unknown_calls among them: its sum covers the others only
+    cached_unknown_calls: int = 0
+    output_unknown_calls: int = 0
+    reasoning_unknown_calls: int = 0
+    cache_write_unknown_calls: int = 0
 
     @property
     def avg_latency_ms(self) -> float | None:
@@ -166,6 +172,10 @@ def _added_by(call: CallCost) -> dict[str, Any]:
         "provider_reported_cost_usd": reported or _ZERO,
         "unpriced_reported_cost_usd": (reported or _ZERO) if call.cost_usd is None else _ZERO,
         "cost_disagreements": call.cost_disagreement,
+        "cached_unknown_calls": call.cached_input_tokens is None,
+        "output_unknown_calls": call.output_tokens is None,
+        "reasoning_unknown_calls": call.reasoning_tokens is None,
+        "cache_write_unknown_calls": call.cache_write_input_tokens is None,
     }
 
 
@@ -211,7 +221,7 @@ class CostMetrics(_Frozen):
 
 class CostMetricsProjection(ModelProjection[CostMetrics]):
     name = "cost-metrics"
-    version = 2
+    version = 3  # 3: a token count a call leaves unknown is counted apart (output, reasoning...)
     hot = False
     state_type = CostMetrics
     unbounded = ("seen_keys",)  # one per counted call; the calls themselves are history rows
@@ -482,23 +492,39 @@ _EMPTY = CostTotals()
 
 # -- unknown is never zero: the one rule every output follows --------------------------------
 
-Figure = Literal["cost", "tokens", "provider_reported_cost"]
+Figure = Literal[
+    "cost",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cache_write_input_tokens",
+    "provider_reported_cost",
+]
 FIGURE_FIELDS: dict[Figure, tuple[str, ...]] = {
     "cost": ("cost_usd",),
-    "tokens": (
-        "input_tokens",
-        "cached_input_tokens",
-        "output_tokens",
-        "reasoning_tokens",
-        "cache_write_input_tokens",
-    ),
+    "input_tokens": ("input_tokens",),
+    "cached_input_tokens": ("cached_input_tokens",),
+    "output_tokens": ("output_tokens",),
+    "reasoning_tokens": ("reasoning_tokens",),
+    "cache_write_input_tokens": ("cache_write_input_tokens",),
     "provider_reported_cost": ("provider_reported_cost_usd",),
+}
+# the count of the calls that leave a token figure unknown, where counts keep it apart
+_UNKNOWN_OF: dict[Figure, str] = {
+    "cached_input_tokens": "cached_unknown_calls",
+    "output_tokens": "output_unknown_calls",
+    "reasoning_tokens": "reasoning_unknown_calls",
+    "cache_write_input_tokens": "cache_write_unknown_calls",
 }
 _T = TypeVar("_T")
 
 
 class CallCounts(Protocol):
-    """What says how many of a sum's calls it covers (:class:`CostTotals`, a cost row)."""
+    """What says how many of a sum's calls it covers (:class:`CostTotals`, a cost row). Counts
+    that keep a token figure's own unknowns (``output_unknown_calls``...: CostTotals, cost rows)
+    have them read; others (a sum of costs only) count a call of unknown usage as unknown in
+    every token figure."""
 
     @property
     def calls(self) -> int: ...
@@ -512,13 +538,15 @@ class CallCounts(Protocol):
 
 def unknown_calls(counts: CallCounts, figure: Figure) -> int:
     """How many of the calls add nothing to ``figure``'s sum because it is unknown for them: our
-    cost of an unpriced call or of one of unknown usage, the tokens of one of unknown usage, the
-    provider's cost of one it reported none for."""
+    cost of an unpriced call or of one of unknown usage, a token count the call's source did
+    not report (all of them for a call of unknown usage), the provider's cost of one it
+    reported none for."""
     if figure == "cost":
         return counts.unpriced_calls + counts.usage_unknown_calls
-    if figure == "tokens":
-        return counts.usage_unknown_calls
-    return counts.calls - counts.reported_calls
+    if figure == "provider_reported_cost":
+        return counts.calls - counts.reported_calls
+    own = getattr(counts, _UNKNOWN_OF[figure], None) if figure in _UNKNOWN_OF else None
+    return counts.usage_unknown_calls if own is None else max(own, counts.usage_unknown_calls)
 
 
 def known_sum(counts: CallCounts, figure: Figure, total: _T) -> _T | None:

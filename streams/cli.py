@@ -356,14 +356,15 @@ def import_cmd(
         unpriced = sum(t.unpriced_calls for t in totals)
         unmetered = sum(t.usage_unknown_calls for t in totals)
         calls = sum(t.calls for t in totals)
-        counts = CostTotals(
-            calls=calls,
-            unpriced_calls=unpriced,
-            usage_unknown_calls=unmetered,
-            reported_calls=sum(t.reported_calls for t in totals),
-        )
+        counts = CostTotals()  # every run's sums and counts of unknowns, added
+        for t in totals:
+            counts = counts.added(t.__dict__)
         # tokens: unknown when the log keeps no usage, or none of its calls has token counts
         tokens_unknown = not summary.calls_known or (calls and unmetered >= calls)
+        # each count unknown when no call reports it, a lower bound when some do not
+        shown_in = known_sum(counts, "input_tokens", summary.input_tokens)
+        shown_out = known_sum(counts, "output_tokens", summary.output_tokens)
+        bounds = partly_unknown(counts)
         report = summary.as_json() | {
             # priced as the projection will (None: no call, or none could be priced; never $0)
             # (a lower bound when some calls are unpriced or of unknown usage)
@@ -386,6 +387,8 @@ def import_cmd(
         }
         if tokens_unknown:
             report.update(input_tokens=None, output_tokens=None)  # never 0
+        elif calls:
+            report.update(input_tokens=shown_in, output_tokens=shown_out)
         reports.append(report)
         if not as_json:
             skipped = ", ".join(f"{n} {why}" for why, n in sorted(report["skipped"].items()))
@@ -403,6 +406,9 @@ def import_cmd(
                 + (
                     "tokens unknown"
                     if tokens_unknown
+                    else f"{_count_text(shown_in, 'input_tokens' in bounds)} in / "
+                    f"{_count_text(shown_out, 'output_tokens' in bounds)} out tokens"
+                    if calls
                     else f"{summary.input_tokens:,} in / {summary.output_tokens:,} out tokens"
                 )
                 + ", cost "
@@ -476,6 +482,12 @@ def otlp_cmd(
     except OSError as exc:
         err.print(f"[red]error:[/] cannot listen on {host}:{port}: {escape(str(exc))}")
         raise typer.Exit(code=1) from None
+
+
+def _count_text(value: int | None, lower_bound: bool) -> str:
+    """A token sum as the import summary shows it: unknown, never 0; ``>= `` before a sum that
+    leaves out calls that did not report it."""
+    return "unknown" if value is None else (">= " if lower_bound else "") + f"{value:,}"
 
 
 def _follow_imports(

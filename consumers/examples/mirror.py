@@ -50,6 +50,7 @@ class _Counts:
     unpriced_calls: int
     usage_unknown_calls: int
     reported_calls: int
+    output_unknown_calls: int
 
 
 def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
@@ -64,6 +65,7 @@ def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
         int(totals.get("unpriced_calls", 0)),
         int(totals.get("usage_unknown_calls", 0)),
         int(totals.get("reported_calls", 0)),
+        int(totals.get("output_unknown_calls", 0)),
     )
     return (
         change.run_id,
@@ -72,8 +74,8 @@ def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
         change.applied_seq,
         known_sum(counts, "cost", Decimal(str(totals.get("cost_usd", "0")))),
         counts.calls,
-        known_sum(counts, "tokens", totals.get("input_tokens", 0)),
-        known_sum(counts, "tokens", totals.get("output_tokens", 0)),
+        known_sum(counts, "input_tokens", totals.get("input_tokens", 0)),
+        known_sum(counts, "output_tokens", totals.get("output_tokens", 0)),
         counts.unpriced_calls,
         None if budget is None else Decimal(str(budget)),
         bool(state.get("over_budget")),

@@ -244,6 +244,10 @@ SELECT {key} AS key,
        coalesce(sum(cache_write_input_tokens), 0) AS cache_write_input_tokens,
        count(*) FILTER (WHERE input_tokens IS NULL) AS usage_unknown_calls,
        count(latency_ms) AS latency_calls,
+       count(*) FILTER (WHERE cached_input_tokens IS NULL) AS cached_unknown_calls,
+       count(*) FILTER (WHERE output_tokens IS NULL) AS output_unknown_calls,
+       count(*) FILTER (WHERE reasoning_tokens IS NULL) AS reasoning_unknown_calls,
+       count(*) FILTER (WHERE cache_write_input_tokens IS NULL) AS cache_write_unknown_calls,
        GROUPING({key}) AS is_total
 FROM al_cost_calls
 {where}

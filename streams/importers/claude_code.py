@@ -102,13 +102,21 @@ def import_file(
     counted: set[str] = set()
     tool_names: dict[str, str] = {}
     started = False
+    last_at = None
+    untimed = 0
     for doc in lines:
         with skipping(summary, "line"):
             at = parse_time(doc.get("timestamp"))
             kind = doc.get("type")
+            if at is None and kind in ("assistant", "user") and last_at is not None:
+                # a message line that lost its time keeps the time of the line before: its
+                # calls and tool results are not dropped (counted in the notes)
+                at = last_at
+                untimed += 1
             if at is None:  # summary (a session title), file-history-snapshot: no event
                 summary.skipped[f"{kind or 'untyped'} (no timestamp)"] += 1
                 continue
+            last_at = at
             if not started:
                 meta = {"claude_code.version": str(doc.get("version") or "?")}
                 if doc.get("gitBranch"):
@@ -139,6 +147,10 @@ def import_file(
     summary.runs = 1
     summary.entries = len(run.entries)
     summary.notes.append("Claude Code records no run end: the run is left open (RUNNING)")
+    if untimed:
+        summary.notes.append(
+            f"{untimed} message lines had no timestamp: each was given the time of the line before"
+        )
     return [run], summary
 
 
@@ -164,14 +176,19 @@ def _agent_id(path: Path) -> str | None:
 
 
 def _last_usage_by_id(lines: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], str]]:
-    """Per ``message.id``: the usage of its last line (largest output), and its stop reason."""
+    """Per ``message.id``: the usage of its last line (largest output), and its stop reason; an
+    id no line gives a usage of: an empty usage (a call whose usage is unknown)."""
     found: dict[str, tuple[dict[str, Any], str]] = {}
     for doc in lines:
         message = doc.get("message") if doc.get("type") == "assistant" else None
-        if not isinstance(message, dict) or not isinstance(message.get("usage"), dict):
+        if not isinstance(message, dict):
             continue
         mid = message.get("id")
         if not isinstance(mid, str):
+            continue
+        if not isinstance(message.get("usage"), dict):  # a response whose usage is not kept:
+            if mid not in found:  # a call all the same, its usage unknown (never 0)
+                found[mid] = ({}, str(message.get("stop_reason") or ""))
             continue
         usage = message["usage"]
         before = found.get(mid)
@@ -184,6 +201,11 @@ def _last_usage_by_id(lines: list[dict[str, Any]]) -> dict[str, tuple[dict[str, 
 
 def _int(value: Any) -> int:
     return value if type(value) is int and value >= 0 else 0
+
+
+def _count(value: Any) -> int | None:
+    """A reported count, or None when the usage does not report it (unknown, never 0)."""
+    return value if type(value) is int and value >= 0 else None
 
 
 def _assistant(
@@ -233,13 +255,13 @@ def _model_call(
     at: Any,
     summary: Summary,
 ) -> None:
-    uncached, written = (
-        _int(usage.get("input_tokens")),
-        _int(usage.get("cache_creation_input_tokens")),
-    )
-    read, output = _int(usage.get("cache_read_input_tokens")), _int(usage.get("output_tokens"))
+    # a count the usage lacks (or holds as no count) is unknown, never 0; the cache counts are
+    # 0 when absent, as the API wrote usage before prompt caching (input and output only)
+    uncached, output = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    written = _int(usage.get("cache_creation_input_tokens"))
+    read = _int(usage.get("cache_read_input_tokens"))
     part = Usage(
-        input_tokens=uncached + written + read,
+        input_tokens=None if uncached is None else uncached + written + read,
         cached_input_tokens=read,
         cache_write_input_tokens=written,
         output_tokens=output,
@@ -259,7 +281,7 @@ def _model_call(
     run.add(EntryKind.MODEL_CALL, at, f"call-{mid}", [part])
     summary.calls += 1
     summary.input_tokens += part.input_tokens
-    summary.output_tokens += output
+    summary.output_tokens += part.output_tokens  # (0 when unknown: the report says so)
 
 
 def _user(

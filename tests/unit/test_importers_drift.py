@@ -118,3 +118,55 @@ def test_drifted_records_are_skipped_with_a_reason_never_a_crash(
             assert [e.sequence_no for e in run.entries] == list(range(1, len(run.entries) + 1))
         assert all(isinstance(n, int) and n > 0 for n in summary.skipped.values())
     assert imported > refused  # most drifts still import: the importer bends
+
+
+def _claude_lines() -> list[dict[str, Any]]:
+    source = _source("samples2/claude-code/codemie-v2.0.76-session-196820da.jsonl")
+    return [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+
+
+def _import_claude(lines: list[dict[str, Any]], tmp_path: Path) -> Any:
+    path = tmp_path / "drifted.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    [run], summary = FORMATS["claude-code"].import_file(path, "fleet-x")
+    calls = [p for e in run.entries for p in e.parts if type(p).__name__ == "ModelUsagePart"]
+    return calls, summary
+
+
+def test_a_claude_code_usage_missing_a_count_leaves_it_unknown_never_zero(tmp_path: Path) -> None:
+    """Found trying the product (2026-12-07): ``output_tokens`` renamed gave every call 0 output
+    tokens and a cost shown as exact; a usage with no ``input_tokens`` gave 0 input. A count
+    the usage does not hold is unknown (named in ``unknown_fields``)."""
+    before, _ = _import_claude(_claude_lines(), tmp_path)
+    lines = _claude_lines()
+    for line in lines:
+        usage = (line.get("message") or {}).get("usage")
+        if isinstance(usage, dict):
+            usage["output_tokenz"] = usage.pop("output_tokens", None)
+            usage.pop("input_tokens", None)
+    calls, summary = _import_claude(lines, tmp_path)
+    assert len(calls) == len(before) == summary.calls > 0
+    for call in calls:
+        assert {"input_tokens", "output_tokens"} <= set(call.unknown_fields)
+
+
+def test_claude_code_responses_without_usage_or_time_are_still_calls(tmp_path: Path) -> None:
+    """A response whose lines keep no usage is a call of unknown usage, not no call; a message
+    line with no timestamp is given the one before it, with a note, not dropped."""
+    before, _ = _import_claude(_claude_lines(), tmp_path)
+    lines = _claude_lines()
+    for line in lines:
+        message = line.get("message")
+        if line.get("type") == "assistant" and isinstance(message, dict):
+            message.pop("usage", None)
+    calls, summary = _import_claude(lines, tmp_path)
+    assert len(calls) == len(before) == summary.calls
+    assert all("input_tokens" in c.unknown_fields for c in calls)
+    lines = _claude_lines()
+    first = next(i for i, line in enumerate(lines) if line.get("timestamp"))
+    for line in lines[first + 1 :]:
+        if line.get("type") in ("assistant", "user"):
+            line.pop("timestamp", None)
+    calls, summary = _import_claude(lines, tmp_path)
+    assert len(calls) == len(before)
+    assert any("had no timestamp" in note for note in summary.notes)

@@ -99,8 +99,26 @@ def test_subscribe_lines_and_run_costs_never_say_zero() -> None:
     assert known_sum(CostTotals(calls=2, unpriced_calls=1), "cost", Decimal(1)) == 1
     assert partly_unknown(CostTotals(calls=2, usage_unknown_calls=1, reported_calls=2)) == [
         "cost",
-        "tokens",
+        "input_tokens",
+        "cached_input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cache_write_input_tokens",
     ]
+
+
+def test_a_token_count_some_calls_leave_unknown_is_unknown_or_a_lower_bound() -> None:
+    """A count a call's source did not report (Claude Code's reasoning tokens, an output a log
+    lost) while its other counts are known: the sum of that count is unknown when no call has
+    it and a lower bound when some lack it, never 0 (found trying the product: every roll-up
+    showed Claude Code runs' reasoning tokens as 0)."""
+    claude = CostTotals(calls=3, reasoning_unknown_calls=3, output_unknown_calls=1)
+    assert known_sum(claude, "reasoning_tokens", 0) is None
+    assert known_sum(claude, "output_tokens", 4_509) == 4_509
+    assert known_sum(claude, "input_tokens", 170_226) == 170_226
+    assert partly_unknown(claude) == ["output_tokens"]
+    # counts that keep no figure's own unknowns (a sum of costs only) read usage as before
+    assert partly_unknown(ROW) == []
 
 
 def test_a_costs_table_in_a_narrow_console_keeps_every_figure_and_column() -> None:
