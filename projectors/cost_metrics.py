@@ -335,7 +335,9 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
                 if from_entry and not part.known("cached_input_tokens")
                 else usage.cached_input,
                 usage.output,
-                None if from_entry and not part.known("reasoning_tokens") else usage.reasoning,
+                # a provider that reports no reasoning count (Anthropic: thinking is inside the
+                # output) gives none to read: unknown when the entry says so, whatever reads it
+                None if not part.known("reasoning_tokens") else usage.reasoning,
             )
             mismatch = (
                 usage.normalizer != ENTRY_FIELDS and not part.unknown_fields and counts != own

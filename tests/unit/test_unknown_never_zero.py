@@ -173,3 +173,20 @@ def test_every_command_line_table_folds_past_its_widest() -> None:
     text = console.export_text()
     assert "…" not in text and "374,206" in text and "$0.2756" in text
     assert text.count("x") == WIDE_TABLE
+
+
+def test_claude_code_runs_reasoning_tokens_are_unknown_in_the_totals() -> None:
+    """Anthropic's usage has no reasoning count (thinking is inside the output) and the
+    importer says so; the cost projection read 0 from the raw usage and every roll-up showed
+    0 reasoning tokens. Now unknown, and counted apart, while input and output stay known."""
+    from projectors.base import fold_all
+    from projectors.registry import all_projections
+    from streams.importers.claude_code import import_file
+    from tests.packs import SHARED
+
+    [run], _summary = import_file(SHARED / "samples/claude-code/spotter-short.jsonl", "f")
+    [cost] = [p for p in all_projections() if p.name == "cost-metrics"]
+    totals = fold_all(cost, run.entries).totals
+    assert totals.calls > 0 and totals.reasoning_unknown_calls == totals.calls
+    assert known_sum(totals, "reasoning_tokens", totals.reasoning_tokens) is None
+    assert known_sum(totals, "output_tokens", totals.output_tokens) == totals.output_tokens > 0
