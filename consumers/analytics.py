@@ -157,7 +157,7 @@ def cost_report(
         only = ops.runs_reported_only(conn, fleet, run_ids) if by == "run" else []
         keys = [str(r[0]) for r in found if not r[-1]] + only
         budgets = _budgets(conn, keys) if by == "run" else {}
-    no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown, not 0
+    no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown
     rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
     rows += [_cost_row((run, *no_calls), budgets.get(run)) for run in only]
     rows.sort(key=lambda r: r.key)

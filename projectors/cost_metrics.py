@@ -335,8 +335,9 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
                 if from_entry and not part.known("cached_input_tokens")
                 else usage.cached_input,
                 usage.output,
-                # a provider that reports no reasoning count (Anthropic: thinking is inside the
-                # output) gives none to read: unknown when the entry says so, whatever reads it
+                # a usage with no reasoning count (Anthropic's: thinking is inside the output;
+                # completion_tokens_details of null) is read as 0 by the normalizers, which
+                # price the output whole: the entry's unknown stays unknown (never 0)
                 None if not part.known("reasoning_tokens") else usage.reasoning,
             )
             mismatch = (

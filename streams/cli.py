@@ -441,7 +441,8 @@ def import_cmd(
     else:
         if failed:
             err.print(
-                f"{failed} of {len(files)} files skipped (see above); the others were imported"
+                f"{failed} of {len(files)} files skipped (see above)"
+                + ("; the others were imported" if failed < len(files) else "")
             )
         if unmapped:
             err.print(

@@ -979,6 +979,16 @@ def live_run_ends(
     return {str(run): (str(f), datetime.fromisoformat(at)) for run, f, at in rows if at is not None}
 
 
+def live_run_fleets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> dict[str, str]:
+    """The fleet of each of these runs the live run-stats build holds (runs it lacks left out)."""
+    rows = conn.execute(
+        f"SELECT s.run_id, s.fleet_id FROM {LIVE_STATE} "
+        "WHERE s.projection = 'run-stats' AND s.run_id = ANY(%(runs)s)",
+        {"runs": list(run_ids)},
+    ).fetchall()
+    return {str(run): str(fleet) for run, fleet in rows}
+
+
 def run_holds_entry(conn: psycopg.Connection[Any], run_id: str, entry_id: str) -> bool:
     """Whether the live run-stats build applied ``entry_id`` to the run."""
     row = conn.execute(

@@ -142,6 +142,10 @@ async def import_paths(
         for path in paths:
             done = read_runs(importer, path, fleet_id)
             if done.error is None and done.runs:
+                elsewhere = runs_on_other_fleets(settings, done.runs)
+                if elsewhere:
+                    done = replace(done, runs=[], error=f"{path}: {elsewhere}; nothing was sent")
+            if done.error is None and done.runs:
                 try:
                     if publisher is None:
                         publisher = await stack.enter_async_context(AsyncPublisher(settings))
@@ -149,6 +153,35 @@ async def import_paths(
                 except AgentLedgerError as exc:
                     raise FilePublishError(path, exc) from exc
             on_file(done)
+
+
+def runs_on_other_fleets(settings: Settings, runs: Sequence[ImportedRun]) -> str:
+    """Why these runs cannot go to their fleet: a run already on the ledger in another fleet
+    (as the live run-stats build has it) belongs to that fleet, and its entries sent to this
+    one would all be dead-lettered by the workers while the import said they were published;
+    "" when none is (or PostgreSQL cannot say: then the workers' contract check still holds)."""
+    import psycopg
+
+    from projectors.stores import postgres_ops as ops
+
+    try:
+        with ops.connect(settings.pg_address) as conn:
+            fleets = ops.live_run_fleets(conn, [r.run_id for r in runs])
+    except psycopg.Error:  # (no PostgreSQL, or not migrated yet)
+        return ""
+    clashes = [
+        (r.run_id, fleets[r.run_id], r.fleet_id)
+        for r in runs
+        if fleets.get(r.run_id, r.fleet_id) != r.fleet_id
+    ]
+    if not clashes:
+        return ""
+    run_id, there, here = clashes[0]
+    more = f" (and {len(clashes) - 1} more runs)" if len(clashes) > 1 else ""
+    return (
+        f"run {run_id} is on the ledger in fleet {there}, not {here}{more}: a run belongs to "
+        f"one fleet (import it with --fleet {there})"
+    )
 
 
 Report = Callable[[Path, Summary | None, list[Sent], str | None], None]

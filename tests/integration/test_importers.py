@@ -33,7 +33,7 @@ SAMPLES = SHARED / "samples"
 FLEET = "imports"
 
 
-def _cc(uncached: int, out: int, written: int, read: int, calls: int) -> dict[str, int]:
+def _cc(uncached: int, out: int, written: int, read: int, calls: int) -> dict[str, int | None]:
     """Claude Code's README figures (input without the cache) as our totals (input with it)."""
     return {
         "input_tokens": uncached + written + read,
@@ -44,7 +44,9 @@ def _cc(uncached: int, out: int, written: int, read: int, calls: int) -> dict[st
     }
 
 
-def _oai(prompt: int, cached: int, out: int, calls: int, reasoning: int = 0) -> dict[str, int]:
+def _oai(
+    prompt: int, cached: int, out: int, calls: int, reasoning: int | None = 0
+) -> dict[str, int | None]:
     return {
         "input_tokens": prompt,
         "cached_input_tokens": cached,
@@ -54,7 +56,7 @@ def _oai(prompt: int, cached: int, out: int, calls: int, reasoning: int = 0) -> 
     }
 
 
-EXPECTED: dict[str, tuple[str, dict[str, int]]] = {
+EXPECTED: dict[str, tuple[str, dict[str, int | None]]] = {
     "258c7280-ae70-4798-800f-63464d01a85d.jsonl": (
         "claude-code",
         _cc(180, 38899, 349474, 14771617, 152),
@@ -80,11 +82,16 @@ EXPECTED: dict[str, tuple[str, dict[str, int]]] = {
     "basic_gui_mode.json": ("openhands", _cc(17297 - 5482 - 11793, 2024, 5482, 11793, 4)),
     "basic.json": ("openhands", _cc(8132 - 4640 - 3482, 1312, 4640, 3482, 2)),
     "wrong_initial_state.json": ("openhands", _cc(14828 - 3927 - 10879, 358, 3927, 10879, 4)),
+    # mini-swe-agent: every response's completion_tokens_details is null, so its reasoning
+    # tokens are unknown (shown as 0 until 2026-12-07: unknown is never zero)
     "pr854-astropy__astropy-12907.traj.json": (
         "mini-swe-agent",
-        _oai(1111619, 1093760, 17133, 64),
+        _oai(1111619, 1093760, 17133, 64, reasoning=None),
     ),
-    "pr814-django__django-11039.traj.json": ("mini-swe-agent", _oai(445781, 388736, 7841, 38)),
+    "pr814-django__django-11039.traj.json": (
+        "mini-swe-agent",
+        _oai(445781, 388736, 7841, 38, reasoning=None),
+    ),
 }
 # Reported by the agent itself (the only accounting SWE-agent keeps; mini-swe-agent's per-call
 # costs must sum to it).
@@ -179,6 +186,7 @@ def _wait(d: PrivateDeployment, run_id: str, entries: int, timeout_s: float = 18
 def test_otel_span_files_give_their_usage_once(imported: Any) -> None:
     d, by_file = imported
     done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
     for name, expected in OTEL.items():
         mine = [rows[r] for r in by_file[name]["run_ids"]]
@@ -271,6 +279,36 @@ def test_a_second_import_publishes_nothing(imported: Any) -> None:
             first = by_file[Path(report["path"]).name]
             assert report["published"] == 0, report["path"]
             assert report["already_on_ledger"] == first["entries"], report["path"]
+
+
+def test_a_run_on_the_ledger_is_not_imported_into_another_fleet(imported: Any) -> None:
+    """Found trying the product (2026-12-07): a run imported again with another ``--fleet``
+    was reported published while every entry was dead-lettered by the workers (a run's entries
+    come from one topic), and a rebuild then took that copy. Now the file is refused, naming
+    the fleet the run is in; nothing is sent."""
+    d, by_file = imported
+    path = SAMPLES / "claude-code" / "spotter-short.jsonl"
+    [run_id] = by_file[path.name]["run_ids"]
+    done = _cli(d, "import", "claude-code", str(path), "--fleet", "fleet-elsewhere", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    [report] = json.loads(done.stdout)
+    assert report["published"] == 0
+    assert f"run {run_id} is on the ledger in fleet {FLEET}" in report["error"]
+    assert f"--fleet {FLEET}" in report["error"]
+
+
+def test_claude_code_reasoning_tokens_are_unknown_never_zero(imported: Any) -> None:
+    """Anthropic reports no reasoning count (thinking is inside the output): every roll-up
+    showed Claude Code runs' reasoning tokens as 0. Unknown now, in the rows and the total."""
+    d, by_file = imported
+    done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
+    report = json.loads(done.stdout)
+    rows = {r["key"]: r for r in report["rows"]}
+    for name, (fmt, _expected) in EXPECTED.items():
+        if fmt == "claude-code":
+            row = rows[by_file[name]["run_ids"][0]]
+            assert row["reasoning_tokens"] is None and row["output_tokens"] > 0, name
+    assert "reasoning_tokens" in report["total"]["partly_unknown"]
 
 
 def test_the_costs_table_prices_by_the_maintained_database_and_never_shows_unknown_as_zero(

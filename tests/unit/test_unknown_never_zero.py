@@ -186,7 +186,9 @@ def test_claude_code_runs_reasoning_tokens_are_unknown_in_the_totals() -> None:
 
     [run], _summary = import_file(SHARED / "samples/claude-code/spotter-short.jsonl", "f")
     [cost] = [p for p in all_projections() if p.name == "cost-metrics"]
-    totals = fold_all(cost, run.entries).totals
+    state = fold_all(cost, run.entries)
+    assert state is not None
+    totals = state.totals
     assert totals.calls > 0 and totals.reasoning_unknown_calls == totals.calls
     assert known_sum(totals, "reasoning_tokens", totals.reasoning_tokens) is None
     assert known_sum(totals, "output_tokens", totals.output_tokens) == totals.output_tokens > 0
