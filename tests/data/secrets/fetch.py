@@ -977,6 +977,70 @@ def fetch_trufflehog(source: str = "trufflehog") -> None:
             assert value[:16] in text or value[-16:] in text, (case["path"], value)
 
 
+# semgrep (issue 27's thirteenth round, held out): the tests of semgrep/semgrep-rules'
+# secrets rules (``generic/secrets/security`` and ``generic/secrets/gitleaks``: each rule's
+# test file, a line after a ``ruleid:`` comment must match), copied by a helper session into
+# ``semgrep-tests.jsonl`` (each annotated line, the lines around it, and the value the rule's
+# regex matches in it, run with Python's ``re``). Its licence (LGPL-2.1 with the Commons
+# Clause) keeps its text out of this repository (``.gitignore``); only the figures are kept
+# (``semgrep.measured.json``). The value a case is about, decided before measuring: the
+# copier's token (``secret_alt``) or else the regex's group, then the value of a ``key=value``
+# or ``key: value`` it holds, the password of a URL's credentials, a secret URL parameter's
+# value; password hashes (bcrypt, /etc/shadow), a PEM header line and a key file's ``type``
+# are no credential values and are dropped, as are values not in the case's lines.
+SEMGREP_NOT_CREDENTIALS = ("detected-bcrypt-hash", "detected-etc-shadow")
+_SEMGREP_KEY_VALUE = re.compile(
+    r"""^["']?[A-Za-z_][\w.\-]*["']?\s*(?:=|:|::=|=>|">)\s*["']?(?P<v>[^\s"'=][^\s"']*)["']?$"""
+)
+_SEMGREP_URL_PASSWORD = re.compile(r"://[^:/@\s]+:(?P<v>[^@\s]+)@")
+_SEMGREP_URL_PARAM = re.compile(r"[?&](?:[\w-]*(?:secret|token|key|password))=(?P<v>[^&\s]+)", re.I)
+
+
+def _semgrep_value(case: dict[str, Any]) -> str:
+    value = str(case.get("secret_alt") or case.get("secret") or "")
+    for shape in (_SEMGREP_URL_PASSWORD, _SEMGREP_URL_PARAM, _SEMGREP_KEY_VALUE):
+        m = shape.search(value)
+        if m and len(m.group("v")) >= 8:
+            return m.group("v")
+    return value
+
+
+def build_semgrep(source: str = "semgrep") -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    seen: set[tuple[str, str, str]] = set()
+    for case in copied_cases(f"{source}-tests"):
+        if case["expect"] != "ruleid":
+            continue
+        rule = "semgrep." + case["rule"]
+        value = _semgrep_value(case)
+        example = case["context"]
+        if case["rule"] in SEMGREP_NOT_CREDENTIALS:
+            dropped["not-a-credential"] += 1
+        elif value.startswith("-----") or value.startswith('"type"'):
+            dropped["a header, not the value"] += 1
+        elif not value or value not in example:
+            dropped["no value in the lines"] += 1
+        elif (rule, example, value) in seen:
+            dropped["duplicate"] += 1
+        elif keep(value, dropped):
+            seen.add((rule, example, value))
+            prefix = str(case.get("prefix_alt") or case.get("prefix") or "")
+            row = {
+                "source": source,
+                "rule": rule,
+                "name": case["rule"],
+                "example": example,
+                "secret": value,
+                "how": "ruleid",
+                "prefix": prefix if len(prefix) >= 3 and value.startswith(prefix) else "",
+                "file": case["path"],
+                "commit": case["commit"],
+            }
+            rows.append(row)
+    return rows, dropped
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -1011,6 +1075,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
 # trufflehog's later slices (trufflehog2 .. trufflehog11): the same builder and check, by name
 TRUFFLEHOG_SLICES = [f"trufflehog{n}" for n in range(2, 12)]
 BUILDERS.update({s: partial(build_trufflehog, s) for s in TRUFFLEHOG_SLICES})
+BUILDERS["semgrep"] = build_semgrep
 FETCHERS.update({s: partial(fetch_trufflehog, s) for s in TRUFFLEHOG_SLICES})
 
 
