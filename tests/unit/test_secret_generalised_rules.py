@@ -217,6 +217,15 @@ FOUND = [
     ("token-by-prefix", "The value is v2/" + "Zq8rT1pXw9Lm3Nv7Bc4Kd2" * 15 + " for now."),
     ("config-secret-assignment", '  qs: {\n    api_key:\n      "Q7ZL3K9XW2PM8RT4VN6B",\n  },'),
     ("secret-named-dash-literal", "acme token - '" + "Zq8rT1pXw9Lm3Nv7Bc4K." * 7 + "x'"),
+    # its fourth part (semgrep-rules' tests): Hugging Face organization tokens in any quotes or
+    # brackets, Onfido live tokens, Mailgun public keys and Lob keys bare, an Android string
+    # resource named for a key
+    ("token-by-prefix", "(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)"),
+    ("token-by-prefix", "The value is api_live_us.Zq8rT1pXw9L.m3Nv7Bc4Kd2Xy7Wq1Er5Ty9Ui now."),
+    ("token-by-prefix", "The value is pubkey-7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b for now."),
+    ("lob-api-key", "The value is test_pub_7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1 for now."),
+    ("lob-api-key", 'LOB_KEY = "live_7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b3f"'),
+    ("android-string-secret", '<string name="hockeyapp_key">7c1e9a3f5b2d4c6e8a0b1d3f5e</string>'),
 ]
 
 LEFT = [
@@ -330,6 +339,11 @@ LEFT = [
     "sk_learn_model_2024 and sk_test_fixture",
     "payment pi_3NqzK2Lp9XwRt7Vb4Mc8Zd1E succeeded",
     "api_key:\n  name: primary\n  rotate: weekly",
+    # and of its fourth part: test and live names, string resources that hold words or
+    # references, organization names
+    "def test_login_with_2fa_and_the_cache_7c1e(): live_reload_enabled = True",
+    '<string name="app_key_label">Your API key</string> <string name="token">@string/x2</string>',
+    "api_org_settings and api_live_reload",
 ]
 
 
