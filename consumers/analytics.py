@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
@@ -97,6 +97,7 @@ class CostRow:
     output_unknown_calls: int = 0
     reasoning_unknown_calls: int = 0
     cache_write_unknown_calls: int = 0
+    calls_unknown: bool = False  # --by run only: the run's log keeps no usage at all
     fleet_id: str | None = None  # --by run only
     task_budget_usd: Decimal | None = None  # --by run only
     over_budget: bool | None = None  # --by run only
@@ -111,7 +112,10 @@ class CostRow:
         for name in ("cost_usd", "provider_reported_cost_usd", "task_budget_usd"):
             doc[name] = usd(doc[name])
         doc["reported_cost_usd"] = usd(self.reported_cost_usd)
-        return doc | known_figures(self, doc)
+        shown = doc | known_figures(self, doc)
+        if self.calls_unknown:  # how many calls the run made is unknown, never 0
+            shown.update(calls=None, usage_unknown_calls=None, unpriced_calls=None)
+        return shown
 
 
 def known_figures(counts: CallCounts, doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,12 +139,17 @@ class CostReport:
     rows: list[CostRow]
     total: CostRow
 
+    @property
+    def runs_calls_unknown(self) -> int:
+        """Runs whose log keeps no usage: the total leaves them out (a lower bound)."""
+        return sum(r.calls_unknown for r in self.rows)
+
     def as_json(self) -> dict[str, Any]:
-        return {
-            "by": self.by,
-            "rows": [r.as_json() for r in self.rows],
-            "total": self.total.as_json(),
-        }
+        total = self.total.as_json()
+        if self.runs_calls_unknown:  # their calls, tokens and cost are not in the sums
+            bounded = {"calls", *(n for names in FIGURE_FIELDS.values() for n in names)}
+            total["partly_unknown"] = sorted({*total["partly_unknown"], *bounded})
+        return {"by": self.by, "rows": [r.as_json() for r in self.rows], "total": total}
 
 
 def cost_report(
@@ -155,11 +164,17 @@ def cost_report(
         found = ops.cost_rollup(conn, by, fleet, since, run_ids)
         # runs whose agent reported only run totals (no call to roll up) are rows too
         only = ops.runs_reported_only(conn, fleet, run_ids) if by == "run" else []
+        # and runs whose log keeps no usage: their calls unknown, never 0
+        unmetered = ops.runs_calls_unknown(conn, fleet, run_ids) if by == "run" else []
+        only += [run for run in unmetered if run not in only]
         keys = [str(r[0]) for r in found if not r[-1]] + only
         budgets = _budgets(conn, keys) if by == "run" else {}
     no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown
     rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
-    rows += [_cost_row((run, *no_calls), budgets.get(run)) for run in only]
+    rows += [
+        replace(_cost_row((run, *no_calls), budgets.get(run)), calls_unknown=run in unmetered)
+        for run in only
+    ]
     rows.sort(key=lambda r: r.key)
     total = next(_cost_row(r, None, key="total") for r in found if r[-1])
     return CostReport(by, rows, total)
@@ -535,7 +550,10 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
         ),
         "reported_disagrees": cost.reported_disagrees,
     }
-    return doc | known_figures(t, doc)
+    shown = doc | known_figures(t, doc)
+    if cost.calls_unknown and not t.calls:  # the log keeps no usage: how many is unknown
+        shown.update(calls=None, usage_unknown_calls=None, unpriced_calls=None)
+    return shown
 
 
 def _failure_header(diagnosis: RunDiagnosis | None) -> dict[str, Any] | None:

@@ -70,7 +70,13 @@ def timeline_headline(t: dict[str, Any]) -> str:
         parts.append(f"class {failure['failure_class']}{final}")
     if cost is not None:
         budget = budget_text(cost, t["status"])
-        calls = f"in {cost['calls']} calls" if cost["calls"] else "(no model calls recorded)"
+        calls = (
+            f"in {cost['calls']} calls"
+            if cost["calls"]
+            else "(model calls unknown: the log keeps no usage)"
+            if cost["calls"] is None
+            else "(no model calls recorded)"
+        )
         parts.append(f"{figure(cost, 'cost_usd', money)}{budget} {calls}")
     s = diff["summary"]
     flags = sorted({f["kind"] for f in diff["flags"]})
@@ -158,7 +164,9 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
         else ""
     )
     unknown = cost.get("usage_unknown_calls") or 0
-    if not cost["calls"]:  # the log may keep none (e.g. a rollout without usage): not "0"
+    if cost["calls"] is None:  # a log that keeps no usage (e.g. a Codex rollout without it)
+        console.print(f"cost unknown{budget}: model calls unknown (the log keeps no usage)")
+    elif not cost["calls"]:
         console.print(f"cost unknown{budget}: no model calls recorded")
     else:
         console.print(
@@ -241,14 +249,14 @@ def print_costs(console: Console, report: CostReport) -> None:
     """One row per key and a total; columns that are empty for every row are left out."""
     t = report.total
     columns: list[tuple[str, Callable[[CostRow], str]]] = [
-        ("calls", lambda r: f"{r.calls:,}"),
+        ("calls", lambda r: "unknown" if r.calls_unknown else f"{r.calls:,}"),
         ("failed", lambda r: f"{r.failed_calls:,}"),
         ("in", _tokens_cell("input_tokens")),
         ("cached", _tokens_cell("cached_input_tokens")),
         ("cache write", _tokens_cell("cache_write_input_tokens")),
         ("out", _tokens_cell("output_tokens")),
         ("reasoning", _tokens_cell("reasoning_tokens")),
-        ("usage unknown", lambda r: f"{r.usage_unknown_calls:,}"),
+        ("usage unknown", lambda r: "all" if r.calls_unknown else f"{r.usage_unknown_calls:,}"),
         ("latency", _latency),
         ("cost", cost_cell),
         ("reported", _reported_cell),
@@ -285,6 +293,11 @@ def print_costs(console: Console, report: CostReport) -> None:
         console.print(
             f"[yellow]{t.unpriced_calls} calls of models the price table lacks: unpriced, not "
             "in cost (never counted as $0)[/]"
+        )
+    if report.runs_calls_unknown:
+        console.print(
+            f"[yellow]{report.runs_calls_unknown} runs whose log keeps no usage at all: their "
+            "calls, tokens and cost are unknown and not in the total (a lower bound)[/]"
         )
     if t.usage_unknown_calls:
         console.print(

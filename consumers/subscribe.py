@@ -358,7 +358,11 @@ def summarize_state(projection: str, state: dict[str, Any]) -> str:
         bound = ">= " if "cost" in partly_unknown(counts) else ""
         words = [
             f"{bound}${cost}" if cost is not None else "cost unknown",
-            f"{counts.calls} calls" if counts.calls else "no model calls recorded",
+            f"{counts.calls} calls"
+            if counts.calls
+            else "model calls unknown (the log keeps no usage)"
+            if state.get("calls_unknown")
+            else "no model calls recorded",
         ]
         if totals.get("unpriced_calls"):
             words.append(f"{totals['unpriced_calls']} unpriced")

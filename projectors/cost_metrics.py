@@ -61,6 +61,9 @@ from schemas.models import (
 
 HISTORY_KIND = "model_call"
 BUDGET_KEY = "task_budget_usd"
+# RUN_STARTED metadata of a run whose log keeps no usage at all (a Codex rollout without
+# token counts): how many model calls it made is unknown, never 0
+CALLS_KEY, CALLS_UNKNOWN = "model_calls", "unknown"
 _ZERO = Decimal(0)
 _BUDGET_DIGITS = 28  # the decimal context's precision: a budget's magnitude stays within it
 _ACCEPTED = frozenset({EntryKind.MODEL_CALL, EntryKind.RUN_STARTED})
@@ -217,11 +220,14 @@ class CostMetrics(_Frozen):
     first_at: UtcDatetime | None = None  # the run's start (or first counted call)
     last_at: UtcDatetime | None = None  # the last counted call
     latest: tuple[CallCost, ...] = ()  # the calls the last counting entry added
+    calls_unknown: bool = False  # the run's log keeps no usage: its calls are not counted
 
 
 class CostMetricsProjection(ModelProjection[CostMetrics]):
     name = "cost-metrics"
-    version = 3  # 3: a token count a call leaves unknown is counted apart (output, reasoning...)
+    # 3: a token count a call leaves unknown is counted apart (output, reasoning...); a run
+    # whose log keeps no usage (RUN_STARTED metadata) has its calls unknown, not 0
+    version = 3
     hot = False
     state_type = CostMetrics
     unbounded = ("seen_keys",)  # one per counted call; the calls themselves are history rows
@@ -421,6 +427,7 @@ def _started(state: CostMetrics, entry: LedgerEntry) -> CostMetrics:
             "task_budget_usd": budget,
             "first_at": state.first_at or entry.occurred_at,
             "over_budget": _over(budget, state.totals),
+            "calls_unknown": entry.metadata.get(CALLS_KEY) == CALLS_UNKNOWN,
         }
     )
 

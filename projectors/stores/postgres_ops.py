@@ -334,6 +334,22 @@ def runs_reported_only(
     return [str(r[0]) for r in rows]
 
 
+def runs_calls_unknown(
+    conn: psycopg.Connection[Any], fleet: str | None, run_ids: Sequence[str] | None
+) -> list[str]:
+    """Runs of the live cost-metrics build whose log keeps no usage at all (no counted call;
+    how many calls they made is unknown: they have no row in al_cost_calls)."""
+    rows = conn.execute(
+        f"SELECT DISTINCT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'cost-metrics' "
+        "AND coalesce(s.head, s.state) ->> 'calls_unknown' = 'true' "
+        "AND coalesce((coalesce(s.head, s.state) -> 'totals' ->> 'calls')::integer, 0) = 0 "
+        "AND (%(fleet)s::text IS NULL OR s.fleet_id = %(fleet)s) "
+        "AND (%(runs)s::text[] IS NULL OR s.run_id = ANY(%(runs)s)) ORDER BY s.run_id",
+        {"fleet": fleet, "runs": None if run_ids is None else list(run_ids)},
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def run_budgets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
     """(run_id, fleet_id, task_budget_usd, over_budget, reported_cost_usd, reported_input_tokens,
     reported_output_tokens, reported_disagrees) of these runs."""

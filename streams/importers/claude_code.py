@@ -24,10 +24,12 @@ so they are marked unknown (schema v3), never 0. Sessions record no end: the run
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from projectors.working_memory import INTERRUPTION_KEY
 from schemas.models import (
     DiffFile,
     DiffPart,
@@ -292,7 +294,7 @@ def _user(
     uid = str(doc.get("uuid"))
     if isinstance(content, str):
         if content.strip() and not doc.get("isMeta"):
-            run.add(EntryKind.USER_TASK, at, uid, [TextPart(text=content)])
+            run.add(EntryKind.USER_TASK, at, uid, [TextPart(text=content)], **_notice(content))
         else:
             summary.skipped["meta or empty user line"] += 1
         return
@@ -319,9 +321,22 @@ def _user(
             if doc.get("isMeta"):
                 summary.skipped["meta user text"] += 1
             else:
-                run.add(EntryKind.USER_TASK, at, f"{uid}#{i}", [TextPart(text=block["text"])])
+                text = block["text"]
+                run.add(
+                    EntryKind.USER_TASK, at, f"{uid}#{i}", [TextPart(text=text)], **_notice(text)
+                )
         else:
             summary.skipped[f"user {block.get('type')} block"] += 1
+
+
+_INTERRUPTED = re.compile(r"\[Request interrupted by user[^\]\n]{0,40}\]")
+
+
+def _notice(text: str) -> dict[str, Any]:
+    """A user line that is Claude Code's interruption notice is marked so: it is not a goal."""
+    if _INTERRUPTED.fullmatch(text.strip()):
+        return {"metadata": {INTERRUPTION_KEY: "true"}}
+    return {}
 
 
 def _text_of(content: Any) -> str:

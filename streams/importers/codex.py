@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
 from schemas import models as m
 from streams.importers.base import (
     ImportedRun,
@@ -59,6 +60,11 @@ def import_file(
         raise ImportFormatError(f"{path}: no session_meta line with an id; not a Codex rollout")
     run = ImportedRun(f"codex-{meta['id']}", fleet_id, meta["id"], FORMAT)
     exits = _exit_codes(lines)
+    outputs = {"message", "function_call", "custom_tool_call", "reasoning"}
+    spoke = any(obj(d.get("payload")).get("type") in outputs for d in lines)
+    # the model spoke but the rollout keeps no token counts (Desktop 0.128: no token_count, no
+    # turn_context): how many calls there were is unknown, and the ledger says so
+    unmetered = spoke and not any(obj(d.get("payload")).get("type") == "token_count" for d in lines)
     model = "unknown"
     total: dict[str, int] | None = None
     calls: dict[str, str] = {}  # call id -> tool name
@@ -91,6 +97,8 @@ def import_file(
                     started["base_sha"] = str(git["commit_hash"])
                 if git.get("branch"):
                     started["git_branch"] = str(git["branch"])
+                if unmetered:
+                    started[CALLS_KEY] = CALLS_UNKNOWN
                 run.add(
                     m.EntryKind.RUN_STARTED,
                     at,
@@ -176,10 +184,8 @@ def import_file(
                 summary.skipped["agent_message (repeats the assistant message)"] += 1
             else:
                 summary.skipped[str(kind)] += 1
-    outputs = {"message", "function_call", "custom_tool_call", "reasoning"}
-    spoke = any(obj(d.get("payload")).get("type") in outputs for d in lines)
-    if not any(obj(d.get("payload")).get("type") == "token_count" for d in lines) and spoke:
-        summary.calls_known = False  # (Desktop 0.128: no token_count, no turn_context)
+    if unmetered:
+        summary.calls_known = False
         summary.notes.append(
             "the rollout keeps no token counts: its model calls, tokens and cost are unknown"
         )

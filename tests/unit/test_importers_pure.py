@@ -631,3 +631,21 @@ def test_the_exception_that_ended_a_mini_run_is_its_last_error(name: str, catego
     errors = [p for e in run.entries for p in e.parts if isinstance(p, ErrorPart)]
     assert [e.category for e in errors] == [category]
     assert errors[0].message.startswith("litellm.")
+
+
+def test_a_claude_code_interruption_notice_is_not_the_runs_goal() -> None:
+    """Found trying the product (2026-12-07): "[Request interrupted by user for tool use]",
+    Claude Code's notice written as the user's text, became the run's goal (memory, runs list,
+    the web page and MCP); the task was the user's line before it."""
+    from projectors.base import fold_all
+    from projectors.registry import all_projections
+    from projectors.working_memory import INTERRUPTION_KEY
+    from streams.importers.claude_code import import_file
+    from tests.packs import SHARED
+
+    [run], _ = import_file(SHARED / "samples/claude-code/spotter-short.jsonl", "f")
+    notices = [e for e in run.entries if e.metadata.get(INTERRUPTION_KEY) == "true"]
+    assert len(notices) == 1 and "interrupted" in str(notices[0].parts[0])  # kept, marked
+    [memory] = [p for p in all_projections() if p.name == "working-memory"]
+    state = fold_all(memory, run.entries)
+    assert state is not None and state.task_goal == "mix phx.server doesnt seem to start"

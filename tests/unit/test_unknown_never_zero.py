@@ -192,3 +192,29 @@ def test_claude_code_runs_reasoning_tokens_are_unknown_in_the_totals() -> None:
     assert totals.calls > 0 and totals.reasoning_unknown_calls == totals.calls
     assert known_sum(totals, "reasoning_tokens", totals.reasoning_tokens) is None
     assert known_sum(totals, "output_tokens", totals.output_tokens) == totals.output_tokens > 0
+
+
+def test_a_rollout_that_keeps_no_usage_has_its_calls_unknown_not_zero() -> None:
+    """A Codex rollout with no token counts at all: the import said its calls were unknown,
+    but every view after projection said 0 calls, and costs --by run left it out. The
+    importer says so on the ledger (RUN_STARTED metadata) and the run's cost header gives its
+    calls as unknown."""
+    from consumers.analytics import _cost_header
+    from projectors.base import fold_all
+    from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
+    from projectors.registry import all_projections
+    from streams.importers.codex import import_file
+    from tests.packs import SHARED
+
+    [path] = (SHARED / "samples2/codex").glob("*0dd379793f80.jsonl")
+    [run], summary = import_file(path, "f")
+    assert summary.calls_known is False
+    assert run.entries[0].metadata[CALLS_KEY] == CALLS_UNKNOWN
+    [cost] = [p for p in all_projections() if p.name == "cost-metrics"]
+    state = fold_all(cost, run.entries)
+    assert state is not None and state.calls_unknown and state.totals.calls == 0
+    header = _cost_header(state)
+    assert header is not None and header["calls"] is None and header["cost_usd"] is None
+    [metered] = (SHARED / "samples/codex").glob("codemie-rollout-*.jsonl")
+    [run], _ = import_file(metered, "f")
+    assert CALLS_KEY not in run.entries[0].metadata  # a rollout with token counts: counted
