@@ -69,6 +69,17 @@ def _connect(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
         ) from None
 
 
+def money(value: Decimal | str | None, places: int = 4) -> str:
+    """An amount to ``places`` decimals; a known amount above 0 too small for them shows its
+    first two significant digits ($0.000014), never $0.0000."""
+    if value is None:
+        return "-"
+    amount = Decimal(value)
+    if 0 < abs(amount) < Decimal(1).scaleb(-places):
+        return f"${amount:.{max(places, 1 - amount.adjusted())}f}"
+    return f"${amount:,.{places}f}"
+
+
 # -- costs ---------------------------------------------------------------------------------
 
 

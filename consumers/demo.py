@@ -11,8 +11,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from consumers.analytics import ANALYTICS, cost_report, failure_report, run_timeline, runs_applied
-from consumers.render_analytics import money, timeline_headline, tokens
+from consumers.analytics import (
+    ANALYTICS,
+    cost_report,
+    failure_report,
+    money,
+    run_timeline,
+    runs_applied,
+)
+from consumers.render_analytics import timeline_headline, tokens
 from infra.cli_support import Table, print_table
 from infra.clients import redis_client
 from infra.settings import Settings

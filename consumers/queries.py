@@ -20,6 +20,7 @@ from consumers.analytics import (
     cost_report,
     failure_days,
     failure_report,
+    money,
     parse_since,
     run_failure,
     run_timeline,
@@ -157,7 +158,7 @@ def cost_text(run: dict[str, Any]) -> str:
     if run["cost_usd"] is None:
         return "unpriced" if run["unpriced_calls"] else "unknown"
     bound = ">= " if run["cost_partly_unknown"] else ""
-    text = f"{bound}${Decimal(run['cost_usd']):.4f}"
+    text = f"{bound}{money(run['cost_usd'])}"
     if run["unpriced_calls"]:
         text += f" + {run['unpriced_calls']} unpriced"
     if run["usage_unknown_calls"]:

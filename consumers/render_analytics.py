@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from consumers.analytics import CostReport, CostRow, FailureCount, FailureReport, RunFailure
+from consumers.analytics import (
+    CostReport,
+    CostRow,
+    FailureCount,
+    FailureReport,
+    RunFailure,
+    money,
+)
 from infra.cli_support import Table, print_table
 from projectors.failure_classifications import explain
 
@@ -26,12 +32,6 @@ _STATUS_STYLE = {
     "TIMED_OUT": "red",
     "PENDING": "yellow",
 }
-
-
-def money(value: Decimal | str | None, places: int = 4) -> str:
-    if value is None:
-        return "-"
-    return f"${Decimal(value):,.{places}f}"
 
 
 def tokens(n: int) -> str:

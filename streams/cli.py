@@ -485,6 +485,11 @@ def otlp_cmd(
         raise typer.Exit(code=1) from None
 
 
+def _clipped(text: str, limit: int) -> str:
+    """``text``, or its start and an ellipsis that says it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _count_text(value: int | None, lower_bound: bool) -> str:
     """A token sum as the import summary shows it: unknown, never 0; ``>= `` before a sum that
     leaves out calls that did not report it."""
@@ -610,7 +615,7 @@ def dlq_list(
             str(r["source"]),
             str(r["run_id"] or "?"),
             str(r["error_class"]),
-            str(r["reason"])[:80],
+            _clipped(str(r["reason"]), 300),  # whole, folded, unless very long (--json has it)
             f"{r['bytes']} (prefix kept)" if r["truncated"] else str(r["bytes"]),
             status,
         )

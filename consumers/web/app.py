@@ -34,6 +34,7 @@ from jinja2 import Environment, FileSystemLoader
 
 from consumers import queries
 from consumers.access import Principal, authenticate
+from consumers.analytics import money
 from consumers.render import as_of, memory_sections
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from infra.settings import Settings
@@ -674,4 +675,4 @@ def _usd(value: Any) -> str:
     """A USD figure as shown: ``unknown`` when there is none, never $0."""
     if value is None:
         return "unknown"
-    return f"${float(value):.4f}"
+    return money(value)

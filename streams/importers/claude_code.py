@@ -65,6 +65,7 @@ def read_lines(path: Path, summary: Summary) -> list[dict[str, Any]]:
     data = path.read_bytes()
     lines = data.split(b"\n")
     out = []
+    mended = 0
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
@@ -73,6 +74,13 @@ def read_lines(path: Path, summary: Summary) -> list[dict[str, Any]]:
         except RecursionError:
             summary.skipped["JSON nested too deeply"] += 1
             continue
+        except UnicodeDecodeError:  # a few bytes that are not UTF-8: the line, not the file's end
+            try:
+                doc = json.loads(raw.decode("utf-8", "replace"))
+            except (ValueError, RecursionError):
+                summary.skipped["not JSON"] += 1
+                continue
+            mended += 1
         except ValueError:
             last = i == len(lines) - 1  # no newline after it yet: still being written
             summary.skipped["partial last line (waiting)" if last else "not JSON"] += 1
@@ -81,6 +89,8 @@ def read_lines(path: Path, summary: Summary) -> list[dict[str, Any]]:
             out.append(doc)
         else:
             summary.skipped["not a JSON object"] += 1
+    if mended:
+        summary.notes.append(f"{mended} lines held bytes that are not UTF-8: read as U+FFFD")
     return out
 
 

@@ -174,6 +174,8 @@ class AutoImporter:
         from streams.importers import FORMATS
 
         name = self._detect(path)
+        if name is None and not path.read_bytes().strip():
+            raise ImportFormatError(f"{path}: empty file (nothing to import)")
         if name is None and _broken(path):
             raise ImportFormatError(f"{path}: neither JSON nor JSON lines (cut short or corrupt)")
         if name is None:

@@ -385,7 +385,7 @@ class OtelFiles:
                         summary.input_tokens += p.input_tokens
                         summary.output_tokens += p.output_tokens
         summary.runs, summary.entries = len(runs), sum(len(r.entries) for r in runs)
-        summary.skipped["spans without usage or a tool"] = len(spans) - sum(
-            1 for s in spans if has_usage(s) or is_tool(s)
-        )
+        left = len(spans) - sum(1 for s in spans if has_usage(s) or is_tool(s))
+        if left:  # (a count of 0 is no skip)
+            summary.skipped["spans without usage or a tool"] = left
         return runs, summary

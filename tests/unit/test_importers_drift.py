@@ -170,3 +170,18 @@ def test_claude_code_responses_without_usage_or_time_are_still_calls(tmp_path: P
     calls, summary = _import_claude(lines, tmp_path)
     assert len(calls) == len(before)
     assert any("had no timestamp" in note for note in summary.notes)
+
+
+def test_a_line_with_bytes_that_are_not_utf8_is_read_not_dropped(tmp_path: Path) -> None:
+    """Found trying the product: a few invalid bytes in one user message dropped the whole
+    line ("not JSON"). The line is read with U+FFFD in their place, and the summary says so."""
+    lines = _claude_lines()
+    user = next(i for i, line in enumerate(lines) if line.get("type") == "user")
+    raw = [json.dumps(line).encode() for line in lines]
+    raw[user] = raw[user].replace(b'"content": "', b'"content": "\xff\xfe ', 1)
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(b"\n".join(raw))
+    before = _import_claude(_claude_lines(), tmp_path)[1].entries
+    [run], summary = FORMATS["claude-code"].import_file(path, "fleet-x")
+    assert len(run.entries) == before
+    assert any("not UTF-8" in note for note in summary.notes)

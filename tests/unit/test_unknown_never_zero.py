@@ -218,3 +218,13 @@ def test_a_rollout_that_keeps_no_usage_has_its_calls_unknown_not_zero() -> None:
     [metered] = (SHARED / "samples/codex").glob("codemie-rollout-*.jsonl")
     [run], _ = import_file(metered, "f")
     assert CALLS_KEY not in run.entries[0].metadata  # a rollout with token counts: counted
+
+
+def test_a_tiny_known_cost_is_not_shown_as_zero() -> None:
+    """Found trying the product: the runs list showed $0.0000 for a known cost of $0.0000141."""
+    from consumers.analytics import money
+
+    assert money("0.0000141") == "$0.000014"
+    assert money("0.00009") == "$0.000090"
+    assert money("0.25") == "$0.2500" and money("1234.5", 2) == "$1,234.50"
+    assert money(None) == "-"
