@@ -27,7 +27,7 @@ from projectors.cost_metrics import (
     known_sum,
     partly_unknown,
 )
-from projectors.diff_timelines import DiffTimeline, TimelineRow, with_all_rows
+from projectors.diff_timelines import TIME_KEY, DiffTimeline, TimelineRow, with_all_rows
 from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
 from projectors.registry import projection
@@ -406,9 +406,15 @@ def assemble_timeline(
         rows.append(_row_doc(row, call, so_far, evidence))
     if diagnosis is not None and diagnosis.finished_ref is not None:
         rows.append(_failure_row(timeline, diagnosis, so_far))
-    times = [row.occurred_at for row in timeline.rows]
     started = next((r for r in timeline.rows if r.kind == "lifecycle"), None)
     detail = started.detail if started is not None else {}
+    # an imported log that keeps no times: its entries' stand-in time is no fact to show
+    time_note = detail.get(TIME_KEY)
+    untimed = isinstance(time_note, str) and time_note.startswith("unknown")
+    times = [] if untimed else [row.occurred_at for row in timeline.rows]
+    if untimed:
+        for doc in rows:
+            doc["occurred_at"] = None
     return {
         "run_id": timeline.run_id,
         "fleet_id": timeline.fleet_id,
@@ -419,6 +425,7 @@ def assemble_timeline(
         "started_at": min(times).isoformat() if times else None,
         "last_at": max(times).isoformat() if times else None,
         "duration_s": (max(times) - min(times)).total_seconds() if times else None,
+        "time_unknown": time_note if untimed else None,
         "cost": _cost_header(cost),
         "failure": _failure_header(diagnosis),
         "diff": {

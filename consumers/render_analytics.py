@@ -84,7 +84,8 @@ def timeline_headline(t: dict[str, Any]) -> str:
         f"{s['snapshots']} diffs, {s['files_touched']} files, +{s['lines_added']} "
         f"-{s['lines_deleted']}" + (f" [{', '.join(flags)}]" if flags else "")
     )
-    parts.append(f"{len(t['rows'])} steps in {_duration(t['duration_s'])}")
+    took = "time unknown" if t.get("time_unknown") else _duration(t["duration_s"])
+    parts.append(f"{len(t['rows'])} steps in {took}")
     return "; ".join(parts)
 
 
@@ -97,10 +98,13 @@ def print_timeline(console: Console, t: dict[str, Any]) -> None:
     sha = f" @ {t['base_sha']}" if t["base_sha"] else ""
     scope = f"  scope {', '.join(t['scope'])}" if t["scope"] else ""
     console.print(f"repo {escape(repo)}{sha}{scope}")
-    console.print(
-        f"started {t['started_at'] or '-'}, last entry {t['last_at'] or '-'} "
-        f"({_duration(t['duration_s'])})"
-    )
+    if t.get("time_unknown"):  # the log keeps no times: its entries carry a stand-in time
+        console.print(f"times unknown ({escape(str(t['time_unknown']))})")
+    else:
+        console.print(
+            f"started {t['started_at'] or '-'}, last entry {t['last_at'] or '-'} "
+            f"({_duration(t['duration_s'])})"
+        )
     _print_cost_header(console, t["cost"], t["status"])
     _print_failure_header(console, t["failure"])
     _print_diff_header(console, t["diff"])
@@ -130,8 +134,8 @@ def _timeline_line(row: dict[str, Any]) -> str:
     )
 
 
-def _clock(iso: str) -> str:
-    return datetime.fromisoformat(iso).strftime("%H:%M:%S")
+def _clock(iso: str | None) -> str:
+    return datetime.fromisoformat(iso).strftime("%H:%M:%S") if iso else "   ?    "
 
 
 def budget_text(cost: dict[str, Any], status: str | None) -> str:

@@ -121,6 +121,9 @@ _TEXT: dict[StrEnum, str] = {
     for m in e
 }
 SCOPE_KEY = "scope"
+# RUN_STARTED metadata of an imported run whose log keeps no times ("unknown: ..."): its
+# entries carry a stand-in time (the file's modification time), never shown as the run's
+TIME_KEY = "import.time"
 SUMMARY_CHARS = 100
 _SCOPE_SPLIT = re.compile(r"[,\s]+")
 # Worst first: the status a row with several verification parts shows.
@@ -282,8 +285,10 @@ class DiffTimelinesProjection(ModelProjection[DiffTimeline]):
     # 2: a flag keeps at most 16 evidence items (and counts them all); the state keeps the
     # newest rows and snapshots, all of them are history rows
     # 3: rows keep the whole text their summary shortens; assistant responses are rows
-    version = 5  # 4: approval decisions read as every projection reads them (DENIED is REJECTED)
+    # 4: approval decisions read as every projection reads them (DENIED is REJECTED)
     # 5: the state says the run's repository (its first run-started entry's), for the runs list
+    # 6: a run-started row keeps the importer's note that the run's times are unknown
+    version = 6
     hot = False
     state_type = DiffTimeline
     unbounded = ("rows", "snapshots", "files", "model_responses", "open_calls", "finalized")
@@ -817,7 +822,9 @@ def _text(entry: LedgerEntry) -> str:
 def _started(state: DiffTimeline, entry: LedgerEntry) -> dict[str, object]:
     meta = entry.metadata
     scope = _scope(meta[SCOPE_KEY]) if SCOPE_KEY in meta else state.scope
-    detail: Detail = {k: meta[k] for k in ("repository", "base_sha", SCOPE_KEY) if k in meta}
+    detail: Detail = {
+        k: meta[k] for k in ("repository", "base_sha", SCOPE_KEY, TIME_KEY) if k in meta
+    }
     text = _text(entry)
     if entry.kind is EntryKind.RUN_STARTED:
         row = _row(

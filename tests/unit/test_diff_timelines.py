@@ -657,7 +657,7 @@ def test_doc_round_trip() -> None:
 
 def test_projection_identity() -> None:
     projection = DiffTimelinesProjection()
-    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 5, False)
+    assert (projection.name, projection.version, projection.hot) == ("diff-timelines", 6, False)
 
 
 # --- simulator runs -----------------------------------------------------------------------------

@@ -228,3 +228,30 @@ def test_a_tiny_known_cost_is_not_shown_as_zero() -> None:
     assert money("0.00009") == "$0.000090"
     assert money("0.25") == "$0.2500" and money("1234.5", 2) == "$1,234.50"
     assert money(None) == "-"
+
+
+def test_a_run_whose_log_keeps_no_times_shows_no_times() -> None:
+    """Found trying the product: a SWE-agent trajectory (no times; its entries carry the file's
+    modification time, marked import.time: unknown) showed that time as when it started and
+    a duration of 0 s. Its header and rows now say the times are unknown."""
+    from consumers.analytics import assemble_timeline
+    from projectors.base import fold_all
+    from projectors.registry import all_projections
+    from streams.importers import FORMATS
+    from tests.packs import SHARED
+
+    [path] = (SHARED / "samples2/swe-agent").glob("swesmith-1.0.1-pydantic*.traj")
+    [run], _ = FORMATS["swe-agent"].import_file(path, "f")
+    [timelines] = [p for p in all_projections() if p.name == "diff-timelines"]
+    timeline = fold_all(timelines, run.entries)
+    assert timeline is not None
+    doc = assemble_timeline(timeline, [], None, None)
+    assert doc["time_unknown"] and doc["time_unknown"].startswith("unknown")
+    assert doc["started_at"] is doc["last_at"] is doc["duration_s"] is None
+    assert doc["rows"] and all(r["occurred_at"] is None for r in doc["rows"])
+    [path] = (SHARED / "samples/claude-code").glob("spotter-short.jsonl")
+    [run], _ = FORMATS["claude-code"].import_file(path, "f")
+    timeline = fold_all(timelines, run.entries)
+    assert timeline is not None
+    timed = assemble_timeline(timeline, [], None, None)
+    assert timed["time_unknown"] is None and timed["duration_s"] is not None
