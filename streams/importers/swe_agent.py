@@ -321,10 +321,11 @@ def _mini_call(
     summary: Summary,
 ) -> None:
     response = extra.get("response") if isinstance(extra.get("response"), dict) else None
-    usage = response.get("usage") if response is not None else None
-    if response is None or not isinstance(usage, dict):
+    if response is None:  # a call that failed leaves no response (api_calls counts it)
         summary.skipped["assistant message without a response"] += 1
         return
+    # a response whose usage is missing or renamed: a call all the same, its usage unknown
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     rid = response.get("id") if isinstance(response.get("id"), str) else None
     if rid is not None and rid in seen:
         summary.duplicate_reports += 1

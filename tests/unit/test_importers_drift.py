@@ -185,3 +185,22 @@ def test_a_line_with_bytes_that_are_not_utf8_is_read_not_dropped(tmp_path: Path)
     [run], summary = FORMATS["claude-code"].import_file(path, "fleet-x")
     assert len(run.entries) == before
     assert any("not UTF-8" in note for note in summary.notes)
+
+
+def test_a_mini_swe_agent_response_without_usage_is_a_call_of_unknown_usage(
+    tmp_path: Path,
+) -> None:
+    """Found trying the product: responses whose ``usage`` was removed were skipped as
+    messages without a response, and the run showed no calls and 0 tokens."""
+    source = _source("samples2/mini-swe-agent/pr814-django__django-13660.traj.json")
+    doc = json.loads(source.read_text())
+    for message in doc["messages"]:
+        response = (message.get("extra") or {}).get("response")
+        if isinstance(response, dict):
+            response.pop("usage", None)
+    path = tmp_path / "nousage.traj.json"
+    path.write_text(json.dumps(doc))
+    [run], summary = FORMATS["mini-swe-agent"].import_file(path, "fleet-x")
+    calls = [p for e in run.entries for p in e.parts if type(p).__name__ == "ModelUsagePart"]
+    assert summary.calls == len(calls) == 46  # the sample's responses
+    assert all("input_tokens" in c.unknown_fields for c in calls)
