@@ -34,6 +34,7 @@ from streams.importers.base import (
     Summary,
     Usage,
     classify,
+    count,
     discover_files,
     obj,
     parse_time,
@@ -66,7 +67,7 @@ def import_file(
     # turn_context): how many calls there were is unknown, and the ledger says so
     unmetered = spoke and not any(obj(d.get("payload")).get("type") == "token_count" for d in lines)
     model = "unknown"
-    total: dict[str, int] | None = None
+    total: dict[str, int | None] | None = None
     calls: dict[str, str] = {}  # call id -> tool name
     patched: set[str] = {
         str(d["payload"].get("call_id"))
@@ -211,21 +212,22 @@ def _exit_codes(lines: list[dict[str, Any]]) -> dict[str, int]:
 def _token_count(
     run: ImportedRun,
     payload: dict[str, Any],
-    before: dict[str, int] | None,
+    before: dict[str, int | None] | None,
     model: str,
     at: Any,
     sid: str,
     summary: Summary,
-) -> dict[str, int] | None:
+) -> dict[str, int | None] | None:
     info = payload.get("info")
     if not isinstance(info, dict) or not isinstance(info.get("total_token_usage"), dict):
         summary.skipped["token_count without usage (info null)"] += 1
         return before
-    total = {k: int(info["total_token_usage"].get(k) or 0) for k in _FIELDS}
+    # a count the total does not hold (missing, renamed, not a count) is unknown, never 0
+    total = {k: count(info["total_token_usage"].get(k)) for k in _FIELDS}
     if before is not None and total == before:
         summary.duplicate_reports += 1  # the same total again: no new call
         return before
-    delta = {k: total[k] - (before or {}).get(k, 0) for k in _FIELDS}
+    delta = {k: _delta(total[k], (before or {}).get(k, 0)) for k in _FIELDS}
     raw = info.get("last_token_usage") if isinstance(info.get("last_token_usage"), dict) else delta
     part = Usage(
         input_tokens=delta["input_tokens"],
@@ -246,6 +248,11 @@ def _token_count(
     summary.input_tokens += part.input_tokens
     summary.output_tokens += part.output_tokens
     return total
+
+
+def _delta(total: int | None, before: int | None) -> int | None:
+    """What one call added to a running total (None: unknown, either side)."""
+    return None if total is None or before is None else total - before
 
 
 def _request(run: ImportedRun, call_id: str, name: str, arguments: Any, at: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from schemas.models import ModelUsagePart
 from streams.importers import FORMATS
 from streams.importers.base import ImportFormatError
 from tests.packs import SHARED
@@ -201,6 +202,26 @@ def test_a_mini_swe_agent_response_without_usage_is_a_call_of_unknown_usage(
     path = tmp_path / "nousage.traj.json"
     path.write_text(json.dumps(doc))
     [run], summary = FORMATS["mini-swe-agent"].import_file(path, "fleet-x")
-    calls = [p for e in run.entries for p in e.parts if type(p).__name__ == "ModelUsagePart"]
+    calls = [p for e in run.entries for p in e.parts if isinstance(p, ModelUsagePart)]
     assert summary.calls == len(calls) == 46  # the sample's responses
     assert all("input_tokens" in c.unknown_fields for c in calls)
+
+
+def test_a_codex_token_count_missing_a_count_leaves_it_unknown(tmp_path: Path) -> None:
+    """Found trying the product: ``output_tokens`` renamed in a rollout's token counts broke
+    every call ("line breaking the ledger contract at reasoning_tokens"), and the run showed
+    0 in / 0 out. The calls stay, that count unknown."""
+    [source] = (SHARED / "samples/codex").glob("localpush-rollout-2026-02-23T20-34-25-*.jsonl")
+    lines = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    for line in lines:
+        info = (line.get("payload") or {}).get("info")
+        if isinstance(info, dict) and isinstance(info.get("total_token_usage"), dict):
+            usage = info["total_token_usage"]
+            usage["output_tokenz"] = usage.pop("output_tokens", None)
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    [run], summary = FORMATS["codex"].import_file(path, "fleet-x")
+    calls = [p for e in run.entries for p in e.parts if isinstance(p, ModelUsagePart)]
+    assert summary.calls == len(calls) == 6  # as the sample's README counts them
+    assert not any("ledger contract" in why for why in summary.skipped)
+    assert all("output_tokens" in c.unknown_fields and c.input_tokens > 0 for c in calls)
