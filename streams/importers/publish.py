@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -138,11 +138,13 @@ async def import_paths(
     appended since); ``on_file`` gets each file's outcome as it is done. A publishing failure
     raises :class:`FilePublishError` naming the file."""
     publisher: AsyncPublisher | None = None
+    fleets = RunFleets(settings)
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(fleets.close)
         for path in paths:
             done = read_runs(importer, path, fleet_id)
             if done.error is None and done.runs:
-                elsewhere = runs_on_other_fleets(settings, done.runs)
+                elsewhere = fleets.clash(done.runs)
                 if elsewhere:
                     done = replace(done, runs=[], error=f"{path}: {elsewhere}; nothing was sent")
             if done.error is None and done.runs:
@@ -155,33 +157,56 @@ async def import_paths(
             on_file(done)
 
 
-def runs_on_other_fleets(settings: Settings, runs: Sequence[ImportedRun]) -> str:
-    """Why these runs cannot go to their fleet: a run already on the ledger in another fleet
-    (as the live run-stats build has it) belongs to that fleet, and its entries sent to this
-    one would all be dead-lettered by the workers while the import said they were published;
-    "" when none is (or PostgreSQL cannot say: then the workers' contract check still holds)."""
-    import psycopg
+class RunFleets:
+    """Which fleet the runs an import brings are in already (the live run-stats build), over one
+    connection for the whole import, opened when first asked."""
 
-    from projectors.stores import postgres_ops as ops
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._conn: Any = None
+        self._closing: contextlib.ExitStack | None = None
+        self._unavailable = False
 
-    try:
-        with ops.connect(settings.pg_address) as conn:
-            fleets = ops.live_run_fleets(conn, [r.run_id for r in runs])
-    except psycopg.Error:  # (no PostgreSQL, or not migrated yet)
-        return ""
-    clashes = [
-        (r.run_id, fleets[r.run_id], r.fleet_id)
-        for r in runs
-        if fleets.get(r.run_id, r.fleet_id) != r.fleet_id
-    ]
-    if not clashes:
-        return ""
-    run_id, there, here = clashes[0]
-    more = f" (and {len(clashes) - 1} more runs)" if len(clashes) > 1 else ""
-    return (
-        f"run {run_id} is on the ledger in fleet {there}, not {here}{more}: a run belongs to "
-        f"one fleet (import it with --fleet {there})"
-    )
+    def clash(self, runs: Sequence[ImportedRun]) -> str:
+        """Why these runs cannot go to their fleet: a run already on the ledger in another
+        fleet belongs to that fleet, and its entries sent to this one would all be dead-lettered
+        by the workers while the import said they were published; "" when none is (or
+        PostgreSQL cannot say: then the workers' contract check still holds)."""
+        import psycopg
+
+        from projectors.stores import postgres_ops as ops
+
+        if self._unavailable:
+            return ""
+        try:
+            if self._conn is None:
+                self._closing = contextlib.ExitStack()
+                self._conn = self._closing.enter_context(ops.connect(self.settings.pg_address))
+            fleets = ops.live_run_fleets(self._conn, [r.run_id for r in runs])
+            self._conn.commit()  # (no transaction held open between files)
+        except psycopg.Error:  # (no PostgreSQL, or not migrated yet)
+            self._unavailable = True
+            self.close()
+            return ""
+        clashes = [
+            (r.run_id, fleets[r.run_id], r.fleet_id)
+            for r in runs
+            if fleets.get(r.run_id, r.fleet_id) != r.fleet_id
+        ]
+        if not clashes:
+            return ""
+        run_id, there, here = clashes[0]
+        more = f" (and {len(clashes) - 1} more runs)" if len(clashes) > 1 else ""
+        return (
+            f"run {run_id} is on the ledger in fleet {there}, not {here}{more}: a run belongs "
+            f"to one fleet (import it with --fleet {there})"
+        )
+
+    def close(self) -> None:
+        closing, self._closing, self._conn = self._closing, None, None
+        if closing is not None:
+            with contextlib.suppress(Exception):
+                closing.close()
 
 
 Report = Callable[[Path, Summary | None, list[Sent], str | None], None]
