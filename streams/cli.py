@@ -426,6 +426,8 @@ def import_cmd(
                 + (f"; skipped: {skipped}" if skipped else ""),
                 soft_wrap=True,
             )
+            for note in summary.notes:  # what --json has as notes: how the log was read
+                console.print(f"  note: {escape(note)}", soft_wrap=True, highlight=False)
 
     try:
         asyncio.run(import_paths(settings, module, files, fleet_id, report_file))
