@@ -531,9 +531,9 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # sanitization, cache breakpoints, compaction signal, error lines kept by placeholders
     # 4: the memory's retired items bounded (long runs)
     # 5: manifest rows carry their violations as a delta too, whole every 64th row
-    version = (
-        6  # 6: a response counts once by the one rule (no usage fingerprint for id-less calls)
-    )
+    # 6: a response counts once by the one rule (no usage fingerprint for id-less calls). 7: the
+    # memory it folds (working-memory 6) takes no user's interruption notice for the goal
+    version = 7
     hot = True
     state_type = ContextState
     # what grows with the run (recorded manifests are history rows) or with the compaction

@@ -334,12 +334,11 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             counts: tuple[int | None, ...] = (None, None, None, None)
             mismatch = False
         else:
-            from_entry = usage.normalizer == ENTRY_FIELDS  # then the entry's unknowns stay so
             counts = (
                 usage.input,
-                None
-                if from_entry and not part.known("cached_input_tokens")
-                else usage.cached_input,
+                # a count the entry says is unknown stays so, whatever normalizer reads the
+                # raw usage (they read a missing cached or reasoning count as 0 to price it)
+                None if not part.known("cached_input_tokens") else usage.cached_input,
                 usage.output,
                 # a usage with no reasoning count (Anthropic's: thinking is inside the output;
                 # completion_tokens_details of null) is read as 0 by the normalizers, which

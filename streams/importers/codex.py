@@ -65,7 +65,7 @@ def import_file(
     spoke = any(obj(d.get("payload")).get("type") in outputs for d in lines)
     # the model spoke but the rollout keeps no token counts (Desktop 0.128: no token_count, no
     # turn_context): how many calls there were is unknown, and the ledger says so
-    unmetered = spoke and not any(obj(d.get("payload")).get("type") == "token_count" for d in lines)
+    unmetered = spoke and not any(_has_usage(obj(d.get("payload"))) for d in lines)
     model = "unknown"
     total: dict[str, int | None] | None = None
     calls: dict[str, str] = {}  # call id -> tool name
@@ -224,7 +224,8 @@ def _token_count(
         return before
     # a count the total does not hold (missing, renamed, not a count) is unknown, never 0
     total = {k: count(info["total_token_usage"].get(k)) for k in _FIELDS}
-    if before is not None and total == before:
+    known = any(v is not None for v in total.values())  # (totals all unknown: no repeat)
+    if before is not None and total == before and known:
         summary.duplicate_reports += 1  # the same total again: no new call
         return before
     delta = {k: _delta(total[k], (before or {}).get(k, 0)) for k in _FIELDS}
@@ -248,6 +249,12 @@ def _token_count(
     summary.input_tokens += part.input_tokens
     summary.output_tokens += part.output_tokens
     return total
+
+
+def _has_usage(payload: dict[str, Any]) -> bool:
+    """A token_count event that holds a running total (``info: null`` holds none)."""
+    info = payload.get("info") if payload.get("type") == "token_count" else None
+    return isinstance(info, dict) and isinstance(info.get("total_token_usage"), dict)
 
 
 def _delta(total: int | None, before: int | None) -> int | None:

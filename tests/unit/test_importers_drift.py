@@ -225,3 +225,20 @@ def test_a_codex_token_count_missing_a_count_leaves_it_unknown(tmp_path: Path) -
     assert summary.calls == len(calls) == 6  # as the sample's README counts them
     assert not any("ledger contract" in why for why in summary.skipped)
     assert all("output_tokens" in c.unknown_fields and c.input_tokens > 0 for c in calls)
+
+
+def test_a_rollout_whose_token_counts_hold_no_usage_has_its_calls_unknown(tmp_path: Path) -> None:
+    """The review found it: token_count events that all hold ``info: null`` made a rollout
+    count as metered with 0 calls; it is a rollout without usage (calls unknown)."""
+    from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
+
+    [source] = (SHARED / "samples/codex").glob("localpush-rollout-2026-02-23T20-34-25-*.jsonl")
+    lines = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    for line in lines:
+        if (line.get("payload") or {}).get("type") == "token_count":
+            line["payload"]["info"] = None
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    [run], summary = FORMATS["codex"].import_file(path, "fleet-x")
+    assert summary.calls_known is False and summary.calls == 0
+    assert run.entries[0].metadata[CALLS_KEY] == CALLS_UNKNOWN
