@@ -125,8 +125,12 @@ class CostRow:
         doc["reported_cost_usd"] = usd(self.reported_cost_usd)
         shown = doc | known_figures(self, doc)
         if self.calls_unknown:  # how many calls the run made is unknown, never 0
-            shown.update(calls=None, usage_unknown_calls=None, unpriced_calls=None)
+            shown.update(CALLS_UNKNOWN)
         return shown
+
+
+# a run whose log keeps no usage at all: its counts of calls as shown (unknown, never 0)
+CALLS_UNKNOWN: dict[str, Any] = {"calls": None, "usage_unknown_calls": None, "unpriced_calls": None}
 
 
 def known_figures(counts: CallCounts, doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -570,7 +574,7 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
     }
     shown = doc | known_figures(t, doc)
     if cost.calls_unknown and not t.calls:  # the log keeps no usage: how many is unknown
-        shown.update(calls=None, usage_unknown_calls=None, unpriced_calls=None)
+        shown.update(CALLS_UNKNOWN)
     return shown
 
 

@@ -90,13 +90,16 @@ def split_lists(
     pieces' bytes) as references to their pages. For a projection whose other paged paths
     hold nothing large enough to page: a large checkpoint was otherwise parsed again only to
     be split (issue 25). ``paths`` are the projection's paged paths (split's order of them)."""
-    whole = splice(bare, [(mark, pieces) for _path, mark, pieces in lists])
+    members = [(b"[", b",".join(pieces), b"]") for _path, _mark, pieces in lists]
+    whole = _replaced(
+        bare, [(mark, m) for (_path, mark, _pieces), m in zip(lists, members, strict=True)]
+    )
     if len(whole) < PAGED_FROM_BYTES:
         return whole, (whole, {})
     pages: dict[str, bytes] = {}
     paged: list[str] = []
     values: list[tuple[tuple[bytes, bytes], tuple[bytes, ...]]] = []
-    for path, mark, pieces in lists:
+    for (path, mark, pieces), listed in zip(lists, members, strict=True):
         if len(pieces) > 1 and (
             len(pieces) > PAGE_ITEMS or sum(map(len, pieces)) > PAGED_ARRAY_BYTES
         ):
@@ -104,7 +107,7 @@ def split_lists(
             values.append((mark, (orjson.dumps(ref),)))
             paged.append(path)
         else:
-            values.append((mark, (b"[", b",".join(pieces), b"]")))
+            values.append((mark, listed))  # (joined once, for both documents)
     if not pages:
         return whole, (whole, {})
     left = _replaced(bare, values)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -352,13 +351,11 @@ def import_cmd(
         runs, summary, sent = done.runs, done.summary, done.sent
         priced = [fold_all(pricing, r.entries) for r in runs]
         totals = [s.totals for s in priced if s is not None]
-        cost = sum((t.cost_usd for t in totals), Decimal(0))
-        unpriced = sum(t.unpriced_calls for t in totals)
-        unmetered = sum(t.usage_unknown_calls for t in totals)
-        calls = sum(t.calls for t in totals)
         counts = CostTotals()  # every run's sums and counts of unknowns, added
         for t in totals:
             counts = counts.added(t.__dict__)
+        cost, calls = counts.cost_usd, counts.calls
+        unpriced, unmetered = counts.unpriced_calls, counts.usage_unknown_calls
         # tokens: unknown when the log keeps no usage, or none of its calls has token counts
         tokens_unknown = not summary.calls_known or (calls and unmetered >= calls)
         # each count unknown when no call reports it, a lower bound when some do not
@@ -374,7 +371,7 @@ def import_cmd(
             "provider_reported_cost_usd": known_sum(
                 counts,
                 "provider_reported_cost",
-                usd_text(sum((t.provider_reported_cost_usd for t in totals), Decimal(0))),
+                usd_text(counts.provider_reported_cost_usd),
             ),
             "partly_unknown": [
                 name for figure in partly_unknown(counts) for name in FIGURE_FIELDS[figure]

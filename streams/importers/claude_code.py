@@ -46,6 +46,7 @@ from streams.importers.base import (
     Summary,
     Usage,
     classify,
+    count,
     discover_files,
     obj,
     parse_time,
@@ -215,11 +216,6 @@ def _int(value: Any) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
-def _count(value: Any) -> int | None:
-    """A reported count, or None when the usage does not report it (unknown, never 0)."""
-    return value if type(value) is int and value >= 0 else None
-
-
 def _assistant(
     run: ImportedRun,
     doc: dict[str, Any],
@@ -269,7 +265,7 @@ def _model_call(
 ) -> None:
     # a count the usage lacks (or holds as no count) is unknown, never 0; the cache counts are
     # 0 when absent, as the API wrote usage before prompt caching (input and output only)
-    uncached, output = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    uncached, output = count(usage.get("input_tokens")), count(usage.get("output_tokens"))
     written = _int(usage.get("cache_creation_input_tokens"))
     read = _int(usage.get("cache_read_input_tokens"))
     part = Usage(
