@@ -9,6 +9,7 @@ wall-clock notion: an unfinished run no worker has written for ``stalled_after``
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -21,9 +22,11 @@ import psycopg
 from consumers.views import live_states
 from infra.settings import Settings
 from projectors.cost_metrics import (
+    CALL_COUNTS,
     FIGURE_FIELDS,
     CallCounts,
     CostMetrics,
+    counts_unknown,
     known_sum,
     partly_unknown,
 )
@@ -109,6 +112,9 @@ class CostRow:
     reasoning_unknown_calls: int = 0
     cache_write_unknown_calls: int = 0
     calls_unknown: bool = False  # --by run only: the run's log keeps no usage at all
+    # runs whose log keeps no usage among the row's (a fleet's, the total's): their calls,
+    # tokens and cost are unknown, so the row's counts and sums are lower bounds
+    runs_left_out: int = 0
     fleet_id: str | None = None  # --by run only
     task_budget_usd: Decimal | None = None  # --by run only
     over_budget: bool | None = None  # --by run only
@@ -124,13 +130,14 @@ class CostRow:
             doc[name] = usd(doc[name])
         doc["reported_cost_usd"] = usd(self.reported_cost_usd)
         shown = doc | known_figures(self, doc)
-        if self.calls_unknown:  # how many calls the run made is unknown, never 0
-            shown.update(CALLS_UNKNOWN)
+        if self.calls_unknown:
+            return counts_unknown(shown)
+        if self.runs_left_out:  # their calls, tokens and cost are not in the sums
+            bounded = {*CALL_COUNTS, *(n for names in FIGURE_FIELDS.values() for n in names)}
+            shown["partly_unknown"] = sorted({*shown["partly_unknown"], *bounded})
+            if not self.calls:  # no call known at all: how many is unknown
+                return counts_unknown(shown)
         return shown
-
-
-# a run whose log keeps no usage at all: its counts of calls as shown (unknown, never 0)
-CALLS_UNKNOWN: dict[str, Any] = {"calls": None, "usage_unknown_calls": None, "unpriced_calls": None}
 
 
 def known_figures(counts: CallCounts, doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,14 +164,14 @@ class CostReport:
     @property
     def runs_calls_unknown(self) -> int:
         """Runs whose log keeps no usage: the total leaves them out (a lower bound)."""
-        return sum(r.calls_unknown for r in self.rows)
+        return self.total.runs_left_out
 
     def as_json(self) -> dict[str, Any]:
-        total = self.total.as_json()
-        if self.runs_calls_unknown:  # their calls, tokens and cost are not in the sums
-            bounded = {"calls", *(n for names in FIGURE_FIELDS.values() for n in names)}
-            total["partly_unknown"] = sorted({*total["partly_unknown"], *bounded})
-        return {"by": self.by, "rows": [r.as_json() for r in self.rows], "total": total}
+        return {
+            "by": self.by,
+            "rows": [r.as_json() for r in self.rows],
+            "total": self.total.as_json(),
+        }
 
 
 def cost_report(
@@ -179,20 +186,29 @@ def cost_report(
         found = ops.cost_rollup(conn, by, fleet, since, run_ids)
         # runs whose agent reported only run totals (no call to roll up) are rows too
         only = ops.runs_reported_only(conn, fleet, run_ids) if by == "run" else []
-        # and runs whose log keeps no usage: their calls unknown, never 0
-        unmetered = ops.runs_calls_unknown(conn, fleet, run_ids) if by == "run" else []
-        only += [run for run in unmetered if run not in only]
+        # and runs whose log keeps no usage: their calls unknown, never 0, and every sum that
+        # would hold them a lower bound (the total's, their fleet's)
+        unmetered = ops.runs_calls_unknown(conn, fleet, since, run_ids)
+        left_out = {run for run, _ in unmetered}
+        if by == "run":
+            only += [run for run, _ in unmetered if run not in only]
         keys = [str(r[0]) for r in found if not r[-1]] + only
         budgets = _budgets(conn, keys) if by == "run" else {}
     no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown
     rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
     rows += [
-        replace(_cost_row((run, *no_calls), budgets.get(run)), calls_unknown=run in unmetered)
+        replace(_cost_row((run, *no_calls), budgets.get(run)), calls_unknown=run in left_out)
         for run in only
     ]
+    if by == "fleet":
+        per_fleet = Counter(f for _, f in unmetered)
+        rows = [replace(r, runs_left_out=per_fleet.pop(r.key, 0)) for r in rows]
+        rows += [  # a fleet none of whose runs keeps usage
+            replace(_cost_row((f, *no_calls), None), runs_left_out=n) for f, n in per_fleet.items()
+        ]
     rows.sort(key=lambda r: r.key)
     total = next(_cost_row(r, None, key="total") for r in found if r[-1])
-    return CostReport(by, rows, total)
+    return CostReport(by, rows, replace(total, runs_left_out=len(unmetered)))
 
 
 def failure_days(
@@ -573,9 +589,8 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
         "reported_disagrees": cost.reported_disagrees,
     }
     shown = doc | known_figures(t, doc)
-    if cost.calls_unknown and not t.calls:  # the log keeps no usage: how many is unknown
-        shown.update(CALLS_UNKNOWN)
-    return shown
+    # the log keeps no usage: how many calls is unknown
+    return counts_unknown(shown) if cost.calls_unknown and not t.calls else shown
 
 
 def _failure_header(diagnosis: RunDiagnosis | None) -> dict[str, Any] | None:

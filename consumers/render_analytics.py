@@ -253,8 +253,8 @@ def print_costs(console: Console, report: CostReport) -> None:
     """One row per key and a total; columns that are empty for every row are left out."""
     t = report.total
     columns: list[tuple[str, Callable[[CostRow], str]]] = [
-        ("calls", lambda r: "unknown" if r.calls_unknown else f"{r.calls:,}"),
-        ("failed", lambda r: f"{r.failed_calls:,}"),
+        ("calls", _calls_cell("calls")),
+        ("failed", _calls_cell("failed_calls")),
         ("in", _tokens_cell("input_tokens")),
         ("cached", _tokens_cell("cached_input_tokens")),
         ("cache write", _tokens_cell("cache_write_input_tokens")),
@@ -264,7 +264,7 @@ def print_costs(console: Console, report: CostReport) -> None:
         ("latency", _latency),
         ("cost", cost_cell),
         ("reported", _reported_cell),
-        ("disagree", lambda r: f"{r.cost_disagreements:,}"),
+        ("disagree", _calls_cell("cost_disagreements")),
     ]
     empty = {
         "failed": not t.failed_calls,
@@ -308,6 +308,16 @@ def print_costs(console: Console, report: CostReport) -> None:
             f"[yellow]{t.usage_unknown_calls} calls whose log gives no token counts: their cost "
             "is unknown, so a cost shown with >= is a lower bound[/]"
         )
+
+
+def _calls_cell(name: str) -> Callable[[CostRow], str]:
+    """A count of calls: "unknown" for a run whose log keeps no usage, never 0; >= when the
+    row leaves such runs out."""
+
+    def cell(row: CostRow) -> str:
+        return figure(row.as_json(), name, lambda n: f"{n:,}")
+
+    return cell
 
 
 def cost_cell(row: CostRow) -> str:

@@ -64,6 +64,21 @@ BUDGET_KEY = "task_budget_usd"
 # RUN_STARTED metadata of a run whose log keeps no usage at all (a Codex rollout without
 # token counts): how many model calls it made is unknown, never 0
 CALLS_KEY, CALLS_UNKNOWN = "model_calls", "unknown"
+# the counts of calls (of CostTotals, a cost row, a run's header): all unknown (None, never 0)
+# for a run whose calls are unknown; its sums are unknown by known_sum already (no call)
+CALL_COUNTS = (
+    "calls",
+    "failed_calls",
+    "latency_calls",
+    "usage_unknown_calls",
+    "unpriced_calls",
+    "reported_calls",
+    "cost_disagreements",
+    "cached_unknown_calls",
+    "output_unknown_calls",
+    "reasoning_unknown_calls",
+    "cache_write_unknown_calls",
+)
 _ZERO = Decimal(0)
 _BUDGET_DIGITS = 28  # the decimal context's precision: a budget's magnitude stays within it
 _ACCEPTED = frozenset({EntryKind.MODEL_CALL, EntryKind.RUN_STARTED})
@@ -563,6 +578,12 @@ def known_sum(counts: CallCounts, figure: Figure, total: _T) -> _T | None:
     0) when no call has the figure known, or there is no call; else the sum of the known ones,
     which is a lower bound when :func:`partly_unknown` says so."""
     return total if counts.calls > unknown_calls(counts, figure) else None
+
+
+def counts_unknown(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a cost row, a run's header or list row) of a run whose calls are unknown (its
+    log keeps no usage): every count of calls it has (:data:`CALL_COUNTS`) None, never 0."""
+    return doc | {name: None for name in CALL_COUNTS if name in doc}
 
 
 def partly_unknown(counts: CallCounts) -> list[Figure]:

@@ -2,12 +2,13 @@
 
 The table (``cost_mirror`` by default, in any database the analyst owns) has one row per run:
 its fleet, the build and sequence number the row reflects, cost, calls, tokens (NULL when no
-call has them known: unknown is never 0), unpriced calls, budget and whether it is over. Each
-batch of changes is applied in one transaction together with the stream positions it reached
-(``<table>_positions``), so a mirror that stops, crashes or restarts resumes exactly where its
-table stands: no change is applied twice or missed. A swap (a repricing) arrives as the new
-build's state of every run: the mirror ends equal to the new live build without being
-restarted. A first start reads the stream from the beginning.
+call has them known; calls NULL when the run's log keeps no usage: unknown is never 0),
+unpriced calls, budget and whether it is over. Each batch of changes is applied in one
+transaction together with the stream positions it reached (``<table>_positions``), so a mirror
+that stops, crashes or restarts resumes exactly where its table stands: no change is applied
+twice or missed. A swap (a repricing) arrives as the new build's state of every run: the mirror
+ends equal to the new live build without being restarted. A first start reads the stream from
+the beginning.
 """
 
 from __future__ import annotations
@@ -67,16 +68,18 @@ def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
         int(totals.get("reported_calls", 0)),
         int(totals.get("output_unknown_calls", 0)),
     )
+    # a run whose log keeps no usage: how many calls it made is unknown (NULL), never 0
+    unmetered = bool(state.get("calls_unknown")) and not counts.calls
     return (
         change.run_id,
         change.fleet_id,
         change.build,
         change.applied_seq,
         known_sum(counts, "cost", Decimal(str(totals.get("cost_usd", "0")))),
-        counts.calls,
+        None if unmetered else counts.calls,
         known_sum(counts, "input_tokens", totals.get("input_tokens", 0)),
         known_sum(counts, "output_tokens", totals.get("output_tokens", 0)),
-        counts.unpriced_calls,
+        None if unmetered else counts.unpriced_calls,
         None if budget is None else Decimal(str(budget)),
         bool(state.get("over_budget")),
     )
@@ -97,13 +100,14 @@ class CostMirror:
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (run_id text PRIMARY KEY, fleet_id text, "
                 "build text NOT NULL, applied_seq bigint NOT NULL, cost_usd numeric, "
-                "calls bigint NOT NULL, input_tokens bigint, output_tokens bigint, "
-                "unpriced_calls bigint NOT NULL, budget_usd numeric, over_budget boolean "
+                "calls bigint, input_tokens bigint, output_tokens bigint, "
+                "unpriced_calls bigint, budget_usd numeric, over_budget boolean "
                 "NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
             ).format(self.table)
         )
-        for column in ("cost_usd", "input_tokens", "output_tokens"):  # a mirror made before
-            conn.execute(  # unknown was NULL: its columns take NULL now
+        # a mirror made before unknown was NULL: its columns take NULL now
+        for column in ("cost_usd", "input_tokens", "output_tokens", "calls", "unpriced_calls"):
+            conn.execute(
                 sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL").format(
                     self.table, sql.Identifier(column)
                 )

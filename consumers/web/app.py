@@ -36,6 +36,7 @@ from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.analytics import money
 from consumers.render import as_of, memory_sections
+from consumers.render_analytics import figure
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from infra.settings import Settings
 from schemas.errors import BadArgumentError, NotFoundError
@@ -113,6 +114,7 @@ def create_app(
     app.state.settings = settings
     pages = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
     pages.filters["usd"] = _usd
+    pages.filters["figure"] = _figure
     pages.filters["pretty"] = lambda doc: json.dumps(doc, indent=2, default=str)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
@@ -669,6 +671,12 @@ def _offset(cursor: str | None) -> int:
     if not isinstance(offset, int) or offset < 0:
         raise HttpError(400, "cursor: not a cursor this server gave")
     return offset
+
+
+def _figure(doc: dict[str, Any], name: str) -> str:
+    """A figure of a cost row or total as shown: "unknown" when None, never 0; ">= " before a
+    lower bound (consumers.render_analytics.figure, the CLI's rule)."""
+    return figure(doc, name, money if name.endswith("_usd") else "{:,}".format)
 
 
 def _usd(value: Any) -> str:

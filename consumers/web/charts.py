@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from consumers.analytics import money
+
 WIDTH = 600
 HEIGHT = 120
 
@@ -55,7 +57,7 @@ def bars(items: Sequence[tuple[str, Any]]) -> list[Bar]:
     out = []
     for n, ((label, _), value) in enumerate(zip(items, values, strict=True)):
         height = float(value / top) * HEIGHT if value is not None else 0.0
-        shown = "unknown" if value is None else f"${value:.4f}"
+        shown = "unknown" if value is None else money(value)
         out.append(Bar(n * step + 1, HEIGHT - height, max(step - 2, 1), height, label, shown))
     return out
 
@@ -107,4 +109,4 @@ def stacked(
 def _shown(value: Decimal | None, unit: str) -> str:
     if value is None:
         return "unknown"
-    return f"${value:.4f}" if unit == "usd" else f"{value:,}"
+    return money(value) if unit == "usd" else f"{value:,}"

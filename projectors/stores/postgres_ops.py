@@ -335,19 +335,29 @@ def runs_reported_only(
 
 
 def runs_calls_unknown(
-    conn: psycopg.Connection[Any], fleet: str | None, run_ids: Sequence[str] | None
-) -> list[str]:
-    """Runs of the live cost-metrics build whose log keeps no usage at all (no counted call;
-    how many calls they made is unknown: they have no row in al_cost_calls)."""
+    conn: psycopg.Connection[Any],
+    fleet: str | None,
+    since: datetime | None,
+    run_ids: Sequence[str] | None,
+) -> list[tuple[str, str]]:
+    """``(run_id, fleet_id)`` of the runs of the live cost-metrics build whose log keeps no
+    usage at all (no counted call; how many calls they made is unknown: they have no row in
+    al_cost_calls), by run id; ``since``: only those whose last entry is at or after it (their
+    calls' times are unknown, so any run still going then)."""
     rows = conn.execute(
-        f"SELECT DISTINCT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'cost-metrics' "
+        f"SELECT DISTINCT s.run_id, s.fleet_id FROM {LIVE_STATE} "
+        "WHERE s.projection = 'cost-metrics' "
         "AND coalesce(s.head, s.state) ->> 'calls_unknown' = 'true' "
         "AND coalesce((coalesce(s.head, s.state) -> 'totals' ->> 'calls')::integer, 0) = 0 "
         "AND (%(fleet)s::text IS NULL OR s.fleet_id = %(fleet)s) "
-        "AND (%(runs)s::text[] IS NULL OR s.run_id = ANY(%(runs)s)) ORDER BY s.run_id",
-        {"fleet": fleet, "runs": None if run_ids is None else list(run_ids)},
+        "AND (%(runs)s::text[] IS NULL OR s.run_id = ANY(%(runs)s)) "
+        "AND (%(since)s::timestamptz IS NULL OR EXISTS (SELECT 1 FROM al_run_list r "
+        "WHERE r.run_id = s.run_id AND r.build = "
+        + _LIVE.format("run-stats")
+        + " AND r.last_at >= %(since)s)) ORDER BY s.run_id",
+        {"fleet": fleet, "since": since, "runs": None if run_ids is None else list(run_ids)},
     ).fetchall()
-    return [str(r[0]) for r in rows]
+    return [(str(r[0]), str(r[1])) for r in rows]
 
 
 def run_budgets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -756,8 +766,8 @@ _REPOSITORY: LiteralString = (
 RUN_LIST_PROJECTIONS = ("run-stats", "failure-classifications", "cost-metrics", "working-memory")
 _RUNS: LiteralString = """
 SELECT run_id, fleet_id, status, entries, first_at, last_at, failure_class, priced_cost_usd,
-       cost_usd, calls, unpriced_calls, usage_unknown_calls, reported_calls, task, explanation,
-       conflicting_duplicates
+       cost_usd, calls, unpriced_calls, usage_unknown_calls, reported_calls, calls_unknown, task,
+       explanation, conflicting_duplicates
 FROM (
     -- the cost filtered and sorted on: unknown (NULL, never 0) unless some call has a cost of
     -- ours (projectors.cost_metrics.known_sum, which gives the cost the rows show)
@@ -774,6 +784,7 @@ FROM (
                    AS usage_unknown_calls,
                (coalesce(c.head, c.state) -> 'totals' ->> 'reported_calls')::integer
                    AS reported_calls,
+               coalesce(c.head, c.state) ->> 'calls_unknown' = 'true' AS calls_unknown,
                coalesce(c.head, c.state) -> 'by_model' AS by_model,
                coalesce(w.head, w.state) ->> 'task_goal' AS task,
                coalesce(f.head, f.state) -> 'classification' ->> 'explanation' AS explanation,

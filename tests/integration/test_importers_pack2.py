@@ -241,6 +241,14 @@ def test_unknown_usage_stays_unknown(pack2: Any) -> None:
     ]
     assert codex["calls"] is None and codex["cost_usd"] is None  # no token_count events at all
     rows = _cost_rows(d)
+    [unmetered] = codex["run_ids"]
+    counts = ("calls", "failed_calls", "unpriced_calls", "reported_calls", "cost_disagreements")
+    assert [rows[unmetered][name] for name in counts] == [None] * len(counts)  # never 0
+    done = _cli(d, "runs", "--fleet", FLEET, "--limit", "500", "--json")
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)
+    [row] = [r for r in listed if r["run_id"] == unmetered]
+    assert row["calls"] is None and row["cost_usd"] is None
     for run_id in by_file["pr1973-prontoqa-gpt-4o-v1.5-output.jsonl"]["run_ids"]:
         row = rows[run_id]
         assert row["usage_unknown_calls"] == row["calls"] > 0

@@ -196,9 +196,15 @@ def test_costs_json_by_every_dimension(stack: Any) -> None:
             "purpose": "unmetered-purpose",
             "day": (BASE_TIME + timedelta(days=3)).date().isoformat(),
         }[by]
-        if by == "run":  # the rollout without usage is a row: its calls unknown, not absent
+        # the rollout without usage: whatever the dimension, the total leaves it out and says so
+        assert total["runs_left_out"] == 1 and "calls" in total["partly_unknown"], total
+        if by == "run":  # it is a row: its calls unknown, not absent, and no count of them 0
             assert rows[CODEX_RUN]["calls"] is None, rows[CODEX_RUN]
-            assert "calls" in total["partly_unknown"], total
+            assert rows[CODEX_RUN]["failed_calls"] is None, rows[CODEX_RUN]
+            assert rows[CODEX_RUN]["cost_disagreements"] is None, rows[CODEX_RUN]
+        if by == "fleet":  # its fleet's row is a lower bound too
+            assert rows[FLEET]["runs_left_out"] == 1, rows[FLEET]
+            assert {"calls", "failed_calls"} <= set(rows[FLEET]["partly_unknown"]), rows[FLEET]
         if unmetered is not None:
             row = rows[unmetered]
             assert row["calls"] == row["usage_unknown_calls"] >= 2, row
@@ -247,7 +253,10 @@ def test_costs_text_by_every_dimension(stack: Any) -> None:
         total = rows["total"]
         for name in figures:  # known and unknown mixed: a lower bound, said so
             assert total[col[name]].startswith(">= "), (by, name, total)
+        # the total leaves out the rollout without usage: its calls are a lower bound too
+        assert total[header.index("calls")].startswith(">= "), (by, total)
         if by == "run":
+            assert rows[CODEX_RUN][header.index("calls")] == "unknown"
             assert rows["unk-unpriced"][col["cost"]] == "unpriced"
             assert rows["unk-unpriced"][col["reported"]] == "-"
             assert rows["unk-unreported"][col["reported"]] == "-"
@@ -272,6 +281,9 @@ def test_runs_text_and_json(stack: Any) -> None:
     found = {r["run_id"]: r for r in json.loads(_cli(d, "runs", "--json").stdout)}
     for run in (*UNKNOWN_COST, CODEX_RUN):
         assert found[run]["cost_usd"] is None, found[run]
+    # (found trying the product: the runs list gave the rollout without usage 0 calls)
+    assert found[CODEX_RUN]["calls"] is None and found[CODEX_RUN]["unpriced_calls"] is None
+    assert found["unk-known"]["calls"] > 0
     assert found["unk-known"]["cost_usd"] not in (None, 0, "0")
     assert found["unk-known"]["cost_partly_unknown"] is False
     assert found["unk-mixed"]["cost_partly_unknown"] is True

@@ -393,7 +393,7 @@ def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
     page = httpx.get(f"{web.base}/fleets", cookies={"al_session": web.token_a})
     assert page.status_code == 200
     total = _api(web, "/api/v1/costs", by="day")["total"]["cost_usd"]
-    assert f"total ${float(total):.4f}" in page.text and page.text.count("<rect ") >= 1
+    assert f"total {analytics.money(total)}" in page.text and page.text.count("<rect ") >= 1
     assert f'<td class="num">{failures["total"]["runs"]}</td>' in page.text
     # the held-back run's entries are from 2026-11-01: it has been silent for over 30 minutes
     stalled = page.text.split('<table class="stalled">')[1].split("</table>")[0]
@@ -407,7 +407,7 @@ def test_fleet_roll_ups_are_the_clis_for_the_tokens_fleet(web: Web) -> None:
             cost
         )
     for r in split:
-        assert f"<title>{r['key']}: ${Decimal(r['cost_usd']):.4f}</title>" in page.text
+        assert f"<title>{r['key']}: {analytics.money(r['cost_usd'])}</title>" in page.text
     # failure classes over time: each run once, in its class
     days = _api(web, "/api/v1/failures/days")["days"]
     assert sum(d["runs"] for d in days) == failures["total"]["runs"]

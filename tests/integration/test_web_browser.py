@@ -19,6 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, sync_playwright
 
+from consumers.analytics import money
 from consumers.render import as_of
 from infra.settings import Settings
 from tests.integration.web_support import (
@@ -121,6 +122,12 @@ def test_a_running_runs_page_grows_without_a_reload(web: Web, browser: Browser) 
         assert (
             page.locator("li.live summary .summary").last.inner_text()
             == (timeline["rows"][-1]["summary"])
+        )
+        # the script shows money by the pages' rule (unknown, never $0; no $0.0000 for a cent's
+        # fraction)
+        last_cost = timeline["rows"][-1].get("cost_so_far_usd")
+        assert page.locator("li.live summary .sofar").last.inner_text() == (
+            "cost so far " + ("unknown" if last_cost is None else money(last_cost))
         )
         page.locator("li.live summary").last.click()
         assert page.locator("li.live div.drill").last.is_visible()

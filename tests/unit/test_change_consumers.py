@@ -71,3 +71,7 @@ def test_the_mirror_never_stores_an_unknown_cost_or_token_sum_as_zero() -> None:
     }
     assert mirror_row(_cost(unpriced))[4:8] == (None, 2, 7, 0)
     assert mirror_row(_cost({"totals": {}}))[4:8] == (None, 0, None, None)  # no call at all
+    # a run whose log keeps no usage (a Codex rollout without token counts): calls unknown
+    no_usage: dict[str, object] = {"totals": {"cost_usd": "0", "calls": 0}, "calls_unknown": True}
+    row = mirror_row(_cost(no_usage))
+    assert row[4:9] == (None, None, None, None, None)  # cost, calls, tokens, unpriced calls

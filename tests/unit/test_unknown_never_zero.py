@@ -201,7 +201,7 @@ def test_a_rollout_that_keeps_no_usage_has_its_calls_unknown_not_zero() -> None:
     calls as unknown."""
     from consumers.analytics import _cost_header
     from projectors.base import fold_all
-    from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
+    from projectors.cost_metrics import CALL_COUNTS, CALLS_KEY, CALLS_UNKNOWN
     from projectors.registry import all_projections
     from streams.importers.codex import import_file
     from tests.packs import SHARED
@@ -215,6 +215,11 @@ def test_a_rollout_that_keeps_no_usage_has_its_calls_unknown_not_zero() -> None:
     assert state is not None and state.calls_unknown and state.totals.calls == 0
     header = _cost_header(state)
     assert header is not None and header["calls"] is None and header["cost_usd"] is None
+    # every count of calls the header gives is unknown too (not "0 failed", "0 unpriced")
+    assert [header[name] for name in CALL_COUNTS if name in header] == [None] * sum(
+        name in header for name in CALL_COUNTS
+    )
+    assert {"calls", "unpriced_calls", "usage_unknown_calls", "latency_calls"} <= set(header)
     [metered] = (SHARED / "samples/codex").glob("codemie-rollout-*.jsonl")
     [run], _ = import_file(metered, "f")
     assert CALLS_KEY not in run.entries[0].metadata  # a rollout with token counts: counted
@@ -255,3 +260,43 @@ def test_a_run_whose_log_keeps_no_times_shows_no_times() -> None:
     assert timeline is not None
     timed = assemble_timeline(timeline, [], None, None)
     assert timed["time_unknown"] is None and timed["duration_s"] is not None
+
+
+def test_a_cost_row_and_a_runs_list_row_of_a_run_without_usage_give_no_count_as_zero() -> None:
+    """Found trying the product: a run whose log keeps no usage showed "calls: unknown" in
+    costs --by run but 0 failed calls, 0 disagreements in the same row, and 0 calls in the runs
+    list."""
+    from consumers.views import _shown
+    from projectors.cost_metrics import CALL_COUNTS
+
+    empty = replace(ROW, calls=0, reported_calls=0, cost_usd=Decimal(0), calls_unknown=True)
+    doc = empty.as_json()
+    assert {name: doc[name] for name in CALL_COUNTS} == dict.fromkeys(CALL_COUNTS)
+    assert doc["cost_usd"] is None and doc["input_tokens"] is None
+    console = Console(width=200, record=True)
+    total = replace(empty, key="total", calls_unknown=False, runs_left_out=1)
+    print_costs(console, CostReport("run", [empty], total))
+    lines = console.export_text().splitlines()
+    for key in ("run-1", "total"):  # no count of its calls shows as 0
+        cells = next(t for t in lines if f" {key} " in t).replace("│", " ").split()
+        assert cells[1] == "unknown" and "0" not in cells
+    # a fleet's row (or the total) holding such a run: its counts and sums are lower bounds
+    fleet = replace(ROW, key="fleet-1", failed_calls=1, runs_left_out=2).as_json()
+    assert fleet["calls"] == 4 and {"calls", "failed_calls", "cost_usd"} <= set(
+        fleet["partly_unknown"]
+    )
+    console = Console(width=200, record=True)
+    bounded = replace(ROW, failed_calls=1, runs_left_out=2)
+    print_costs(console, CostReport("fleet", [bounded], total))
+    line = next(t for t in console.export_text().splitlines() if " run-1 " in t)
+    assert ">= 4" in line and ">= 1" in line  # calls, failed calls
+    row = {
+        "run_id": "r", "fleet_id": "f", "status": None, "failure_class": None,
+        "priced_cost_usd": Decimal(0), "calls": 0, "unpriced_calls": 0,
+        "usage_unknown_calls": 0, "reported_calls": 0, "calls_unknown": True,
+    }  # fmt: skip
+    shown = _shown(dict(row))
+    assert (shown["calls"], shown["unpriced_calls"], shown["usage_unknown_calls"]) == (None,) * 3
+    assert shown["cost_usd"] is None and "calls_unknown" not in shown
+    metered = _shown({**row, "calls": 2, "priced_cost_usd": Decimal("0.5")})
+    assert (metered["calls"], metered["cost_usd"]) == (2, Decimal("0.5"))

@@ -97,6 +97,10 @@ def test_the_charts_geometry() -> None:
     day = bars([("2026-12-01", "2"), ("2026-12-02", None), ("2026-12-03", "1")])
     assert [b.value for b in day] == ["$2.0000", "unknown", "$1.0000"]
     assert [b.height for b in day] == [HEIGHT, 0.0, HEIGHT / 2]
+    # a known amount too small for four decimals is not shown as $0.0000 (the pages' money rule)
+    assert [b.value for b in bars([("d", "0.000014"), ("e", "0")])] == ["$0.000014", "$0.0000"]
+    tiny, _ = stacked([("d", "m", "0.0000031")])
+    assert tiny[0].value == "$0.0000031"
 
 
 def test_stacked_bars_add_up_per_day_and_unknown_is_no_height() -> None:

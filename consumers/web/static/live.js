@@ -16,8 +16,16 @@
     return node;
   }
 
+  // The pages' rule (consumers.analytics.money): four decimals; an amount above 0 too small for
+  // them shows its first two significant digits ($0.000014), never $0.0000.
   function usd(value) {
-    return value === null || value === undefined ? "unknown" : "$" + Number(value).toFixed(4);
+    if (value === null || value === undefined) {
+      return "unknown";
+    }
+    const amount = Number(value);
+    const size = Math.abs(amount);
+    const places = size > 0 && size < 0.0001 ? Math.min(20, 1 - Math.floor(Math.log10(size))) : 4;
+    return "$" + amount.toLocaleString("en-US", {minimumFractionDigits: places, maximumFractionDigits: places});
   }
 
   source.addEventListener("row", function (event) {
