@@ -111,6 +111,7 @@ class CostRow:
     output_unknown_calls: int = 0
     reasoning_unknown_calls: int = 0
     cache_write_unknown_calls: int = 0
+    usage_partial_calls: int = 0  # of usage_unknown_calls, those whose input is known
     calls_unknown: bool = False  # --by run only: the run's log keeps no usage at all
     # runs whose log keeps no usage among the row's (a fleet's, the total's): their calls,
     # tokens and cost are unknown, so the row's counts and sums are lower bounds
@@ -194,7 +195,7 @@ def cost_report(
             only += [run for run, _ in unmetered if run not in only]
         keys = [str(r[0]) for r in found if not r[-1]] + only
         budgets = _budgets(conn, keys) if by == "run" else {}
-    no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown
+    no_calls = (0, 0, 0, 0, 0, 0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # latency unknown
     rows = [_cost_row(r, budgets.get(str(r[0]))) for r in found if not r[-1]]
     rows += [
         replace(_cost_row((run, *no_calls), budgets.get(run)), calls_unknown=run in left_out)
@@ -250,6 +251,7 @@ def _cost_row(r: Sequence[Any], budget: tuple[Any, ...] | None, key: str | None 
         output_unknown_calls=r[17],
         reasoning_unknown_calls=r[18],
         cache_write_unknown_calls=r[19],
+        usage_partial_calls=r[20],
         fleet_id=fleet,
         task_budget_usd=limit,
         over_budget=over,
@@ -579,6 +581,12 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
         "cache_write_input_tokens": t.cache_write_input_tokens,
         "usage_unknown_calls": t.usage_unknown_calls,
         "latency_calls": t.latency_calls,
+        # how many calls leave each count unknown (its sum covers the others)
+        "usage_partial_calls": t.usage_partial_calls,
+        "cached_unknown_calls": t.cached_unknown_calls,
+        "output_unknown_calls": t.output_unknown_calls,
+        "reasoning_unknown_calls": t.reasoning_unknown_calls,
+        "cache_write_unknown_calls": t.cache_write_unknown_calls,
         # what the agent reported for the whole run (not summed from calls), and whether the
         # call sums disagree with it
         "reported_totals": (

@@ -305,8 +305,9 @@ def print_costs(console: Console, report: CostReport) -> None:
         )
     if t.usage_unknown_calls:
         console.print(
-            f"[yellow]{t.usage_unknown_calls} calls whose log gives no token counts: their cost "
-            "is unknown, so a cost shown with >= is a lower bound[/]"
+            f"[yellow]{t.usage_unknown_calls} calls whose log gives no token counts (or too "
+            "few to price them): their cost is unknown, so a cost shown with >= is a lower "
+            "bound[/]"
         )
 
 

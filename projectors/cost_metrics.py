@@ -13,7 +13,10 @@ by more than both ``rel_tolerance`` of the reported cost and ``abs_tolerance_usd
 **Unknown is not zero** (schema v3 ``unknown_fields``): a call whose latency is unknown adds
 nothing to ``latency_ms_sum`` and is not in ``latency_calls`` (the average is over the calls that
 report one); a call whose token counts are unknown is counted in ``usage_unknown_calls``, adds no
-tokens and has no cost (``cost_usd`` None, not $0), so the run's cost is then a lower bound.
+tokens and has no cost (``cost_usd`` None, not $0), so the run's cost is then a lower bound. A
+call whose log kept some counts but not enough to price it (the input, not the output) is of
+unknown usage too (no cost), and adds the counts it has (``usage_partial_calls``: its input is
+known).
 
 **Reported run totals**: an agent that accounts only per run (SWE-agent's ``model_stats``) sends a
 ``JsonPart`` with ``schema_ref`` :data:`RUN_TOTALS_REF` (``{"cost_usd": "1.26719",
@@ -56,6 +59,7 @@ from schemas.models import (
     LedgerEntry,
     ModelCallStatus,
     ModelUsagePart,
+    UsageField,
     UtcDatetime,
 )
 
@@ -71,6 +75,7 @@ CALL_COUNTS = (
     "failed_calls",
     "latency_calls",
     "usage_unknown_calls",
+    "usage_partial_calls",
     "unpriced_calls",
     "reported_calls",
     "cost_disagreements",
@@ -136,7 +141,7 @@ class CostTotals(_Frozen):
     cache_write_input_tokens: int = 0  # over the calls that report cache writes
     latency_ms_sum: int = 0  # over the calls with a known latency
     latency_calls: int = 0
-    usage_unknown_calls: int = 0  # calls whose token counts the source did not report
+    usage_unknown_calls: int = 0  # calls whose token counts the source did not report (no cost)
     cost_usd: UsdAmount = _ZERO
     unpriced_calls: int = 0
     reported_calls: int = 0
@@ -149,6 +154,9 @@ class CostTotals(_Frozen):
     output_unknown_calls: int = 0
     reasoning_unknown_calls: int = 0
     cache_write_unknown_calls: int = 0
+    # of the usage_unknown_calls, those whose input count is known (the log lost another count,
+    # e.g. the output): their input is in its sum (0 in a build before this count existed)
+    usage_partial_calls: int = 0
 
     @property
     def avg_latency_ms(self) -> float | None:
@@ -183,7 +191,7 @@ def _added_by(call: CallCost) -> dict[str, Any]:
         "cache_write_input_tokens": call.cache_write_input_tokens or 0,
         "latency_ms_sum": call.latency_ms or 0,
         "latency_calls": call.latency_ms is not None,
-        "usage_unknown_calls": call.input_tokens is None,
+        "usage_unknown_calls": call.cost_usd is None and not call.unpriced,
         "cost_usd": call.cost_usd or _ZERO,
         "unpriced_calls": call.unpriced,
         "reported_calls": reported is not None,
@@ -194,6 +202,9 @@ def _added_by(call: CallCost) -> dict[str, Any]:
         "output_unknown_calls": call.output_tokens is None,
         "reasoning_unknown_calls": call.reasoning_tokens is None,
         "cache_write_unknown_calls": call.cache_write_input_tokens is None,
+        "usage_partial_calls": (
+            call.cost_usd is None and not call.unpriced and call.input_tokens is not None
+        ),
     }
 
 
@@ -242,7 +253,9 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
     name = "cost-metrics"
     # 3: a token count a call leaves unknown is counted apart (output, reasoning...); a run
     # whose log keeps no usage (RUN_STARTED metadata) has its calls unknown, not 0
-    version = 3
+    # 4: a call whose log lost a count it needs to be priced (the output) keeps the counts it
+    # has (its input), not all unknown (usage_partial_calls)
+    version = 4
     hot = False
     state_type = CostMetrics
     unbounded = ("seen_keys",)  # one per counted call; the calls themselves are history rows
@@ -345,8 +358,15 @@ class CostMetricsProjection(ModelProjection[CostMetrics]):
             part.output_tokens,
             part.reasoning_tokens,
         )
-        if usage is None:
-            counts: tuple[int | None, ...] = (None, None, None, None)
+        if usage is None:  # too little to price it; a known input keeps the counts it has
+            counts: tuple[int | None, ...] = (
+                tuple(
+                    count if part.known(name) else None
+                    for name, count in zip(_COUNT_FIELDS, own, strict=True)
+                )
+                if part.known("input_tokens")
+                else (None, None, None, None)
+            )
             mismatch = False
         else:
             counts = (
@@ -563,14 +583,18 @@ class CallCounts(Protocol):
 def unknown_calls(counts: CallCounts, figure: Figure) -> int:
     """How many of the calls add nothing to ``figure``'s sum because it is unknown for them: our
     cost of an unpriced call or of one of unknown usage, a token count the call's source did
-    not report (all of them for a call of unknown usage), the provider's cost of one it
-    reported none for."""
+    not report (all of them for a call of unknown usage, but the counts a partial one kept: its
+    input and what else it knows), the provider's cost of one it reported none for."""
     if figure == "cost":
         return counts.unpriced_calls + counts.usage_unknown_calls
     if figure == "provider_reported_cost":
         return counts.calls - counts.reported_calls
+    # the calls of unknown usage with every count unknown (a partial one kept its input)
+    blank = counts.usage_unknown_calls - getattr(counts, "usage_partial_calls", 0)
+    if figure == "input_tokens":
+        return blank
     own = getattr(counts, _UNKNOWN_OF[figure], None) if figure in _UNKNOWN_OF else None
-    return counts.usage_unknown_calls if own is None else max(own, counts.usage_unknown_calls)
+    return counts.usage_unknown_calls if own is None else max(own, blank)
 
 
 def known_sum(counts: CallCounts, figure: Figure, total: _T) -> _T | None:
@@ -591,4 +615,10 @@ def partly_unknown(counts: CallCounts) -> list[Figure]:
     return [f for f in FIGURE_FIELDS if 0 < unknown_calls(counts, f) < counts.calls]
 
 
-_STATUS_TEXT = {s: s.value for s in ModelCallStatus}  # .value costs ~5x a look-up
+_STATUS_TEXT = {s: s.value for s in ModelCallStatus}
+_COUNT_FIELDS: tuple[UsageField, ...] = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+)  # .value costs ~5x a look-up

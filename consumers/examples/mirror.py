@@ -52,6 +52,7 @@ class _Counts:
     usage_unknown_calls: int
     reported_calls: int
     output_unknown_calls: int
+    usage_partial_calls: int
 
 
 def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
@@ -67,6 +68,7 @@ def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
         int(totals.get("usage_unknown_calls", 0)),
         int(totals.get("reported_calls", 0)),
         int(totals.get("output_unknown_calls", 0)),
+        int(totals.get("usage_partial_calls", 0)),
     )
     # a run whose log keeps no usage: how many calls it made is unknown (NULL), never 0
     unmetered = bool(state.get("calls_unknown")) and not counts.calls

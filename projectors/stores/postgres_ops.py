@@ -242,12 +242,14 @@ SELECT {key} AS key,
        coalesce(sum(provider_reported_cost_usd), 0) AS provider_reported_cost_usd,
        count(*) FILTER (WHERE cost_disagreement) AS cost_disagreements,
        coalesce(sum(cache_write_input_tokens), 0) AS cache_write_input_tokens,
-       count(*) FILTER (WHERE input_tokens IS NULL) AS usage_unknown_calls,
+       count(*) FILTER (WHERE cost_usd IS NULL AND NOT unpriced) AS usage_unknown_calls,
        count(latency_ms) AS latency_calls,
        count(*) FILTER (WHERE cached_input_tokens IS NULL) AS cached_unknown_calls,
        count(*) FILTER (WHERE output_tokens IS NULL) AS output_unknown_calls,
        count(*) FILTER (WHERE reasoning_tokens IS NULL) AS reasoning_unknown_calls,
        count(*) FILTER (WHERE cache_write_input_tokens IS NULL) AS cache_write_unknown_calls,
+       count(*) FILTER (WHERE cost_usd IS NULL AND NOT unpriced AND input_tokens IS NOT NULL)
+           AS usage_partial_calls,
        GROUPING({key}) AS is_total
 FROM al_cost_calls
 {where}

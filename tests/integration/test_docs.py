@@ -278,16 +278,16 @@ def test_the_readme_rebuild_block_runs(own_deployment: PrivateDeployment, tmp_pa
     d.start_worker("docs-rebuild")
     d.wait_partitions("docs-rebuild")
     _shell("agentledger simulate --fleets 1 --runs 3 --seed 5 --publish", env, tmp_path)
-    for _ in range(100):  # the worker made cost-metrics' first build, v3-1
-        if "v3-1" in _shell("agentledger rebuild list", env, tmp_path)[0]:
+    for _ in range(100):  # the worker made cost-metrics' first build, v4-1
+        if "v4-1" in _shell("agentledger rebuild list", env, tmp_path)[0]:
             break
         time.sleep(0.3)
     outputs = _shell(block, env, tmp_path)
     built, listed, swapped, verified, dropped = outputs[1:]
-    assert "v3-2" in built and "v3-2" in listed and "v3-1" in listed
+    assert "v4-2" in built and "v4-2" in listed and "v4-1" in listed
     assert "2026-12-01" in listed  # the new build's price table, beside the live one's
     assert "equal" in verified.lower(), verified
-    assert "v3-2" in swapped and "v3-1" in dropped, (swapped, dropped)
+    assert "v4-2" in swapped and "v4-1" in dropped, (swapped, dropped)
 
 
 def test_the_quick_start_demo_runs(own_deployment: PrivateDeployment, tmp_path: Path) -> None:

@@ -103,7 +103,21 @@ def _runs() -> dict[str, list[LedgerEntry]]:
             [model_usage("ur-1").model_copy(update={"provider_reported_cost_usd": None})],
         ),
         "unk-mixed": _run("unk-mixed", [model_usage("mx-1"), _unmetered("mx-2")]),
+        # a log that kept the call's input but lost its output: no cost, its input known
+        "unk-partial": _run("unk-partial", [_output_lost("pt-1")]),
     }
+
+
+def _output_lost(response_id: str) -> ModelUsagePart:
+    return ModelUsagePart.model_validate(
+        model_usage(response_id).model_dump()
+        | {
+            "output_tokens": 0,
+            "reasoning_tokens": 0,
+            "raw_usage_json": '{"input_tokens": 18420}',
+            "unknown_fields": ("output_tokens", "reasoning_tokens"),
+        }
+    )
 
 
 def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
@@ -154,7 +168,7 @@ def stack(
         d.drop()
 
 
-UNKNOWN_COST = ("unk-unmetered", "unk-unpriced")
+UNKNOWN_COST = ("unk-unmetered", "unk-unpriced", "unk-partial")
 UNKNOWN_TOKENS = ("unk-unmetered",)
 UNKNOWN_REPORTED = ("unk-unmetered", "unk-unpriced", "unk-unreported")
 
@@ -166,9 +180,13 @@ def _check_json_row(row: dict[str, Any]) -> None:
     if calls is None:  # a run whose log keeps no usage: how many calls, and every sum, unknown
         assert all(row[n] is None for n in ("cost_usd", *TOKENS, "provider_reported_cost_usd"))
         return
+    blank = row["usage_unknown_calls"] - row["usage_partial_calls"]  # no count at all
     for names, unknown in (
         (["cost_usd"], row["unpriced_calls"] + row["usage_unknown_calls"]),
-        (TOKENS, row["usage_unknown_calls"]),
+        (["input_tokens"], blank),
+        (["cached_input_tokens"], max(blank, row["cached_unknown_calls"])),
+        (["output_tokens"], max(blank, row["output_unknown_calls"])),
+        (["reasoning_tokens"], max(blank, row["reasoning_unknown_calls"])),
         (["provider_reported_cost_usd"], calls - row.get("reported_calls", calls)),
     ):
         for name in names:
@@ -221,6 +239,13 @@ def test_costs_json_by_every_dimension(stack: Any) -> None:
     assert rows["unk-unpriced"]["cost_usd"] is None and rows["unk-unpriced"]["input_tokens"] > 0
     assert rows["unk-unreported"]["provider_reported_cost_usd"] is None
     assert rows["unk-unreported"]["cost_usd"] not in (None, "0")
+    partial = rows["unk-partial"]  # (found trying the product: its input was unknown too)
+    assert (partial["input_tokens"], partial["output_tokens"], partial["cost_usd"]) == (
+        18420,
+        None,
+        None,
+    ), partial
+    assert (partial["usage_unknown_calls"], partial["usage_partial_calls"]) == (1, 1), partial
     mixed = rows["unk-mixed"]
     assert mixed["cost_usd"] is not None and "cost_usd" in mixed["partly_unknown"], mixed
     assert "input_tokens" in mixed["partly_unknown"], mixed

@@ -887,3 +887,59 @@ def test_genai_prices_of_the_simulated_models_do_not_ask_calc_price() -> None:
             total = memo.total(provider, model, GENAI_TIMES[2], counts)
             assert isinstance(total, Decimal), (provider, model, counts)
     assert memo.total("acme", "house-model", GENAI_TIMES[2], GENAI_COUNTS[0]) is _Ask.UNPRICED
+
+
+def test_a_call_whose_log_lost_its_output_keeps_its_known_input() -> None:
+    """Found trying the product: a call whose log kept its input but lost its output count (a
+    drifted Claude Code usage) had every count unknown, its input too. It is still of unknown
+    usage (no cost: it cannot be priced), but its input is summed and known."""
+    from projectors.cost_metrics import known_sum, partly_unknown, unknown_calls
+
+    run = Run()
+    run.call(usage(response_id="r1"))  # a whole call: 1000 in, 700 out
+    lost = usage(
+        response_id="r2",
+        raw={"input_tokens": 400},  # no output_tokens: no normalizer reads it
+        input_tokens=400,
+        output_tokens=0,
+        unknown_fields=("output_tokens", "reasoning_tokens"),
+    )
+    run.call(lost)
+    blank = usage(
+        response_id="r3",
+        raw={},
+        input_tokens=0,
+        output_tokens=0,
+        unknown_fields=("input_tokens", "output_tokens", "reasoning_tokens"),
+    )
+    run.call(blank)  # input unknown too: every count unknown, as before
+    state, rows = fold(run.entries)
+    partial = next(r.doc for r in rows if r.doc["response_id"] == "r2")
+    assert (partial["input_tokens"], partial["output_tokens"], partial["cost_usd"]) == (
+        400,
+        None,
+        None,
+    )
+    assert partial["cached_input_tokens"] == 0 and partial["unpriced"] is False
+    empty = next(r.doc for r in rows if r.doc["response_id"] == "r3")
+    assert [empty[n] for n in ("input_tokens", "cached_input_tokens", "output_tokens")] == [
+        None
+    ] * 3
+    whole = next(r.doc for r in rows if r.doc["response_id"] == "r1")["input_tokens"]
+    t = state.totals
+    assert (t.calls, t.usage_unknown_calls, t.usage_partial_calls) == (3, 2, 1)
+    assert t.input_tokens == whole + 400 and unknown_calls(t, "input_tokens") == 1
+    assert known_sum(t, "input_tokens", t.input_tokens) == whole + 400  # >= (r3's input)
+    assert unknown_calls(t, "output_tokens") == 2 and unknown_calls(t, "cost") == 2
+    assert unknown_calls(t, "cached_input_tokens") == 1  # r2 kept its cached count (0)
+    assert {"input_tokens", "output_tokens", "cost"} <= set(partly_unknown(t))
+    # the SQL roll-up's rule, in Python: the same counts from the history rows
+    [by_run] = rollup([r.doc for r in rows], "run")
+    assert (by_run.usage_unknown_calls, by_run.usage_partial_calls, by_run.input_tokens) == (
+        2,
+        1,
+        whole + 400,
+    )
+    # a build before this count (no usage_partial_calls kept): every count of such calls unknown
+    older = t.model_copy(update={"usage_partial_calls": 0})
+    assert unknown_calls(older, "input_tokens") == 2
