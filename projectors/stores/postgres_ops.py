@@ -53,9 +53,18 @@ def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         with pooled[0].connection() as conn:
             yield conn
         return
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(dsn, **_timeout(dsn)) as conn:
         use_documents(conn)
         yield conn
+
+
+CONNECT_TIMEOUT_S = 10
+
+
+def _timeout(dsn: str) -> dict[str, Any]:
+    """A reader's connect gives up after CONNECT_TIMEOUT_S (a server that does not answer, not
+    only one that refuses), unless the address sets its own ``connect_timeout``."""
+    return {} if "connect_timeout" in dsn else {"connect_timeout": CONNECT_TIMEOUT_S}
 
 
 @contextmanager
@@ -106,7 +115,7 @@ def drop_connections(dsn: str) -> None:
 
 @asynccontextmanager
 async def connect_async(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+    async with await psycopg.AsyncConnection.connect(dsn, **_timeout(dsn)) as conn:
         use_documents(conn)
         yield conn
 

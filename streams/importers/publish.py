@@ -161,11 +161,13 @@ class RunFleets:
     """Which fleet the runs an import brings are in already (the live run-stats build), over one
     connection for the whole import, opened when first asked."""
 
+    RETRY_S = 60.0
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._conn: Any = None
         self._closing: contextlib.ExitStack | None = None
-        self._unavailable = False
+        self._unavailable_until = 0.0  # (monotonic) PostgreSQL could not say: asked again after
 
     def clash(self, runs: Sequence[ImportedRun]) -> str:
         """Why these runs cannot go to their fleet: a run already on the ledger in another
@@ -176,7 +178,7 @@ class RunFleets:
 
         from projectors.stores import postgres_ops as ops
 
-        if self._unavailable:
+        if time.monotonic() < self._unavailable_until:
             return ""
         try:
             if self._conn is None:
@@ -184,8 +186,8 @@ class RunFleets:
                 self._conn = self._closing.enter_context(ops.connect(self.settings.pg_address))
             fleets = ops.live_run_fleets(self._conn, [r.run_id for r in runs])
             self._conn.commit()  # (no transaction held open between files)
-        except psycopg.Error:  # (no PostgreSQL, or not migrated yet)
-            self._unavailable = True
+        except psycopg.Error:  # (no PostgreSQL, or not migrated yet; a follower asks again)
+            self._unavailable_until = time.monotonic() + self.RETRY_S
             self.close()
             return ""
         clashes = [
@@ -228,7 +230,10 @@ async def follow(
     ``quiet_s`` (then it is taken as it stands). A restart resumes from the ledger itself."""
     roots = list(paths)
     seen: dict[Path, tuple[int, int, bool]] = {}  # size, mtime, imported settled (held back)
-    async with AsyncPublisher(settings) as publisher:
+    fleets = RunFleets(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(fleets.close)
+        publisher = await stack.enter_async_context(AsyncPublisher(settings))
         while stop is None or not stop.is_set():
             for path in importer.discover(roots):
                 try:
@@ -245,6 +250,11 @@ async def follow(
                     runs, summary = importer.import_file(path, fleet_id, settled=settled)
                 except ImportFormatError as exc:  # e.g. a JSON document still being written
                     report(path, None, [], str(exc))
+                    continue
+                elsewhere = fleets.clash(runs) if runs else ""
+                if elsewhere:  # (said once per change of the file, as any error here)
+                    seen[path] = (stat.st_size, stat.st_mtime_ns, False)
+                    report(path, summary, [], f"{path}: {elsewhere}; nothing was sent")
                     continue
                 sent = await send_new(publisher, runs)
                 seen[path] = (stat.st_size, stat.st_mtime_ns, settled)

@@ -297,6 +297,34 @@ def test_a_run_on_the_ledger_is_not_imported_into_another_fleet(imported: Any) -
     assert f"--fleet {FLEET}" in report["error"]
 
 
+def test_a_follower_does_not_send_a_run_into_another_fleet(imported: Any) -> None:
+    """``import --follow`` makes the same check as ``import`` (found trying the product: only
+    the one-shot import did): the file is reported with the fleet its run is in, not sent."""
+    from streams.importers import claude_code
+    from streams.importers.publish import follow
+
+    d, by_file = imported
+    path = SAMPLES / "claude-code" / "spotter-short.jsonl"
+    [run_id] = by_file[path.name]["run_ids"]
+    reports: list[tuple[list[Any], str | None]] = []
+
+    async def follow_once() -> None:
+        stop = asyncio.Event()
+
+        def report(_path: Path, _summary: Any, sent: list[Any], error: str | None) -> None:
+            reports.append((sent, error))
+            stop.set()
+
+        await follow(
+            d.settings, claude_code, [path], "fleet-elsewhere", report, 0.1, stop, quiet_s=0
+        )
+
+    asyncio.run(asyncio.wait_for(follow_once(), 60))
+    [(sent, error)] = reports
+    assert sent == [] and error is not None
+    assert f"run {run_id} is on the ledger in fleet {FLEET}" in error
+
+
 def test_claude_code_reasoning_tokens_are_unknown_never_zero(imported: Any) -> None:
     """Anthropic reports no reasoning count (thinking is inside the output): every roll-up
     showed Claude Code runs' reasoning tokens as 0. Unknown now, in the rows and the total."""

@@ -173,3 +173,14 @@ def test_the_check_can_fail(tmp_path: Path) -> None:
     found = sql_in(module.read_text())
     assert found == [(2, "SELECT a FROM al_runs")]
     assert not allowed("streams/m.py")
+
+
+def test_a_readers_connect_gives_up_on_a_server_that_does_not_answer() -> None:
+    """Found trying the product: the import's fleet check (and every reader) waited on a server
+    that did not answer for as long as TCP does; now CONNECT_TIMEOUT_S, unless the address says."""
+    from projectors.stores import postgres_ops as ops
+
+    assert ops._timeout("postgresql://postgres@10.0.0.1:5432/x") == {
+        "connect_timeout": ops.CONNECT_TIMEOUT_S
+    }
+    assert ops._timeout("postgresql://postgres@10.0.0.1:5432/x?connect_timeout=2") == {}
