@@ -502,11 +502,17 @@ def _follow_imports(
     from streams.importers.base import Summary
     from streams.importers.publish import Sent, follow
 
-    def report(path: Path, summary: Summary | None, sent: list[Sent], waiting: str | None) -> None:
+    def report(path: Path, summary: Summary | None, sent: list[Sent], why: str | None) -> None:
         published = sum(s.sent for s in sent)
+        # why nothing went: a file read whole but refused (its run is in another fleet), or one
+        # that cannot be read yet (still being written: it waits)
+        refused = why if why is not None and summary is not None else None
+        waiting = why if refused is None else None
         if as_json:
             doc = {"path": str(path), "published": published, "waiting": waiting}
-            print(json.dumps(doc), flush=True)
+            print(json.dumps(doc | ({"error": refused} if refused else {})), flush=True)
+        elif refused is not None:
+            err.print(f"[red]not sent:[/] {escape(refused)}", soft_wrap=True)
         elif waiting is not None:
             console.print(f"{path.name}: waiting ({escape(waiting)})", soft_wrap=True)
         elif published:
