@@ -17,7 +17,7 @@ from consumers.analytics import (
     RunFailure,
     money,
 )
-from infra.cli_support import Table, print_table
+from infra.cli_support import Table, bounded, print_table
 from projectors.failure_classifications import explain
 
 _STATUS_STYLE = {
@@ -190,7 +190,7 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
         said = [money(totals["cost_usd"])] if totals.get("cost_usd") is not None else []
         if totals.get("input_tokens") is not None or totals.get("output_tokens") is not None:
             sent, received = totals.get("input_tokens"), totals.get("output_tokens")
-            said.append(f"{_maybe(sent, _count)} in / {_maybe(received, _count)} out")
+            said.append(f"{bounded(sent, _count)} in / {bounded(received, _count)} out")
         if totals.get("calls") is not None:
             said.append(f"{totals['calls']} calls")
         flag = " [red]differs from the calls above[/]" if cost.get("reported_disagrees") else ""
@@ -201,15 +201,7 @@ def figure(doc: dict[str, Any], name: str, fmt: Callable[[Any], str]) -> str:
     """One figure of a document that follows the unknown-is-never-zero rule
     (:func:`consumers.analytics.known_figures`): "unknown" when None, ``>= `` before a lower
     bound (named in ``partly_unknown``)."""
-    value = doc.get(name)
-    if value is None:
-        return "unknown"
-    return (">= " if name in doc.get("partly_unknown", ()) else "") + fmt(value)
-
-
-def _maybe(n: int | None, fmt: Callable[[int], str]) -> str:
-    """A figure the agent may not have reported: "unknown", never 0."""
-    return "unknown" if n is None else fmt(n)
+    return bounded(doc.get(name), fmt, name in doc.get("partly_unknown", ()))
 
 
 def _count(n: int) -> str:
@@ -360,7 +352,7 @@ def _reported_run(row: CostRow) -> str:
         parts.append(money(row.reported_cost_usd))
     if row.reported_input_tokens is not None or row.reported_output_tokens is not None:
         sent, received = row.reported_input_tokens, row.reported_output_tokens
-        parts.append(f"{_maybe(sent, tokens)} in / {_maybe(received, tokens)} out")
+        parts.append(f"{bounded(sent, tokens)} in / {bounded(received, tokens)} out")
     flag = " [red]differs from the calls[/]" if row.reported_disagrees else ""
     return ", ".join(parts) + flag
 

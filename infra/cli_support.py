@@ -5,6 +5,7 @@ the checks of common options (no layer's logic: the commands live in ``streams.c
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import rich.table
@@ -63,3 +64,12 @@ def merge(app: typer.Typer, part: typer.Typer) -> None:
     """Add ``part``'s commands and command groups to ``app`` at its top level."""
     app.registered_commands += part.registered_commands
     app.registered_groups += part.registered_groups
+
+
+def bounded(value: Any, fmt: Callable[[Any], str], lower_bound: bool = False) -> str:
+    """A figure as every output shows it (the one text rule of "unknown is never zero"):
+    "unknown" when None, never 0; ``>= `` before a sum that leaves out what some of its calls
+    did not report (a lower bound)."""
+    if value is None:
+        return "unknown"
+    return (">= " if lower_bound else "") + fmt(value)

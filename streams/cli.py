@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from infra.cli_support import Table, console, err, fleet_option, print_table
+from infra.cli_support import Table, bounded, console, err, fleet_option, print_table
 from infra.cli_support import settings as _settings
 from schemas.errors import AgentLedgerError
 
@@ -403,8 +403,8 @@ def import_cmd(
                 + (
                     "tokens unknown"
                     if tokens_unknown
-                    else f"{_count_text(shown_in, 'input_tokens' in bounds)} in / "
-                    f"{_count_text(shown_out, 'output_tokens' in bounds)} out tokens"
+                    else f"{bounded(shown_in, '{:,}'.format, 'input_tokens' in bounds)} in / "
+                    f"{bounded(shown_out, '{:,}'.format, 'output_tokens' in bounds)} out tokens"
                     if calls
                     else f"{summary.input_tokens:,} in / {summary.output_tokens:,} out tokens"
                 )
@@ -487,12 +487,6 @@ def otlp_cmd(
 def _clipped(text: str, limit: int) -> str:
     """``text``, or its start and an ellipsis that says it was cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _count_text(value: int | None, lower_bound: bool) -> str:
-    """A token sum as the import summary shows it: unknown, never 0; ``>= `` before a sum that
-    leaves out calls that did not report it."""
-    return "unknown" if value is None else (">= " if lower_bound else "") + f"{value:,}"
 
 
 def _follow_imports(

@@ -38,6 +38,7 @@ from consumers.analytics import money
 from consumers.render import as_of, memory_sections
 from consumers.render_analytics import figure
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
+from infra.cli_support import bounded
 from infra.settings import Settings
 from schemas.errors import BadArgumentError, NotFoundError
 
@@ -681,6 +682,4 @@ def _figure(doc: dict[str, Any], name: str) -> str:
 
 def _usd(value: Any) -> str:
     """A USD figure as shown: ``unknown`` when there is none, never $0."""
-    if value is None:
-        return "unknown"
-    return money(value)
+    return bounded(value, money)

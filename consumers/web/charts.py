@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from consumers.analytics import money
+from infra.cli_support import bounded
 
 WIDTH = 600
 HEIGHT = 120
@@ -57,7 +58,7 @@ def bars(items: Sequence[tuple[str, Any]]) -> list[Bar]:
     out = []
     for n, ((label, _), value) in enumerate(zip(items, values, strict=True)):
         height = float(value / top) * HEIGHT if value is not None else 0.0
-        shown = "unknown" if value is None else money(value)
+        shown = bounded(value, money)
         out.append(Bar(n * step + 1, HEIGHT - height, max(step - 2, 1), height, label, shown))
     return out
 
@@ -107,6 +108,4 @@ def stacked(
 
 
 def _shown(value: Decimal | None, unit: str) -> str:
-    if value is None:
-        return "unknown"
-    return money(value) if unit == "usd" else f"{value:,}"
+    return bounded(value, money if unit == "usd" else "{:,}".format)
