@@ -222,11 +222,7 @@ def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> Non
     at = 0
     for path, judged in read:
         done, at = done_all[at : at + len(judged)], at + len(judged)
-        skipped = Counter(
-            "no run for the instance" if "no run" in j.why else "ambiguous instance"
-            for j in done
-            if j.run_id is None
-        )
+        skipped = Counter(j.skip for j in done if j.run_id is None)
         report = {
             "path": str(path),
             "verdicts": len(done),

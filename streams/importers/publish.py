@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -266,6 +266,12 @@ async def follow(
                 await asyncio.sleep(poll_s)
 
 
+def index_names(index: Mapping[str, list[str]], judged: Judged) -> bool:
+    """Whether any of the verdict's names names a run of ``index`` (when no one run was matched:
+    it names several, whatever other fleets hold)."""
+    return any(name in index for name in judged.candidates)
+
+
 @dataclass(frozen=True)
 class Judgement:
     """What became of one verdict: the run it was sent to (None: skipped, with ``why``)."""
@@ -275,6 +281,7 @@ class Judgement:
     run_id: str | None
     sent: bool
     why: str = ""
+    skip: str = ""  # why not, in a word: "no run for the instance", "ambiguous instance"...
 
 
 async def send_verdicts(
@@ -286,14 +293,26 @@ async def send_verdicts(
     from projectors.stores import postgres_ops as ops
 
     with ops.connect(settings.pg_address) as conn:
-        runs = ops.live_run_ends(conn, fleet)
+        every = ops.live_run_ends(conn)
+        runs = {r: end for r, end in every.items() if fleet is None or end[0] == fleet}
         index = index_runs(runs)
+        others = index_runs(every) if fleet is not None else {}  # to say where a run is
         out: list[Judgement] = []
         todo: dict[str, LedgerEntry] = {}  # entry id -> the verdict entry to send
         for j in judged:
             run_id, why = match(j.candidates, index)
             if run_id is None:
-                out.append(Judgement(j.candidates, j.verdict.resolved, None, False, why))
+                several = index_names(index, j)
+                kind = "ambiguous instance" if several else "no run for the instance"
+                other, _ = match(j.candidates, others) if not several else (None, "")
+                if other is not None:  # (found trying the product: "no run" was all it said)
+                    there = every[other][0]
+                    kind = "run in another fleet"
+                    why = (
+                        f"instance {j.candidates[0]} is run {other} of fleet {there}, not "
+                        f"{fleet}; none was judged (give --fleet {there})"
+                    )
+                out.append(Judgement(j.candidates, j.verdict.resolved, None, False, why, kind))
                 continue
             fleet_id, last_at = runs[run_id]
             run = ImportedRun(run_id, fleet_id, j.candidates[0], VERDICTS_FORMAT)

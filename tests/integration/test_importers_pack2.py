@@ -353,6 +353,33 @@ def test_reports_name_what_they_could_not_match_and_a_second_import_sends_nothin
     assert sum(r["already_on_ledger"] for r in reports) == 6  # 4 instance reports + 2 run-level
 
 
+def test_verdicts_given_another_fleet_name_the_fleet_their_runs_are_in(pack2: Any) -> None:
+    """Found trying the product: with --fleet naming a fleet the runs are not in, every verdict
+    was skipped as "no run on the ledger" though the runs were there, in another fleet."""
+    d, _, first = pack2
+    done = _cli(
+        d, "import", "swebench-report", str(PACK2 / "swebench-eval"), "--fleet", "elsewhere"
+    )
+    assert done.returncode == 1, done.stderr
+    again = _cli(
+        d,
+        "import",
+        "swebench-report",
+        str(PACK2 / "swebench-eval"),
+        "--fleet",
+        "elsewhere",
+        "--json",
+    )
+    reports = json.loads(again.stdout)
+    judged_before = sum(len([j for j in r["judged"] if j["run_id"]]) for r in first)
+    assert sum(r["skipped"].get("run in another fleet", 0) for r in reports) == judged_before > 0
+    assert sum(r["published"] for r in reports) == 0
+    moved = [j for r in reports for j in r["judged"] if "not elsewhere" in j.get("skipped", "")]
+    assert len(moved) == judged_before
+    assert all(f"of fleet {FLEET}, not elsewhere" in j["skipped"] for j in moved), moved
+    assert f"of fleet {FLEET}, not elsewhere" in done.stderr
+
+
 def test_a_long_tool_output_is_kept_whole_as_an_artifact(pack2: Any, tmp_path: Path) -> None:
     """The pandas run's second observation is 17,080 characters: not cut, but moved into the
     artifact store; its replay package carries it and `artifact get` reads it back whole."""
