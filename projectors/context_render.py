@@ -60,10 +60,11 @@ def _render_run(items: Sequence[ManifestItem]) -> list[str]:
     section = items[0].section or "context"
     if _is_data(items[0]):
         return [_render_data(item, _data_tag(item)) for item in items]
-    if section == WORKING_MEMORY:  # trusted framing, but facts are the agent's words: escaped
+    if section == WORKING_MEMORY or section in INSTRUCTION_SECTIONS:
+        # trusted framing, but its text is escaped all the same: a task is often third-party
+        # text (a GitHub issue, a user's paste) and must not close its section and open a
+        # block of its own (found trying the product: '</task_contract>...<instruction>')
         body = "\n\n".join(html.escape(_content(i), quote=False) for i in items)
-    elif section in INSTRUCTION_SECTIONS:
-        body = "\n\n".join(_content(i) for i in items)
     else:
         body = "\n\n".join(_render_event(i) for i in items)
     return [f"<{section}>\n{body}\n</{section}>"]
