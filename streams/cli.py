@@ -352,11 +352,14 @@ def import_cmd(
             counts = counts.added(t.__dict__)
         cost, calls = counts.cost_usd, counts.calls
         unpriced, unmetered = counts.unpriced_calls, counts.usage_unknown_calls
-        # tokens: unknown when the log keeps no usage, or none of its calls has token counts
-        tokens_unknown = not summary.calls_known or (calls and unmetered >= calls)
         # each count unknown when no call reports it, a lower bound when some do not
         shown_in = known_sum(counts, "input_tokens", summary.input_tokens)
         shown_out = known_sum(counts, "output_tokens", summary.output_tokens)
+        # tokens: unknown when the log keeps no usage (and its agent reported no totals), or
+        # none of its calls has token counts
+        tokens_unknown = (not summary.calls_known and not summary.tokens_reported) or bool(
+            calls and shown_in is None and shown_out is None
+        )
         bounds = partly_unknown(counts)
         report = summary.as_json() | {
             # priced as the projection will (None: no call, or none could be priced; never $0)
@@ -394,7 +397,7 @@ def import_cmd(
                     f"{summary.calls} model calls ({summary.duplicate_reports} repeated usage "
                     "reports not counted), "
                     if summary.calls_known
-                    else "model calls unknown (the log keeps no usage), "
+                    else "model calls unknown (the log keeps no per-call usage), "
                 )
                 + (
                     "tokens unknown"
@@ -403,6 +406,7 @@ def import_cmd(
                     f"{bounded(shown_out, '{:,}'.format, 'output_tokens' in bounds)} out tokens"
                     if calls
                     else f"{summary.input_tokens:,} in / {summary.output_tokens:,} out tokens"
+                    + (" (the run totals its agent reported)" if summary.tokens_reported else "")
                 )
                 + ", cost "
                 + (

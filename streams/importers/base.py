@@ -66,6 +66,9 @@ class Summary:
     entries: int = 0
     calls: int = 0
     calls_known: bool = True  # False: the log shows model output but keeps no usage at all
+    # the tokens are the run's totals as its agent reported them (SWE-agent's model_stats), not
+    # summed from calls: shown although the calls are unknown
+    tokens_reported: bool = False
     duplicate_reports: int = 0  # usage reports of a call already counted (the format's trap)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -76,6 +79,10 @@ class Summary:
     unmapped: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def _tokens_known(self) -> bool:
+        return self.calls_known or self.tokens_reported
+
     def as_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
@@ -83,8 +90,8 @@ class Summary:
             "entries": self.entries,
             "calls": self.calls if self.calls_known else None,  # unknown, never 0
             "duplicate_reports": self.duplicate_reports,
-            "input_tokens": self.input_tokens if self.calls_known else None,
-            "output_tokens": self.output_tokens if self.calls_known else None,
+            "input_tokens": self.input_tokens if self._tokens_known else None,
+            "output_tokens": self.output_tokens if self._tokens_known else None,
             "reported_cost_usd": self.reported_cost_usd,
             "skipped": dict(sorted(self.skipped.items())),
             "unmapped": self.unmapped,

@@ -39,7 +39,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from projectors.cost_metrics import RUN_TOTALS_REF
+from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN, RUN_TOTALS_REF
 from schemas.models import (
     DiffPart,
     EntryKind,
@@ -385,6 +385,10 @@ class SweAgent(FileImporter):
         model = _swe_model(doc)
         if model is not None:
             about["swe_agent.model"] = model
+        # no per-call usage: how many calls (and their tokens and cost) is unknown, never 0; the
+        # agent's own run totals (model_stats) are sent at the end, beside them
+        about[CALLS_KEY] = CALLS_UNKNOWN
+        summary.calls_known, summary.tokens_reported = False, True
         run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")], metadata=about)
         listed = doc.get("history")
         history = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []

@@ -232,6 +232,7 @@ def test_swe_agent_reports_its_own_totals_and_no_call_as_zero(pack2: Any, name: 
     assert row["reported_input_tokens"] == stats["tokens_sent"]
     assert row["reported_output_tokens"] == stats["tokens_received"]
     assert row["provider_reported_cost_usd"] is None and row["cost_usd"] is None  # not $0
+    assert row["calls"] is None  # no per-call usage: how many calls is unknown, not 0
 
 
 def test_unknown_usage_stays_unknown(pack2: Any) -> None:

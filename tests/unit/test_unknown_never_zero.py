@@ -300,3 +300,27 @@ def test_a_cost_row_and_a_runs_list_row_of_a_run_without_usage_give_no_count_as_
     assert shown["cost_usd"] is None and "calls_unknown" not in shown
     metered = _shown({**row, "calls": 2, "priced_cost_usd": Decimal("0.5")})
     assert (metered["calls"], metered["cost_usd"]) == (2, Decimal("0.5"))
+
+
+def test_a_swe_agent_run_has_its_calls_unknown_beside_its_agents_totals() -> None:
+    """Found trying the product: SWE-agent keeps no per-call usage, only its run totals
+    (model_stats: 22 api calls), yet the runs list, costs and MCP said 0 calls. Its calls are
+    unknown now; the tokens the agent reported for the run are still shown in the summary."""
+    from consumers.analytics import _cost_header
+    from projectors.base import fold_all
+    from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
+    from projectors.registry import all_projections
+    from streams.importers import FORMATS
+    from tests.packs import SHARED
+
+    [path] = (SHARED / "samples2/swe-agent").glob("swesmith-1.0.1-pydantic*.traj")
+    [run], summary = FORMATS["swe-agent"].import_file(path, "f")
+    assert run.entries[0].metadata[CALLS_KEY] == CALLS_UNKNOWN
+    doc = summary.as_json()
+    assert doc["calls"] is None and doc["input_tokens"] == 161_683
+    [cost] = [p for p in all_projections() if p.name == "cost-metrics"]
+    state = fold_all(cost, run.entries)
+    assert state is not None and state.calls_unknown and state.reported_totals is not None
+    header = _cost_header(state)
+    assert header is not None and header["calls"] is None and header["cost_usd"] is None
+    assert header["reported_totals"]["calls"] == 22
