@@ -33,7 +33,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.settings import Settings
-from projectors.cost_metrics import CostTotals, known_sum, partly_unknown
+from projectors.cost_metrics import CostTotals, known_sum, partly_unknown, shown_state
 from schemas.changes import ChangeCodec, ProjectionChange
 from schemas.errors import LedgerDecodeError
 from schemas.topics import change_schema_topic, change_topic
@@ -324,6 +324,10 @@ def change_doc(change: ProjectionChange) -> dict[str, Any]:
     """A change as a JSON object (what ``subscribe --json`` prints)."""
     doc = asdict(change)
     doc["committed_at"] = change.committed_at.isoformat()
+    if change.projection == "cost-metrics" and change.state is not None:
+        # its sums as every output shows them: unknown null, never 0 (the change topic keeps
+        # the state as stored, with the counts of unknowns a consumer reads it by)
+        doc["state"] = shown_state(change.state)
     return {k: v for k, v in doc.items() if v is not None}
 
 

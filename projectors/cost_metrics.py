@@ -610,6 +610,34 @@ def counts_unknown(doc: dict[str, Any]) -> dict[str, Any]:
     return doc | {name: None for name in CALL_COUNTS if name in doc}
 
 
+def shown_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A cost-metrics state document as outputs show it (``subscribe --json``, a replay
+    package's views): each sum of its totals, per model and per purpose, None when no call has
+    it known (never 0) and named in ``partly_unknown`` when only some do; every count of calls
+    None for a run whose calls are unknown."""
+    doc = dict(state)
+    totals = state.get("totals")
+    if isinstance(totals, Mapping):
+        shown = _shown_totals(totals)
+        unmetered = state.get("calls_unknown") and not shown.get("calls")
+        doc["totals"] = counts_unknown(shown) if unmetered else shown
+    for key in ("by_model", "by_purpose"):
+        groups = state.get(key)
+        if isinstance(groups, Mapping):
+            doc[key] = {k: _shown_totals(v) for k, v in groups.items()}
+    return doc
+
+
+def _shown_totals(totals: Mapping[str, Any]) -> dict[str, Any]:
+    counts = CostTotals.model_validate(totals)
+    doc = dict(totals)
+    for figure, names in FIGURE_FIELDS.items():
+        for name in names:
+            doc[name] = known_sum(counts, figure, totals.get(name))
+    doc["partly_unknown"] = [n for f in partly_unknown(counts) for n in FIGURE_FIELDS[f]]
+    return doc
+
+
 def partly_unknown(counts: CallCounts) -> list[Figure]:
     """The figures whose shown sums cover some of the calls but not all (lower bounds)."""
     return [f for f in FIGURE_FIELDS if 0 < unknown_calls(counts, f) < counts.calls]

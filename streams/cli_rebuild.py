@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from infra.cli_support import Table, print_table
 from infra.settings import Settings, load_settings
+from projectors.cost_metrics import shown_state
 from projectors.registry import NAMES, all_projections, projection
 from streams.rebuild import (
     BuildInfo,
@@ -243,6 +244,9 @@ def register(app: typer.Typer) -> None:
                 if folder is None:
                     raise rp.ReplayPackageError("replay-package load needs a DIR")
                 manifest, docs = rp.load_package(folder, projections)
+                cost = docs.get("cost-metrics")  # its sums as every output shows them
+                if cost is not None:
+                    docs["cost-metrics"] = shown_state(cost)
                 print(json.dumps({"run_id": manifest["run_id"], "views": docs}, indent=2))
                 return
             try:

@@ -406,5 +406,6 @@ def test_the_other_read_commands(stack: Any) -> None:
     assert "wrote" in wrote and "$0" not in wrote
     views = json.loads(_cli(d, "replay-package", "load", str(folder)).stdout)["views"]
     totals = views["cost-metrics"]["totals"]
-    # the projection's own document: unknown counted beside the sums (never summed as 0)
+    # the projection's document as shown: unknown counted, and its sums null (never 0)
     assert totals["calls"] == totals["usage_unknown_calls"] == 2, totals
+    assert totals["input_tokens"] is None and totals["cost_usd"] is None, totals

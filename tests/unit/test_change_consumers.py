@@ -57,7 +57,35 @@ def test_change_lines() -> None:
     )
     assert "live build b1 -> b2 (version 2; taxonomy 2)" in change_line(marker)
     doc = json.loads(change_line(_cost(OVER), as_json=True))
-    assert doc["state"] == OVER and doc["committed_at"] == AT.isoformat()
+    assert doc["committed_at"] == AT.isoformat()
+    assert {k: v for k, v in doc["state"].items() if k != "totals"} == {
+        k: v for k, v in OVER.items() if k != "totals"
+    }
+    assert (doc["state"]["totals"]["cost_usd"], doc["state"]["totals"]["calls"]) == ("0.61", 4)
+
+
+def test_subscribe_json_shows_no_unknown_sum_as_zero() -> None:
+    """Found trying the product: subscribe --json printed a cost-metrics state as stored
+    (totals 0 beside usage_unknown_calls, calls 0 beside calls_unknown): a consumer summing
+    them read unknowns as zeros. The sums are shown by the figure rule now."""
+    stored = {
+        "totals": {
+            "calls": 9,
+            "usage_unknown_calls": 9,
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "cost_usd": "0",
+        },
+        "by_model": {"openai/gpt-4.1": {"calls": 9, "usage_unknown_calls": 9, "input_tokens": 0}},
+    }
+    shown = json.loads(change_line(_cost(stored), as_json=True))["state"]
+    assert shown["totals"]["calls"] == 9
+    assert shown["totals"]["input_tokens"] is None and shown["totals"]["cost_usd"] is None
+    assert shown["by_model"]["openai/gpt-4.1"]["input_tokens"] is None
+    rollout = {"totals": {"calls": 0, "cost_usd": "0", "input_tokens": 0}, "calls_unknown": True}
+    shown = json.loads(change_line(_cost(rollout), as_json=True))["state"]
+    assert shown["totals"]["calls"] is None and shown["totals"]["input_tokens"] is None
+    assert shown["totals"]["cost_usd"] is None
 
 
 def test_the_mirror_never_stores_an_unknown_cost_or_token_sum_as_zero() -> None:
