@@ -69,10 +69,13 @@ def infra_status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Say what runs where: the services, the project's running workers (found from any
-    folder inside the project) with their restarts, and every worker's health from
-    PostgreSQL (lag per partition, last applied batch). Exit 1 when a worker has applied
-    nothing for longer than AGENTLEDGER_WORKER_STALL_S while its partitions have lag."""
-    from streams.health import WorkerHealth, read_health, stalled_workers
+    folder inside the project) with their restarts, every worker's health from PostgreSQL
+    (lag per partition, last applied batch), and the entries the live builds have not applied.
+    Exit 1 when a worker has applied nothing for longer than AGENTLEDGER_WORKER_STALL_S while
+    its partitions have lag, or when entries wait and no worker reports."""
+    import asyncio
+
+    from streams.health import WorkerHealth, entries_waiting, read_health, stalled_workers
 
     settings = _settings()
     rows = local.status(settings, console)
@@ -86,11 +89,25 @@ def infra_status(
             err.print(f"worker health unreadable: {escape(type(exc).__name__)}")
     stall_s = settings.worker_stall_s
     stalled = stalled_workers(health, stall_s)
+    # what the live builds have not applied, from Kafka and PostgreSQL themselves (None:
+    # unknown, e.g. a service down): a worker gone or never started reports nothing
+    waiting: dict[str, int] | None = None
+    kafka = next((r for r in rows if r.name == "kafka"), None)
+    if pg is not None and pg.running and kafka is not None and kafka.running:
+        try:
+            waiting = asyncio.run(asyncio.wait_for(entries_waiting(settings), 20))
+        except Exception as exc:  # status reports; it does not fail on what it cannot read
+            err.print(f"entries waiting unreadable: {escape(type(exc).__name__)}")
+    reporting = [w for w in health if not w.gone]
+    unapplied = sum(waiting.values()) if waiting else 0
+    idle = bool(unapplied and not reporting and not workers)
     if as_json:
         doc: dict[str, object] = {r.name: r.as_dict() for r in rows}
         doc["workers"] = workers
         doc["worker_health"] = [w.as_dict(stall_s) for w in health]
         doc["stalled"] = [w.worker_id for w in stalled]
+        doc["waiting"] = waiting  # per ledger partition with any; null: unknown
+        doc["nothing_applying"] = idle
         print(json.dumps(doc, indent=2))
     else:
         _print_status(rows, as_json=False)
@@ -116,11 +133,22 @@ def infra_status(
                     h.worker_id,
                     h.group,
                     d["state"],
-                    f"{h.behind:,}" if h.lag else "unknown",
+                    f"{d['behind']:,}" if d["behind"] is not None else "unknown",
                     str(len(h.lag)),
                     "never" if ago is None else f"{ago:.0f}s ago",
                 )
             print_table(table)
+        console.print(
+            "entries the live builds have not applied: unknown"
+            if waiting is None
+            else f"entries the live builds have not applied: {unapplied:,}"
+            + (f" on {len(waiting)} partitions" if waiting else "")
+        )
+    if idle:
+        err.print(
+            f"[red]nothing is applying:[/] {unapplied:,} entries wait and no worker reports "
+            "(start one: agentledger worker)"
+        )
     if stalled:
         for bad in stalled:
             err.print(
@@ -128,6 +156,8 @@ def infra_status(
                 f"nothing for over "
                 f"{stall_s:g}s while {bad.behind:,} entries wait on its partitions"
             )
+        raise typer.Exit(code=1)
+    if idle:
         raise typer.Exit(code=1)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from infra.settings import Settings
 from projectors.stores import worker_health as store
 
 TP = tuple[str, int]
@@ -43,6 +44,14 @@ class Health:
     records: int = 0
     # per assigned ledger partition: the next offset to apply (stored position, then batches)
     next_offset: dict[TP, int] = field(default_factory=dict)
+    # the services a worker needs: when each last answered (monotonic)
+    answered_at: dict[str, float] = field(default_factory=dict)
+
+    def answered(self, *services: str, now: float | None = None) -> None:
+        """These services (KAFKA, POSTGRESQL) just answered a request."""
+        at = time.monotonic() if now is None else now
+        for service in services:
+            self.answered_at[service] = at
 
     def assigned(self, positions: Mapping[TP, int], now: float | None = None) -> None:
         """A rebalance gave these partitions, positioned at these next offsets."""
@@ -107,6 +116,21 @@ def stall(health: Health, lag: Mapping[TP, int], stall_s: float, now: float) -> 
             f"nothing applied for {idle:.0f}s (over {stall_s:g}s) while {sum(behind.values())} "
             f"entries wait on {len(behind)} partitions"
         )
+    return None
+
+
+KAFKA, POSTGRESQL = "Kafka", "PostgreSQL"
+
+
+def out_of_touch(health: Health, stall_s: float, now: float) -> str | None:
+    """Why the worker cannot apply though its own loop is not stuck, or None: a service it
+    needs has not answered for longer than ``stall_s`` (since its last answer, or since the
+    process began). Found trying the product: with Kafka and PostgreSQL gone, a worker with no
+    known lag logged errors for minutes, alive and applying nothing."""
+    for service in (KAFKA, POSTGRESQL):
+        since = max(health.answered_at.get(service, health.started), health.started)
+        if now - since > stall_s:
+            return f"no answer from {service} for {now - since:.0f}s (over {stall_s:g}s)"
     return None
 
 
@@ -259,7 +283,8 @@ class WorkerHealth:
             "batches": self.batches,
             "records": self.records,
             "lag": self.lag,
-            "behind": self.behind if self.lag else None,  # no partitions reported: unknown
+            # no partitions reported, or a process gone (its last report is old): unknown
+            "behind": self.behind if self.lag and not self.gone else None,
             "topics": self.topics,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
@@ -289,6 +314,47 @@ def read_health(dsn: str) -> list[WorkerHealth]:
         )
         for r in found
     ]
+
+
+def waiting(
+    ends: Mapping[TP, int], live: Mapping[str, Mapping[TP, int]], begins: Mapping[TP, int]
+) -> dict[str, int]:
+    """Entries not yet applied by every live build, per ledger partition ("topic:partition")
+    with any: the partition's end less the lowest position a live build stored there (its last
+    applied offset + 1; a build with none there starts at the partition's beginning)."""
+    out = {}
+    for tp, end in ends.items():
+        start = begins.get(tp, 0)
+        done = min((b.get(tp, start - 1) + 1 for b in live.values()), default=start)
+        if end > done:
+            out[tp_key(tp)] = end - done
+    return out
+
+
+async def entries_waiting(settings: Settings) -> dict[str, int]:
+    """:func:`waiting` on the cluster and PostgreSQL as they stand (independent of any worker:
+    what ``infra status`` says when no worker reports)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from infra.admin import existing_ledger_topics
+    from projectors.stores import postgres_ops as ops
+    from streams.source import topic_partitions
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_address, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = await topic_partitions(consumer, await existing_ledger_topics(settings))
+        ends = await consumer.end_offsets(parts) if parts else {}
+        begins = await consumer.beginning_offsets(parts) if parts else {}
+    finally:
+        await consumer.stop()
+    with ops.connect(settings.pg_address) as conn:
+        live = ops.live_offsets(conn)
+    return waiting(
+        {(tp.topic, tp.partition): o for tp, o in ends.items()},
+        live,
+        {(tp.topic, tp.partition): o for tp, o in begins.items()},
+    )
 
 
 def stalled_workers(rows: Iterable[WorkerHealth], stall_s: float) -> list[WorkerHealth]:

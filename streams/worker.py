@@ -41,7 +41,16 @@ from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import Engine, SourceRecord, tune_gc
 from streams.feed import Feed
-from streams.health import Health, Supervision, forget, report, stall
+from streams.health import (
+    KAFKA,
+    POSTGRESQL,
+    Health,
+    Supervision,
+    forget,
+    out_of_touch,
+    report,
+    stall,
+)
 from streams.telemetry import telemetry_from_setting
 
 logger = logging.getLogger(__name__)
@@ -393,6 +402,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
     @app.agent(source)
     async def project(stream: Any) -> None:
         await engine.start()
+        health.answered(KAFKA, POSTGRESQL)  # (the engine read PostgreSQL; Kafka assigned)
         started.set()
         tune_gc()
         # faust's consumer runs in its own thread; with the default 5 ms GIL switch interval a
@@ -411,6 +421,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
                 for r in records:
                     last[r.tp] = max(last.get(r.tp, -1), r.offset)
                 health.applied(last, len(records))
+                health.answered(KAFKA, POSTGRESQL)  # (a batch fetched and committed)
                 if engine.telemetry.enabled:
                     engine.telemetry.record_lag(
                         _lag(app, ((r.topic, r.partition, r.offset) for r in records))
@@ -438,6 +449,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         except Exception:
             logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
             return
+        health.answered(KAFKA)
         new = sorted(
             n
             for n in names
@@ -464,7 +476,9 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         assigned = [tp for tp in assignment if tp.topic in source_topics()]
         highwater = {(tp.topic, tp.partition): app.consumer.highwater(tp) for tp in assigned}
         lag = health.lag(highwater)
-        why = stall(health, lag, settings.worker_stall_s, time.monotonic())
+        now = time.monotonic()
+        why = stall(health, lag, settings.worker_stall_s, now)
+        why = why or out_of_touch(health, settings.worker_stall_s, now)
         if why is not None:
             _exit(EXIT_STALLED, f"stalled: {why}")
         if engine.telemetry.enabled:
@@ -485,6 +499,7 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
                 len(PositionedConsumer.ledger_topics),
                 supervision,
             )
+            health.answered(POSTGRESQL)
         except Exception as exc:  # health is reported, never a reason to stop applying
             logger.warning("writing the health row failed (%s); trying again", _describe(exc))
             for conn in health_conn:
@@ -581,12 +596,55 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
             note.unlink(missing_ok=True)
 
 
+class RepeatFilter(logging.Filter):
+    """Lets one record of a kind (logger and message format) through per ``window_s``; the next
+    one after the window says how many like it were held back. aiokafka logs a broker it
+    cannot reach in a tight loop (a user found 11,694 ERROR lines a minute, ~2,000 a second
+    here): the reason is kept, the flood is not."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._seen: dict[tuple[str, object], tuple[float, int]] = {}  # kind -> (since, held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        now = record.created
+        since, held = self._seen.get(key, (float("-inf"), 0))
+        if now - since < self.window_s:
+            self._seen[key] = (since, held + 1)
+            return False
+        if len(self._seen) > 1000:  # (kinds are few; a bound all the same)
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} more like it in the {self.window_s:g}s before)"
+        return True
+
+
+# the loggers of the Kafka client, whose connection errors repeat in a tight loop
+KAFKA_LOGGERS = (
+    "aiokafka",
+    "aiokafka.conn",
+    "aiokafka.cluster",
+    "aiokafka.consumer.consumer",
+    "aiokafka.consumer.fetcher",
+    "aiokafka.consumer.group_coordinator",
+    "aiokafka.producer.producer",
+    "aiokafka.producer.sender",
+    "aiokafka.admin.client",
+)
+
+
 def execute(app: faust.App, loglevel: str, stop_timeout_s: float, watchdog_s: float) -> NoReturn:
     """Run a faust app crash-only: a crashed service ends the process (``EXIT_CRASH``), a
     stop request (a signal, :data:`STOP`) is bounded by ``stop_timeout_s``
     (``EXIT_STOP_TIMEOUT``), an event loop silent for ``watchdog_s`` ends it (``EXIT_STALLED``).
     """
     _crash_only()
+    repeats = RepeatFilter()
+    for name in KAFKA_LOGGERS:
+        logging.getLogger(name).addFilter(repeats)
     STOP.timeout_s = stop_timeout_s
 
     @app.timer(interval=1.0)  # type: ignore[untyped-decorator]

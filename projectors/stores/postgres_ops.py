@@ -561,6 +561,18 @@ def offsets(
     return {(str(t), int(p)): int(o) for t, p, o in rows}
 
 
+def live_offsets(conn: psycopg.Connection[Any]) -> dict[str, dict[TopicPartition, int]]:
+    """Every live build's stored offsets (last applied, inclusive), by projection."""
+    rows = conn.execute(
+        'SELECT o.projection, o.topic, o.partition, o."offset" FROM al_offsets o '
+        "JOIN al_live l USING (projection, build) ORDER BY 1, 2, 3"
+    ).fetchall()
+    found: dict[str, dict[TopicPartition, int]] = {}
+    for projection, topic, partition, offset in rows:
+        found.setdefault(str(projection), {})[(str(topic), int(partition))] = int(offset)
+    return found
+
+
 def lock_live(conn: psycopg.Connection[Any], projection: str) -> str | None:
     """The live build, its pointer locked until the transaction ends."""
     row = conn.execute(

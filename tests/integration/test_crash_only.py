@@ -159,8 +159,15 @@ def test_the_supervisor_restarts_a_killed_faust_process_and_status_says_why(
     deployment: PrivateDeployment,
 ) -> None:
     d = deployment
-    worker = d.start_worker("w")
     _publish(d, _run("run-one", 3))
+    # before any worker: status says the entries wait and nothing applies them (found trying
+    # the product: it said nothing, and exited 0, with every worker gone)
+    shown = _status(d)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "nothing is applying: 3 entries wait and no worker reports" in shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["nothing_applying"] is True and sum(doc["waiting"].values()) == 3
+    worker = d.start_worker("w")
     _applied(d, "run-one", 3, 60)
     (child,) = _children(worker.pid)
     subprocess.run(["kill", "-KILL", str(child)], check=True)
@@ -191,6 +198,7 @@ def test_the_supervisor_restarts_a_killed_faust_process_and_status_says_why(
     assert row["restarts"] == 1 and row["last_exit"] == "killed by SIGKILL"
     assert row["state"] == "ok" and row["behind"] == 0 and row["lag"]
     assert not [h for h in rows if h["pid"] == child]  # the killed process reports nothing
+    assert json.loads(_status(d).stdout)["waiting"] == {}  # every entry applied
 
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=40) == 0

@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from schemas.topics import fleet_of_ledger_topic, fleets_among
-from streams.health import Health, Supervision, WorkerHealth, stall
+from streams.health import (
+    KAFKA,
+    POSTGRESQL,
+    Health,
+    Supervision,
+    WorkerHealth,
+    out_of_touch,
+    stall,
+    waiting,
+)
 from streams.supervisor import EXIT_RESTART, describe_exit, next_delay, stopped_code
 from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
 
@@ -62,6 +71,22 @@ def _row(applied_ago: float | None, lag: dict[str, int], reported_ago: float = 1
         0,
         None,
     )
+
+
+def test_a_worker_whose_services_do_not_answer_is_stalled_whatever_its_lag() -> None:
+    """Found trying the product: with Kafka and PostgreSQL stopped, a worker with no known lag
+    logged errors for minutes, alive and applying nothing. A service that has not answered for
+    longer than the setting (since its last answer, or since the start) is a stall now."""
+    h = Health(started=0.0)
+    assert out_of_touch(h, 60, now=59) is None  # just started: no answer is owed yet
+    h.answered(KAFKA, POSTGRESQL, now=50)
+    assert out_of_touch(h, 60, now=100) is None
+    h.answered(POSTGRESQL, now=120)  # (the health row written; Kafka silent since 50)
+    why = out_of_touch(h, 60, now=125)
+    assert why == "no answer from Kafka for 75s (over 60s)"
+    assert stall(h, {}, 60, now=125) is None  # no lag known: the lag rule alone saw nothing
+    h.answered(KAFKA, now=124)
+    assert out_of_touch(h, 60, now=181) == "no answer from PostgreSQL for 61s (over 60s)"
 
 
 def test_status_calls_a_reporting_worker_with_lag_and_an_old_last_batch_stalled() -> None:
@@ -133,3 +158,43 @@ def test_a_stopped_supervisor_exits_0_unless_its_child_failed() -> None:
     assert stopped_code(EXIT_RESTART) == 0
     assert stopped_code(70) == 70
     assert stopped_code(-signal.SIGKILL) == -signal.SIGKILL
+
+
+def test_entries_waiting_are_the_end_less_the_lowest_live_position() -> None:
+    """What ``infra status`` says waits whatever the workers report: per partition, the end
+    less the lowest position of the live builds (none stored there: from the beginning)."""
+    ends = {A: 10, B: 5, ("p.ledger.b", 0): 0}
+    live = {"run-stats": {A: 9, B: 2}, "cost-metrics": {A: 6}}
+    assert waiting(ends, live, {B: 1}) == {"p.ledger.a:0": 3, "p.ledger.a:1": 4}
+    assert waiting(ends, {}, {}) == {"p.ledger.a:0": 10, "p.ledger.a:1": 5}  # no build yet
+    assert waiting({A: 10}, {"run-stats": {A: 9}}, {}) == {}
+
+
+def test_a_gone_workers_lag_is_unknown_not_its_last_report() -> None:
+    at = datetime.now(UTC) - timedelta(seconds=100)
+    gone = WorkerHealth("h:1", 1, "g", "all", at, 90.0, 95.0, 3, 30, {"t:0": 0}, 1, 0, None)
+    shown = gone.as_dict(60)
+    assert shown["state"] == "gone" and shown["behind"] is None
+
+
+def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_count() -> None:
+    import logging
+
+    from streams.worker import RepeatFilter
+
+    f = RepeatFilter(window_s=10)
+
+    def record(at: float, msg: str = "Unable connect to node with id %s: %s") -> logging.LogRecord:
+        r = logging.LogRecord("aiokafka", logging.ERROR, "x", 1, msg, (1, "refused"), None)
+        r.created = at
+        return r
+
+    passed = [f.filter(record(t / 100)) for t in range(0, 1500)]  # 15 s, 100 a second
+    assert passed.count(True) == 2  # at 0 s and at 10 s
+    again = record(10.0)
+    f2 = RepeatFilter(window_s=10)
+    assert f2.filter(record(0.0)) and not f2.filter(record(5.0)) and f2.filter(again)
+    assert again.getMessage() == (
+        "Unable connect to node with id 1: refused (and 1 more like it in the 10s before)"
+    )
+    assert f2.filter(record(5.0, "another kind of message %s %s"))  # each kind on its own
