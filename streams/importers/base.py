@@ -53,6 +53,15 @@ from schemas.models import (
 MAX_SUMMARY_CHARS = 4000
 
 
+class RepeatedRecordError(ValueError):
+    """A record with the id of one already imported from the file: the first is kept. ``same``:
+    it says the same (a line written twice); else it is another record under that id."""
+
+    def __init__(self, same: bool) -> None:
+        super().__init__("a record repeated" if same else "another record under a used id")
+        self.same = same
+
+
 class ImportFormatError(ValueError):
     """The file is not of the format asked for (the message says what was expected)."""
 
@@ -108,7 +117,7 @@ class ImportedRun:
     session_id: str
     source: str  # the format, e.g. "claude-code"
     entries: list[LedgerEntry] = field(default_factory=list)
-    _ids: set[str] = field(default_factory=set)
+    _ids: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # entry id -> what it holds
 
     def add(
         self,
@@ -126,9 +135,11 @@ class ImportedRun:
         """Append the next entry; ``source_id`` (the source's own id for what this entry records)
         makes its entry id, so a second import of the same file yields the same entry."""
         entry_id = stable_id(f"{self.source}:{self.run_id}", source_id)
-        if entry_id in self._ids:
-            raise ValueError(f"two entries of run {self.run_id} from one source id {source_id!r}")
-        self._ids.add(entry_id)
+        held = (kind, tuple(parts), tool_call_id, run_status)
+        first = self._ids.get(entry_id)
+        if first is not None:  # the same record again (a log written twice), or another one
+            raise RepeatedRecordError(same=first == held)
+        self._ids[entry_id] = held
         profile_actor, trust, visibility = PROFILES[kind]
         who = actor or profile_actor
         parent = self.entries[-1].entry_id if self.entries else None
@@ -528,6 +539,14 @@ def skipping(summary: Summary, what: str = "record") -> Iterator[None]:
         yield
     except ImportFormatError:
         raise
+    except RepeatedRecordError as exc:  # the first is kept; a second that says the same is no loss
+        if exc.same:
+            summary.skipped[f"repeated {what} (the same as an earlier one, counted once)"] += 1
+        else:
+            summary.skipped[
+                f"{what} with the id of an earlier, different one (the first kept)"
+            ] += 1
+            summary.unmapped += 1
     except ValidationError as exc:
         summary.skipped[
             f"{what} breaking the ledger contract at {validation_error(exc).field}"

@@ -242,3 +242,33 @@ def test_a_rollout_whose_token_counts_hold_no_usage_has_its_calls_unknown(tmp_pa
     [run], summary = FORMATS["codex"].import_file(path, "fleet-x")
     assert summary.calls_known is False and summary.calls == 0
     assert run.entries[0].metadata[CALLS_KEY] == CALLS_UNKNOWN
+
+
+def test_a_session_written_twice_counts_each_line_once_and_is_no_failure(tmp_path: Path) -> None:
+    """Found trying the product: a Claude Code session with every line written twice gave the
+    right figures but '213 lines the importer cannot map (ValueError)' and exit 1. A line the
+    same as an earlier one is a repeat, skipped and counted as such; another record under an
+    id already used is still a record that could not be mapped."""
+    [source] = sorted((SHARED / "samples2/claude-code").rglob("*.jsonl"))[:1]
+    lines = source.read_bytes().splitlines(keepends=True)
+    doubled = tmp_path / source.name
+    doubled.write_bytes(b"".join(line + line for line in lines))
+    importer = FORMATS["claude-code"]
+    [once], first = importer.import_file(source, "f")
+    [twice], second = importer.import_file(doubled, "f")
+    assert second.unmapped == 0 and first.unmapped == 0
+    assert (second.calls, second.input_tokens, second.output_tokens) == (
+        first.calls,
+        first.input_tokens,
+        first.output_tokens,
+    )
+    assert [e.entry_id for e in twice.entries] == [e.entry_id for e in once.entries]
+    assert sum(n for why, n in second.skipped.items() if why.startswith("repeated")) > 0
+    # a different line under a used id: the first kept, the second counted as not mapped
+    docs = [json.loads(line) for line in lines if line.strip()]
+    with_id = next(d for d in docs if d.get("type") == "user" and d.get("uuid"))
+    other = dict(with_id, message={"role": "user", "content": "another text"})
+    changed = tmp_path / "changed.jsonl"
+    changed.write_bytes(source.read_bytes() + json.dumps(other).encode() + b"\n")
+    _, third = importer.import_file(changed, "f")
+    assert third.unmapped == 1
