@@ -226,6 +226,9 @@ FOUND = [
     ("lob-api-key", "The value is test_pub_7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1 for now."),
     ("lob-api-key", 'LOB_KEY = "live_7c1e9a3f5b2d4c6e8a0b1d3f5e7c9a1b3f"'),
     ("android-string-secret", '<string name="hockeyapp_key">7c1e9a3f5b2d4c6e8a0b1d3f5e</string>'),
+    # found trying the product: an id with a 0, 1, 8 or 9 beside its own name passed whole
+    ("aws-access-key-id-named", "export AWS_ACCESS_KEY_ID=AKIAUJZDE8GXD6NCF10E"),
+    ("aws-access-key-id-named", '"AccessKeyId": "ASIAEKCTBR4Y1Z2IXGCI"'),
 ]
 
 LEFT = [
@@ -344,6 +347,8 @@ LEFT = [
     "def test_login_with_2fa_and_the_cache_7c1e(): live_reload_enabled = True",
     '<string name="app_key_label">Your API key</string> <string name="token">@string/x2</string>',
     "api_org_settings and api_live_reload",
+    "aws_access_key_id = AKIAIOSFODNN7EXAMPLE",  # AWS's documentation example
+    "aws_access_key_id: ${AWS_KEY} or access_key_id=my-key",
 ]
 
 
