@@ -533,7 +533,8 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # 5: manifest rows carry their violations as a delta too, whole every 64th row
     # 6: a response counts once by the one rule (no usage fingerprint for id-less calls). 7: the
     # memory it folds (working-memory 6) takes no user's interruption notice for the goal
-    version = 7
+    # 8: nor a harness's automatic reply (working-memory 7)
+    version = 8
     hot = True
     state_type = ContextState
     # what grows with the run (recorded manifests are history rows) or with the compaction

@@ -217,6 +217,9 @@ _CONTENT_FIELDS = (
 # USER_TASK metadata of a user's interruption notice (Claude Code writes "[Request interrupted
 # by user]" as the user's text): it is not the run's goal
 INTERRUPTION_KEY = "user.interruption"
+# ... and of a harness's automatic reply in the user's place (OpenHands' evaluation harness
+# answers "Please continue working on the task..." whenever the agent asks): not the goal
+AUTO_REPLY_KEY = "user.auto_reply"
 
 # the parts of the evidence index that grow with the run (checkpoint pages)
 INDEX_PAGED = ("index.entries", "index.tool_calls", "index.artifacts")
@@ -230,8 +233,8 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     # reads support no success; failure claims open problems; a check's pass closes what
     # mentions it; compactions checked for success claims and new requirements
     # 5: approval decisions read as every projection reads them (a JSON "decision" too). 6: a
-    # user's interruption notice is not the goal
-    version = 6
+    # user's interruption notice is not the goal. 7: nor a harness's automatic reply
+    version = 7
     hot = True
     state_type = WorkingMemory
     unbounded = ("index",)  # the evidence index: every entry id of the run
@@ -710,8 +713,8 @@ def _closing(state: WorkingMemory, keys: set[str], by: str, seq: int) -> Working
 
 
 def _task(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
-    if entry.metadata.get(INTERRUPTION_KEY) == "true":  # the user stopped the agent: no goal
-        return state
+    if "true" in (entry.metadata.get(INTERRUPTION_KEY), entry.metadata.get(AUTO_REPLY_KEY)):
+        return state  # the user stopped the agent, or the harness answered for it: no goal
     if not may_instruct(entry):  # trust is never raised: untrusted text is not the task
         flag = f"task from entry {entry.entry_id} ignored: {entry.trust_level.value} cannot set it"
         return state.model_copy(update={"flags": (*state.flags, flag)})

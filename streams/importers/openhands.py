@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from projectors.working_memory import AUTO_REPLY_KEY
 from schemas.models import (
     DiffFile,
     DiffPart,
@@ -387,7 +389,13 @@ def _run(
             if action == "message" and event.get("source") == "user":
                 text = str(obj(event.get("args")).get("content") or event.get("message") or "")
                 if text.strip():
-                    run.add(EntryKind.USER_TASK, at, f"e{eid}", [TextPart(text=text)])
+                    run.add(
+                        EntryKind.USER_TASK,
+                        at,
+                        f"e{eid}",
+                        [TextPart(text=text)],
+                        metadata=_auto_reply(text),
+                    )
             elif action == "finish":
                 text = str(event.get("message") or "")
                 if text.strip():
@@ -591,10 +599,27 @@ def _v1_event(
             else str(content or "")
         )
         if text.strip():
-            run.add(EntryKind.USER_TASK, at, f"e{eid}", [TextPart(text=text)])
+            run.add(
+                EntryKind.USER_TASK,
+                at,
+                f"e{eid}",
+                [TextPart(text=text)],
+                metadata=_auto_reply(text),
+            )
             return None
     summary.skipped[kind[:60]] += 1
     return None
+
+
+# OpenHands' evaluation harness answers in the user's place whenever the agent asks
+# (codeact_user_response: "Please continue working on the task on whatever approach you think is
+# suitable..."): a user message, but not the task
+_AUTO_REPLY = re.compile(r"^\s*Please continue working on the task\b", re.IGNORECASE)
+
+
+def _auto_reply(text: str) -> dict[str, str] | None:
+    """The USER_TASK metadata of a user message: the harness's automatic reply is marked."""
+    return {AUTO_REPLY_KEY: "true"} if _AUTO_REPLY.match(text) else None
 
 
 def _model_call(run: ImportedRun, response: dict[str, Any], at: Any, summary: Summary) -> None:

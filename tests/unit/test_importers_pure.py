@@ -649,3 +649,25 @@ def test_a_claude_code_interruption_notice_is_not_the_runs_goal() -> None:
     [memory] = [p for p in all_projections() if p.name == "working-memory"]
     state = fold_all(memory, run.entries)
     assert state is not None and state.task_goal == "mix phx.server doesnt seem to start"
+
+
+def test_an_openhands_harness_reply_is_not_the_runs_goal() -> None:
+    """Found trying the product (2026-12-07): OpenHands' evaluation harness answers in the
+    user's place ("Please continue working on the task on whatever approach you think is
+    suitable..."); that reply became the goal of all six ProntoQA runs (runs list, memory)."""
+    from projectors.base import fold_all
+    from projectors.registry import all_projections
+    from projectors.working_memory import AUTO_REPLY_KEY
+    from streams.importers.openhands import import_file
+    from tests.packs import SHARED
+
+    runs, _ = import_file(
+        SHARED / "samples2/openhands/pr1973-prontoqa-gpt-4o-v1.5-output.jsonl", "f"
+    )
+    [memory] = [p for p in all_projections() if p.name == "working-memory"]
+    for run in runs:
+        replies = [e for e in run.entries if e.metadata.get(AUTO_REPLY_KEY) == "true"]
+        assert replies and all("Please continue" in str(e.parts[0]) for e in replies)  # kept
+        state = fold_all(memory, run.entries)
+        assert state is not None
+        assert state.task_goal.startswith("You are a helpful assistant assigned with logic")
