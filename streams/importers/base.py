@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
 from schemas.factory import PROFILES
 from schemas.models import (
     Actor,
@@ -528,6 +529,30 @@ def model_id(provider: str, model: str) -> str:
     while len(parts) > 2 and parts[0] == parts[1]:
         parts = parts[1:]
     return "/".join(parts)
+
+
+_MODEL_OUTPUT = frozenset({EntryKind.ASSISTANT_RESPONSE, EntryKind.AGENT_THOUGHT_SUMMARY})
+
+
+def mark_unmetered(runs: Iterable[ImportedRun], summary: Summary) -> None:
+    """A run whose log shows model output but holds no model call keeps no usage: how many
+    calls it made is unknown (its RUN_STARTED says so), never 0. Found trying the product: a
+    log whose 46 calls were all refused by the ledger contract was shown as "no model calls"."""
+    for run in runs:
+        kinds = {e.kind for e in run.entries}
+        first = run.entries[0] if run.entries else None
+        if (
+            first is None
+            or first.kind is not EntryKind.RUN_STARTED
+            or EntryKind.MODEL_CALL in kinds
+            or not kinds & _MODEL_OUTPUT
+            or CALLS_KEY in first.metadata
+        ):
+            continue
+        run.entries[0] = first.model_copy(
+            update={"metadata": {**first.metadata, CALLS_KEY: CALLS_UNKNOWN}}
+        )
+        summary.calls_known = False
 
 
 @contextmanager

@@ -22,7 +22,13 @@ from infra.settings import Settings
 from schemas.errors import AgentLedgerError
 from schemas.models import EntryKind, LedgerEntry, ToolResultPart, validation_error
 from streams.artifacts import ArtifactStore, FileArtifactStore, move_part
-from streams.importers.base import MAX_SUMMARY_CHARS, ImportedRun, ImportFormatError, Summary
+from streams.importers.base import (
+    MAX_SUMMARY_CHARS,
+    ImportedRun,
+    ImportFormatError,
+    Summary,
+    mark_unmetered,
+)
 from streams.importers.verdicts import FORMAT as VERDICTS_FORMAT
 from streams.importers.verdicts import Judged, index_runs, match
 from streams.publisher import AsyncPublisher
@@ -123,6 +129,7 @@ def read_runs(importer: Importer, path: Path, fleet_id: str) -> FileImport:
         why = f"{path}: not importable as {importer.FORMAT} ({type(exc).__name__})"
     if why is not None:
         return FileImport(path, [], None, [], why)
+    mark_unmetered(runs, summary)
     return FileImport(path, runs, summary, [])
 
 
@@ -251,6 +258,7 @@ async def follow(
                 except ImportFormatError as exc:  # e.g. a JSON document still being written
                     report(path, None, [], str(exc))
                     continue
+                mark_unmetered(runs, summary)
                 elsewhere = fleets.clash(runs) if runs else ""
                 if elsewhere:  # (said once per change of the file, as any error here)
                     seen[path] = (stat.st_size, stat.st_mtime_ns, False)

@@ -363,14 +363,18 @@ def test_aider_counts_each_request_once_never_the_running_session_cost(imported:
     done = _cli(d, "costs", "--by", "run", "--fleet", FLEET, "--json")
     rows = {r["key"]: r for r in json.loads(done.stdout)["rows"]}
     mine = [rows[r] for r in by_file[AIDER]["run_ids"] if r in rows]
-    assert sum(r["calls"] for r in mine) == 204
+    assert sum(r["calls"] for r in mine if r["calls"] is not None) == 204
+    # a session with the model's replies but no Tokens line keeps no usage: calls unknown
+    # (found trying the product: such runs were shown as "no model calls"), never 0
+    assert all(r["calls"] != 0 for r in mine)
     reported = sum(
         Decimal(r["provider_reported_cost_usd"])
         for r in mine
         if r["provider_reported_cost_usd"] is not None  # None: no request of the run had a cost
     )
     assert reported == sum(Decimal(x) for x in requests)  # the request costs, not the session's
-    assert all(r["latency_calls"] == 0 for r in mine)  # not in the history: unknown, not 0
+    # not in the history: unknown, not 0 (every count of a session without usage is unknown)
+    assert all(r["latency_calls"] in (0, None) for r in mine)
 
 
 def test_the_timeline_shows_the_agents_own_run_totals(imported: Any) -> None:

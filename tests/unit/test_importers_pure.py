@@ -671,3 +671,36 @@ def test_an_openhands_harness_reply_is_not_the_runs_goal() -> None:
         state = fold_all(memory, run.entries)
         assert state is not None
         assert state.task_goal.startswith("You are a helpful assistant assigned with logic")
+
+
+def test_a_run_with_model_output_and_no_call_has_its_calls_unknown() -> None:
+    """Found trying the product: a log whose 46 calls were all refused by the ledger contract
+    (a secret in the response id) showed "no model calls". A run whose log shows the model's
+    output but holds no model call keeps no usage: its calls are unknown, never 0."""
+    from datetime import UTC, datetime
+
+    from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN
+    from schemas.factory import model_usage
+    from schemas.models import EntryKind, TextPart
+    from streams.importers.base import ImportedRun, Summary, mark_unmetered
+
+    at = datetime(2026, 12, 7, tzinfo=UTC)
+
+    def run(*kinds: EntryKind) -> ImportedRun:
+        r = ImportedRun(f"r-{len(kinds)}-{kinds[-1].value}", "f", "s", "test")
+        r.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
+        for n, kind in enumerate(kinds):
+            parts = [model_usage(f"resp-{n}")] if kind is EntryKind.MODEL_CALL else []
+            r.add(kind, at, f"e{n}", parts or [TextPart(text="text")])
+        return r
+
+    replied = run(EntryKind.USER_TASK, EntryKind.ASSISTANT_RESPONSE)
+    counted = run(EntryKind.ASSISTANT_RESPONSE, EntryKind.MODEL_CALL)
+    silent = run(EntryKind.USER_TASK)
+    summary = Summary("x")
+    mark_unmetered([replied, counted, silent], summary)
+    assert replied.entries[0].metadata[CALLS_KEY] == CALLS_UNKNOWN
+    assert (
+        CALLS_KEY not in counted.entries[0].metadata and CALLS_KEY not in silent.entries[0].metadata
+    )
+    assert summary.as_json()["calls"] is None
