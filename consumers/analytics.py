@@ -30,7 +30,13 @@ from projectors.cost_metrics import (
     known_sum,
     partly_unknown,
 )
-from projectors.diff_timelines import TIME_KEY, DiffTimeline, TimelineRow, with_all_rows
+from projectors.diff_timelines import (
+    TIME_KEY,
+    DiffTimeline,
+    TimelineRow,
+    untimed,
+    with_all_rows,
+)
 from projectors.failure_classifications import RunDiagnosis
 from projectors.pricing import usd_text
 from projectors.registry import projection
@@ -432,9 +438,9 @@ def assemble_timeline(
     detail = started.detail if started is not None else {}
     # an imported log that keeps no times: its entries' stand-in time is no fact to show
     time_note = detail.get(TIME_KEY)
-    untimed = isinstance(time_note, str) and time_note.startswith("unknown")
-    times = [] if untimed else [row.occurred_at for row in timeline.rows]
-    if untimed:
+    no_times = untimed(time_note)
+    times = [] if no_times else [row.occurred_at for row in timeline.rows]
+    if no_times:
         for doc in rows:
             doc["occurred_at"] = None
     return {
@@ -447,7 +453,7 @@ def assemble_timeline(
         "started_at": min(times).isoformat() if times else None,
         "last_at": max(times).isoformat() if times else None,
         "duration_s": (max(times) - min(times)).total_seconds() if times else None,
-        "time_unknown": time_note if untimed else None,
+        "time_unknown": time_note if no_times else None,
         "cost": _cost_header(cost),
         "failure": _failure_header(diagnosis),
         "diff": {

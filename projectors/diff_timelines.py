@@ -124,6 +124,13 @@ SCOPE_KEY = "scope"
 # RUN_STARTED metadata of an imported run whose log keeps no times ("unknown: ..."): its
 # entries carry a stand-in time (the file's modification time), never shown as the run's
 TIME_KEY = "import.time"
+
+
+def untimed(note: object) -> bool:
+    """Whether a RUN_STARTED's ``TIME_KEY`` note says the log keeps no times."""
+    return isinstance(note, str) and note.startswith("unknown")
+
+
 SUMMARY_CHARS = 100
 _SCOPE_SPLIT = re.compile(r"[,\s]+")
 # Worst first: the status a row with several verification parts shows.

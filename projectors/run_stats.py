@@ -7,6 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from projectors.base import ModelProjection, QuickCopy
+from projectors.diff_timelines import TIME_KEY, untimed
 from schemas.models import EntryKind, LedgerEntry, RunStatus
 
 
@@ -21,11 +22,16 @@ class RunStats(QuickCopy, BaseModel):
     last_at: datetime | None = None
     by_kind: dict[str, int] = {}
     status: str | None = None
+    # the run's log keeps no times (its RUN_STARTED says import.time: unknown...): its entries
+    # carry a stand-in time (a file's modification time), so first_at and last_at are unknown
+    time_unknown: bool = False
 
 
 class RunStatsProjection(ModelProjection[RunStats]):
     name = "run-stats"
-    version = 1
+    # 2: a run whose log keeps no times has no first_at and last_at (the runs list's times),
+    # not its stand-in time (a file's modification time, the moment of the import)
+    version = 2
     hot = True
     state_type = RunStats
     keeps_entry_ids = True  # the engine's guard against conflicting duplicates
@@ -46,15 +52,21 @@ class RunStatsProjection(ModelProjection[RunStats]):
             if kind is _FINISHED and entry.run_status is not None
             else state.status
         )
+        no_times = state.time_unknown or (
+            kind is _STARTED and untimed(entry.metadata.get(TIME_KEY))
+        )
+        first_at = None if no_times else state.first_at or entry.occurred_at
+        last_at = None if no_times else entry.occurred_at
         if type(state) is not RunStats:  # a subclass (a later version) keeps its own fields
             return state.model_copy(
                 update={
                     "entries": state.entries + 1,
                     "last_sequence_no": entry.sequence_no,
-                    "first_at": state.first_at or entry.occurred_at,
-                    "last_at": entry.occurred_at,
+                    "first_at": first_at,
+                    "last_at": last_at,
                     "by_kind": by_kind,
                     "status": status,
+                    "time_unknown": no_times,
                 }
             )
         return RunStats.made(
@@ -62,14 +74,16 @@ class RunStatsProjection(ModelProjection[RunStats]):
             fleet_id=state.fleet_id,
             entries=state.entries + 1,
             last_sequence_no=entry.sequence_no,
-            first_at=state.first_at or entry.occurred_at,
-            last_at=entry.occurred_at,
+            first_at=first_at,
+            last_at=last_at,
             by_kind=by_kind,
             status=status,
+            time_unknown=no_times,
         )
 
 
 # Each member's text (``.value`` costs ~5x a look-up).
 _KIND = {k: k.value for k in EntryKind}
 _FINISHED = EntryKind.RUN_FINISHED  # a global: an enum class's attribute costs ~2x
+_STARTED = EntryKind.RUN_STARTED
 _STATUS = {s: s.value for s in RunStatus}

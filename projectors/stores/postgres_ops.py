@@ -1018,15 +1018,18 @@ async def dismiss(
 
 def live_run_ends(
     conn: psycopg.Connection[Any], fleet: str | None = None
-) -> dict[str, tuple[str, datetime]]:
+) -> dict[str, tuple[str, datetime | None]]:
     """Every run of the live run-stats build (of ``fleet`` if given): its fleet and the time of
-    its last entry."""
+    its last entry (None: the run's log keeps no times)."""
     rows = conn.execute(
         f"SELECT s.run_id, s.fleet_id, coalesce(s.head, s.state) ->> 'last_at' FROM {LIVE_STATE} "
         "WHERE s.projection = 'run-stats' AND (%(fleet)s::text IS NULL OR s.fleet_id = %(fleet)s)",
         {"fleet": fleet},
     ).fetchall()
-    return {str(run): (str(f), datetime.fromisoformat(at)) for run, f, at in rows if at is not None}
+    return {
+        str(run): (str(f), None if at is None else datetime.fromisoformat(at))
+        for run, f, at in rows
+    }
 
 
 def live_run_fleets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> dict[str, str]:

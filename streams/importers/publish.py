@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -326,7 +327,9 @@ async def send_verdicts(
             run = ImportedRun(run_id, fleet_id, j.candidates[0], VERDICTS_FORMAT)
             entry = run.add(
                 EntryKind.VERIFIER_RESULT,
-                last_at,
+                # the run's last time, or (a run whose log keeps no times) now: either way a
+                # stand-in, which the entry's metadata says
+                last_at or datetime.now(UTC),
                 j.verdict.source_id(),
                 j.verdict.parts(),
                 metadata={"import.time": "unknown: the report keeps no time; the run's last"},

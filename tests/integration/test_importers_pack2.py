@@ -233,6 +233,10 @@ def test_swe_agent_reports_its_own_totals_and_no_call_as_zero(pack2: Any, name: 
     assert row["reported_output_tokens"] == stats["tokens_received"]
     assert row["provider_reported_cost_usd"] is None and row["cost_usd"] is None  # not $0
     assert row["calls"] is None  # no per-call usage: how many calls is unknown, not 0
+    done = _cli(d, "runs", "--fleet", FLEET, "--limit", "500", "--json")
+    [listed] = [r for r in json.loads(done.stdout) if r["run_id"] == _run_of(by_file, name)]
+    # no times in the log: none in the list either (not the moment of the import)
+    assert (listed["first_at"], listed["last_at"]) == (None, None), listed
 
 
 def test_unknown_usage_stays_unknown(pack2: Any) -> None:

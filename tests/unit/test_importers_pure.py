@@ -690,8 +690,10 @@ def test_a_run_with_model_output_and_no_call_has_its_calls_unknown() -> None:
         r = ImportedRun(f"r-{len(kinds)}-{kinds[-1].value}", "f", "s", "test")
         r.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")])
         for n, kind in enumerate(kinds):
-            parts = [model_usage(f"resp-{n}")] if kind is EntryKind.MODEL_CALL else []
-            r.add(kind, at, f"e{n}", parts or [TextPart(text="text")])
+            usage = model_usage(f"resp-{n}")
+            r.add(
+                kind, at, f"e{n}", [usage if kind is EntryKind.MODEL_CALL else TextPart(text="x")]
+            )
         return r
 
     replied = run(EntryKind.USER_TASK, EntryKind.ASSISTANT_RESPONSE)

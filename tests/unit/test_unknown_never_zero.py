@@ -324,3 +324,24 @@ def test_a_swe_agent_run_has_its_calls_unknown_beside_its_agents_totals() -> Non
     header = _cost_header(state)
     assert header is not None and header["calls"] is None and header["cost_usd"] is None
     assert header["reported_totals"]["calls"] == 22
+
+
+def test_a_run_whose_log_keeps_no_times_has_no_times_in_the_runs_list() -> None:
+    """Found trying the product: the runs list (CLI, API, MCP, the web page) gave a SWE-agent
+    run the moment of its import as its first and last entry, sorted and filtered by it, while
+    its header said the times were unknown. run-stats 2 keeps them unknown (None)."""
+    from projectors.base import fold_all
+    from projectors.run_stats import RunStatsProjection
+    from streams.importers import FORMATS
+    from tests.packs import SHARED
+
+    [path] = (SHARED / "samples2/swe-agent").glob("swesmith-1.0.1-pydantic*.traj")
+    [run], _ = FORMATS["swe-agent"].import_file(path, "f")
+    state = fold_all(RunStatsProjection(), run.entries)
+    assert state is not None and state.time_unknown
+    assert (state.first_at, state.last_at) == (None, None) and state.entries == len(run.entries)
+    [timed] = FORMATS["claude-code"].import_file(
+        SHARED / "samples/claude-code/spotter-short.jsonl", "f"
+    )[0]
+    state = fold_all(RunStatsProjection(), timed.entries)
+    assert state is not None and not state.time_unknown and state.first_at is not None
