@@ -26,6 +26,7 @@ from projectors.cost_metrics import (
     FIGURE_FIELDS,
     CallCounts,
     CostMetrics,
+    calls_unknown,
     counts_unknown,
     known_sum,
     partly_unknown,
@@ -604,7 +605,7 @@ def _cost_header(cost: CostMetrics | None) -> dict[str, Any] | None:
     }
     shown = doc | known_figures(t, doc)
     # the log keeps no usage: how many calls is unknown
-    return counts_unknown(shown) if cost.calls_unknown and not t.calls else shown
+    return counts_unknown(shown) if calls_unknown(cost.calls_unknown, t.calls) else shown
 
 
 def _failure_header(diagnosis: RunDiagnosis | None) -> dict[str, Any] | None:

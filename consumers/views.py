@@ -7,7 +7,13 @@ from typing import Any
 
 from infra.settings import Settings
 from projectors import registry
-from projectors.cost_metrics import CostTotals, counts_unknown, known_sum, partly_unknown
+from projectors.cost_metrics import (
+    CostTotals,
+    calls_unknown,
+    counts_unknown,
+    known_sum,
+    partly_unknown,
+)
 from projectors.stores import postgres_ops as ops
 from projectors.stores.postgres import current_documents
 from schemas.errors import BadArgumentError, NotFoundError
@@ -35,7 +41,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
             usage_unknown_calls=row["usage_unknown_calls"],
             reported_calls=row["reported_calls"],
         )
-    unmetered = row.pop("calls_unknown") and not counts.calls
+    unmetered = calls_unknown(row.pop("calls_unknown"), counts.calls)
     run = {k: v for k, v in row.items() if k != "reported_calls"}
     run["cost_usd"] = known_sum(counts, "cost", priced)
     run["cost_partly_unknown"] = "cost" in partly_unknown(counts)

@@ -604,6 +604,13 @@ def known_sum(counts: CallCounts, figure: Figure, total: _T) -> _T | None:
     return total if counts.calls > unknown_calls(counts, figure) else None
 
 
+def calls_unknown(flag: object, calls: object) -> bool:
+    """Whether a run's calls are unknown: its log keeps no usage (the state's ``calls_unknown``,
+    from RUN_STARTED) and no call was counted. The one rule every reader applies (the SQL of
+    ``postgres_ops.runs_calls_unknown`` says the same)."""
+    return bool(flag) and not calls
+
+
 def counts_unknown(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (a cost row, a run's header or list row) of a run whose calls are unknown (its
     log keeps no usage): every count of calls it has (:data:`CALL_COUNTS`) None, never 0."""
@@ -619,7 +626,7 @@ def shown_state(state: Mapping[str, Any]) -> dict[str, Any]:
     totals = state.get("totals")
     if isinstance(totals, Mapping):
         shown = _shown_totals(totals)
-        unmetered = state.get("calls_unknown") and not shown.get("calls")
+        unmetered = calls_unknown(state.get("calls_unknown"), shown.get("calls"))
         doc["totals"] = counts_unknown(shown) if unmetered else shown
     for key in ("by_model", "by_purpose"):
         groups = state.get(key)

@@ -361,6 +361,10 @@ def import_cmd(
             calls and shown_in is None and shown_out is None
         )
         bounds = partly_unknown(counts)
+        # runs that keep no usage beside runs that do: the file's sums leave them out
+        left_out = bool(summary.runs_unmetered and summary.calls_known)
+        if left_out:
+            bounds = [*bounds, "input_tokens", "output_tokens", "cost"]
         report = summary.as_json() | {
             # priced as the projection will (None: no call, or none could be priced; never $0)
             # (a lower bound when some calls are unpriced or of unknown usage)
@@ -372,9 +376,10 @@ def import_cmd(
                 "provider_reported_cost",
                 usd_text(counts.provider_reported_cost_usd),
             ),
-            "partly_unknown": [
-                name for figure in partly_unknown(counts) for name in FIGURE_FIELDS[figure]
-            ],
+            "partly_unknown": sorted(
+                {name for figure in bounds for name in FIGURE_FIELDS[figure]}
+                | ({"calls"} if left_out else set())
+            ),
             "fleet_id": fleet_id,
             "published": sum(s.sent for s in sent),
             "already_on_ledger": sum(s.already for s in sent),
@@ -394,8 +399,14 @@ def import_cmd(
                 f"({report['published']} published, {report['already_on_ledger']} already on "
                 f"the ledger), "
                 + (
-                    f"{summary.calls} model calls ({summary.duplicate_reports} repeated usage "
-                    "reports not counted), "
+                    f"{'>= ' if left_out else ''}{summary.calls} model calls "
+                    f"({summary.duplicate_reports} repeated usage reports not counted"
+                    + (
+                        f"; {summary.runs_unmetered} runs keep no usage: calls unknown"
+                        if left_out
+                        else ""
+                    )
+                    + "), "
                     if summary.calls_known
                     else "model calls unknown (the log keeps no per-call usage), "
                 )
@@ -410,7 +421,7 @@ def import_cmd(
                 )
                 + ", cost "
                 + (
-                    (">= " if unpriced + unmetered else "") + f"${report['cost_usd']}"
+                    (">= " if unpriced + unmetered or left_out else "") + f"${report['cost_usd']}"
                     if report["cost_usd"] is not None
                     else ("unpriced" if unpriced else "unknown")
                     if calls

@@ -25,6 +25,12 @@ from typing import Any, NoReturn
 
 import faust
 import psycopg
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    NodeNotReadyError,
+    RequestTimedOutError,
+)
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode import Service
@@ -223,6 +229,19 @@ def _write_exit_file(reason: str) -> None:
     if path:
         with contextlib.suppress(OSError):
             Path(path).write_text(reason + "\n")
+
+
+def _silent(exc: BaseException) -> bool:
+    """Whether a Kafka request's failure means no answer (not a refusal the broker sent)."""
+    return isinstance(
+        exc,
+        KafkaConnectionError
+        | NodeNotReadyError
+        | KafkaTimeoutError
+        | RequestTimedOutError
+        | TimeoutError
+        | OSError,
+    )
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -446,8 +465,10 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
             return
         try:
             names = await lister.names()
-        except Exception:
+        except Exception as exc:
             logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
+            if not _silent(exc):  # Kafka answered, with a refusal: it is there
+                health.answered(KAFKA)
             return
         health.answered(KAFKA)
         new = sorted(
@@ -478,7 +499,12 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         lag = health.lag(highwater)
         now = time.monotonic()
         why = stall(health, lag, settings.worker_stall_s, now)
-        why = why or out_of_touch(health, settings.worker_stall_s, now)
+        # (at least three of the timers that note answers, however they are set)
+        silence_s = max(
+            settings.worker_stall_s,
+            3 * max(settings.worker_fleet_scan_s, settings.worker_health_s),
+        )
+        why = why or out_of_touch(health, silence_s, now)
         if why is not None:
             _exit(EXIT_STALLED, f"stalled: {why}")
         if engine.telemetry.enabled:
@@ -502,6 +528,8 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
             health.answered(POSTGRESQL)
         except Exception as exc:  # health is reported, never a reason to stop applying
             logger.warning("writing the health row failed (%s); trying again", _describe(exc))
+            if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError):
+                health.answered(POSTGRESQL)  # it answered, with an error: it is there
             for conn in health_conn:
                 with contextlib.suppress(Exception):
                     await conn.close()

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from consumers.subscribe import Subscriber
 from infra.settings import Settings
-from projectors.cost_metrics import known_sum
+from projectors.cost_metrics import calls_unknown, known_sum
 from schemas.changes import ProjectionChange
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
@@ -71,7 +71,7 @@ def mirror_row(change: ProjectionChange) -> tuple[Any, ...]:
         int(totals.get("usage_partial_calls", 0)),
     )
     # a run whose log keeps no usage: how many calls it made is unknown (NULL), never 0
-    unmetered = bool(state.get("calls_unknown")) and not counts.calls
+    unmetered = calls_unknown(state.get("calls_unknown"), counts.calls)
     return (
         change.run_id,
         change.fleet_id,

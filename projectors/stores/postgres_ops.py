@@ -354,7 +354,8 @@ def runs_calls_unknown(
     """``(run_id, fleet_id)`` of the runs of the live cost-metrics build whose log keeps no
     usage at all (no counted call; how many calls they made is unknown: they have no row in
     al_cost_calls), by run id; ``since``: only those whose last entry is at or after it (their
-    calls' times are unknown, so any run still going then)."""
+    calls' times are unknown, so any run still going then), and those whose times are unknown
+    (run-stats' time_unknown: they may be in the window)."""
     rows = conn.execute(
         f"SELECT DISTINCT s.run_id, s.fleet_id FROM {LIVE_STATE} "
         "WHERE s.projection = 'cost-metrics' "
@@ -365,7 +366,7 @@ def runs_calls_unknown(
         "AND (%(since)s::timestamptz IS NULL OR EXISTS (SELECT 1 FROM al_run_list r "
         "WHERE r.run_id = s.run_id AND r.build = "
         + _LIVE.format("run-stats")
-        + " AND r.last_at >= %(since)s)) ORDER BY s.run_id",
+        + " AND (r.last_at >= %(since)s OR r.last_at IS NULL))) ORDER BY s.run_id",
         {"fleet": fleet, "since": since, "runs": None if run_ids is None else list(run_ids)},
     ).fetchall()
     return [(str(r[0]), str(r[1])) for r in rows]

@@ -79,6 +79,9 @@ class Summary:
     # the tokens are the run's totals as its agent reported them (SWE-agent's model_stats), not
     # summed from calls: shown although the calls are unknown
     tokens_reported: bool = False
+    # runs whose log shows the model's replies but keeps no usage (mark_unmetered): the file's
+    # calls, tokens and cost leave them out (lower bounds), or are unknown when no call is known
+    runs_unmetered: int = 0
     duplicate_reports: int = 0  # usage reports of a call already counted (the format's trap)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -105,6 +108,7 @@ class Summary:
             "reported_cost_usd": self.reported_cost_usd,
             "skipped": dict(sorted(self.skipped.items())),
             "unmapped": self.unmapped,
+            "runs_calls_unknown": self.runs_unmetered,
             "notes": self.notes,
         }
 
@@ -552,6 +556,8 @@ def mark_unmetered(runs: Iterable[ImportedRun], summary: Summary) -> None:
         run.entries[0] = first.model_copy(
             update={"metadata": {**first.metadata, CALLS_KEY: CALLS_UNKNOWN}}
         )
+        summary.runs_unmetered += 1
+    if summary.runs_unmetered and not summary.calls:  # no call of the file is known
         summary.calls_known = False
 
 

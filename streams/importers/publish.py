@@ -325,14 +325,15 @@ async def send_verdicts(
                 continue
             fleet_id, last_at = runs[run_id]
             run = ImportedRun(run_id, fleet_id, j.candidates[0], VERDICTS_FORMAT)
+            # the run's last time, or (a run whose log keeps no times) now: either way a
+            # stand-in, which the entry's metadata says
+            stand_in = "the run's last" if last_at is not None else "the time of the import"
             entry = run.add(
                 EntryKind.VERIFIER_RESULT,
-                # the run's last time, or (a run whose log keeps no times) now: either way a
-                # stand-in, which the entry's metadata says
                 last_at or datetime.now(UTC),
                 j.verdict.source_id(),
                 j.verdict.parts(),
-                metadata={"import.time": "unknown: the report keeps no time; the run's last"},
+                metadata={"import.time": f"unknown: the report keeps no time; {stand_in}"},
             )
             fresh = entry.entry_id not in todo and not ops.run_holds_entry(
                 conn, run_id, entry.entry_id

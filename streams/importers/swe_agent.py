@@ -388,7 +388,7 @@ class SweAgent(FileImporter):
         # no per-call usage: how many calls (and their tokens and cost) is unknown, never 0; the
         # agent's own run totals (model_stats) are sent at the end, beside them
         about[CALLS_KEY] = CALLS_UNKNOWN
-        summary.calls_known, summary.tokens_reported = False, True
+        summary.calls_known = False
         run.add(EntryKind.RUN_STARTED, at, "start", [TextPart(text="run imported")], metadata=about)
         listed = doc.get("history")
         history = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
@@ -435,8 +435,10 @@ class SweAgent(FileImporter):
                 )
         _finish(run, doc["info"], at, summary)
         stats = obj(doc["info"].get("model_stats"))
-        summary.input_tokens = count(stats.get("tokens_sent")) or 0
-        summary.output_tokens = count(stats.get("tokens_received")) or 0
+        sent, received = count(stats.get("tokens_sent")), count(stats.get("tokens_received"))
+        # the agent's own run totals, shown only when it reported both (else: unknown, never 0)
+        summary.tokens_reported = sent is not None and received is not None
+        summary.input_tokens, summary.output_tokens = sent or 0, received or 0
         summary.runs, summary.entries = 1, len(run.entries)
         return [run], summary
 

@@ -705,4 +705,8 @@ def test_a_run_with_model_output_and_no_call_has_its_calls_unknown() -> None:
     assert (
         CALLS_KEY not in counted.entries[0].metadata and CALLS_KEY not in silent.entries[0].metadata
     )
-    assert summary.as_json()["calls"] is None
+    assert summary.as_json()["calls"] is None  # no call of the file known
+    # a file whose other runs have known calls keeps them known (its sums are lower bounds)
+    mixed = Summary("y", calls=3)
+    mark_unmetered([run(EntryKind.ASSISTANT_RESPONSE)], mixed)
+    assert mixed.as_json()["calls"] == 3 and mixed.as_json()["runs_calls_unknown"] == 1

@@ -229,6 +229,8 @@ FOUND = [
     # found trying the product: an id with a 0, 1, 8 or 9 beside its own name passed whole
     ("aws-access-key-id-named", "export AWS_ACCESS_KEY_ID=AKIAUJZDE8GXD6NCF10E"),
     ("aws-access-key-id-named", '"AccessKeyId": "ASIAEKCTBR4Y1Z2IXGCI"'),
+    ("aws-access-key-id-named", "aws-access-key-id: AKIA0123456789ABCD89"),  # a workflow's input
+    ("aws-access-key-id-named", "aws_access_key_id = AKIA00000000ABCD1234"),
 ]
 
 LEFT = [
@@ -348,6 +350,7 @@ LEFT = [
     '<string name="app_key_label">Your API key</string> <string name="token">@string/x2</string>',
     "api_org_settings and api_live_reload",
     "aws_access_key_id = AKIAIOSFODNN7EXAMPLE",  # AWS's documentation example
+    "aws_access_key_id = AKIAXXXXXXXXXXXXXXXX",  # a placeholder
     "aws_access_key_id: ${AWS_KEY} or access_key_id=my-key",
 ]
 
