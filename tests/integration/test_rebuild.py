@@ -356,9 +356,9 @@ class RunStatsV2(RunStats):
 
 
 class RunStatsProjectionV2(RunStatsProjection):
-    """v2 of run-stats: it also reports the run's cost center, a v2 field."""
+    """The next version of run-stats: it also reports the run's cost center, a v2 field."""
 
-    version = 2
+    version = RunStatsProjection.version + 1
     state_type = RunStatsV2
 
     def initial(self, entry: LedgerEntry) -> RunStatsV2:
@@ -400,7 +400,7 @@ def test_drill_1_schema_change_rebuild_shows_v2_behaviour_for_v1_entries(
     assert live_state(d.settings, "run-stats", runs[0][0].run_id)["state"]["cost_center"] == (
         "unassigned"
     )
-    assert build.startswith("v2-")
+    assert build.startswith(f"v{RunStatsProjectionV2.version}-")
     # A worker still running v1 of run-stats refuses to write the v2 build.
     with pytest.raises(BuildVersionError, match="rebuild run-stats --swap"):
         live_targets(d.settings.pg_address)
