@@ -24,10 +24,10 @@ from infra.settings import Settings
 from projectors.cost_metrics import (
     CALL_COUNTS,
     FIGURE_FIELDS,
-    CallCounts,
     CostMetrics,
     calls_unknown,
     counts_unknown,
+    known_figures,
     known_sum,
     partly_unknown,
 )
@@ -146,21 +146,6 @@ class CostRow:
             if not self.calls:  # no call known at all: how many is unknown
                 return counts_unknown(shown)
         return shown
-
-
-def known_figures(counts: CallCounts, doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The sums of ``doc`` (a cost row or header) as shown: unknown never zero (None when no
-    call has the figure, see :func:`projectors.cost_metrics.known_sum`), and ``partly_unknown``
-    naming the figures whose sums are lower bounds (some calls lack them)."""
-    shown: dict[str, Any] = {
-        name: known_sum(counts, figure, doc[name])
-        for figure, names in FIGURE_FIELDS.items()
-        for name in names
-    }
-    shown["partly_unknown"] = [
-        name for figure in partly_unknown(counts) for name in FIGURE_FIELDS[figure]
-    ]
-    return shown
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def _print_cost_header(console: Console, cost: dict[str, Any] | None, status: st
 
 def figure(doc: dict[str, Any], name: str, fmt: Callable[[Any], str]) -> str:
     """One figure of a document that follows the unknown-is-never-zero rule
-    (:func:`consumers.analytics.known_figures`): "unknown" when None, ``>= `` before a lower
+    (:func:`projectors.cost_metrics.known_figures`): "unknown" when None, ``>= `` before a lower
     bound (named in ``partly_unknown``)."""
     return bounded(doc.get(name), fmt, name in doc.get("partly_unknown", ()))
 

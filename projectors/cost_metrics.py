@@ -636,13 +636,22 @@ def shown_state(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _shown_totals(totals: Mapping[str, Any]) -> dict[str, Any]:
-    counts = CostTotals.model_validate(totals)
-    doc = dict(totals)
-    for figure, names in FIGURE_FIELDS.items():
-        for name in names:
-            doc[name] = known_sum(counts, figure, totals.get(name))
-    doc["partly_unknown"] = [n for f in partly_unknown(counts) for n in FIGURE_FIELDS[f]]
-    return doc
+    return dict(totals) | known_figures(CostTotals.model_validate(totals), totals)
+
+
+def known_figures(counts: CallCounts, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The sums of ``doc`` (a cost row, a run's header, stored totals) as shown: unknown never
+    zero (None when no call has the figure, see :func:`known_sum`), and ``partly_unknown``
+    naming the figures whose sums are lower bounds (some calls lack them)."""
+    shown: dict[str, Any] = {
+        name: known_sum(counts, figure, doc.get(name))
+        for figure, names in FIGURE_FIELDS.items()
+        for name in names
+    }
+    shown["partly_unknown"] = [
+        name for figure in partly_unknown(counts) for name in FIGURE_FIELDS[figure]
+    ]
+    return shown
 
 
 def partly_unknown(counts: CallCounts) -> list[Figure]:

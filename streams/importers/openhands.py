@@ -389,13 +389,7 @@ def _run(
             if action == "message" and event.get("source") == "user":
                 text = str(obj(event.get("args")).get("content") or event.get("message") or "")
                 if text.strip():
-                    run.add(
-                        EntryKind.USER_TASK,
-                        at,
-                        f"e{eid}",
-                        [TextPart(text=text)],
-                        metadata=_auto_reply(text),
-                    )
+                    _user_message(run, at, f"e{eid}", text)
             elif action == "finish":
                 text = str(event.get("message") or "")
                 if text.strip():
@@ -599,13 +593,7 @@ def _v1_event(
             else str(content or "")
         )
         if text.strip():
-            run.add(
-                EntryKind.USER_TASK,
-                at,
-                f"e{eid}",
-                [TextPart(text=text)],
-                metadata=_auto_reply(text),
-            )
+            _user_message(run, at, f"e{eid}", text)
             return None
     summary.skipped[kind[:60]] += 1
     return None
@@ -617,9 +605,10 @@ def _v1_event(
 _AUTO_REPLY = re.compile(r"^\s*Please continue working on the task\b", re.IGNORECASE)
 
 
-def _auto_reply(text: str) -> dict[str, str] | None:
-    """The USER_TASK metadata of a user message: the harness's automatic reply is marked."""
-    return {AUTO_REPLY_KEY: "true"} if _AUTO_REPLY.match(text) else None
+def _user_message(run: ImportedRun, at: Any, source_id: str, text: str) -> None:
+    """A user message as a USER_TASK; the harness's automatic reply is marked (not the goal)."""
+    meta = {AUTO_REPLY_KEY: "true"} if _AUTO_REPLY.match(text) else None
+    run.add(EntryKind.USER_TASK, at, source_id, [TextPart(text=text)], metadata=meta)
 
 
 def _model_call(run: ImportedRun, response: dict[str, Any], at: Any, summary: Summary) -> None:
