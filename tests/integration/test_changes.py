@@ -291,7 +291,6 @@ def test_a_live_subscriber_sees_each_change_once_in_order_while_the_worker_is_ki
         done.set()
         d.stop_worker(worker)
     follower.join(60)
-    assert kills == 5
     # publishing after the last change stops the follower at its next batch
     states = [c for c in seen if c.kind == "STATE"]
     ids = [c.change_id for c in states]
