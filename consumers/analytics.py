@@ -206,12 +206,15 @@ def cost_report(
 
 def failure_days(
     settings: Settings, fleet: str | None = None, since: datetime | None = None
-) -> list[dict[str, Any]]:
-    """Runs by the day of their last entry (UTC) and failure class: ``{"day", "failure_class",
-    "runs"}`` by day then class."""
+) -> dict[str, Any]:
+    """Runs by the day of their last entry (UTC) and failure class: ``{"days": [{"day",
+    "failure_class", "runs"}], "runs_left_out"}``, by day then class; a run whose times are
+    unknown has no day, so it is counted apart (``runs_left_out``), never dropped unsaid."""
     with _connect(settings) as conn:
         found = ops.failure_days(conn, fleet, since)
-    return [{"day": d, "failure_class": c, "runs": n} for d, c, n in found]
+        left_out = ops.failures_untimed(conn, fleet, None)
+    days = [{"day": d, "failure_class": c, "runs": n} for d, c, n in found]
+    return {"days": days, "runs_left_out": left_out}
 
 
 def _budgets(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -276,6 +279,7 @@ class FailureReport:
     stalled_after_minutes: float
     rows: list[FailureCount]
     total: FailureCount
+    runs_left_out: int = 0  # with a window: runs whose times are unknown (they may be in it)
 
     @property
     def by_class(self) -> dict[str, int]:
@@ -290,6 +294,7 @@ class FailureReport:
             "rows": [asdict(r) for r in self.rows],
             "by_class": self.by_class,
             "total": asdict(self.total),
+            "runs_left_out": self.runs_left_out,
         }
 
 
@@ -304,9 +309,10 @@ def failure_report(
     last entry is at or after it)."""
     with _connect(settings) as conn:
         found = ops.failure_rollup(conn, fleet, since, run_ids, _minutes(stalled_after_minutes))
+        left_out = 0 if since is None else ops.failures_untimed(conn, fleet, run_ids)
     rows = [FailureCount(*r[:7]) for r in found if not r[-1]]
     total = next(FailureCount("total", "total", *r[2:7]) for r in found if r[-1])
-    return FailureReport(stalled_after_minutes, rows, total)
+    return FailureReport(stalled_after_minutes, rows, total, left_out)
 
 
 def _minutes(minutes: float) -> timedelta:

@@ -310,8 +310,9 @@ def failures(
 
 def failures_by_day(
     settings: Settings, fleet: str | None = None, since: datetime | None = None
-) -> list[dict[str, Any]]:
-    """Failure classes over time: runs by the day of their last entry and class."""
+) -> dict[str, Any]:
+    """Failure classes over time: runs by the day of their last entry and class (``days``),
+    and how many runs have no entry time (``runs_left_out``)."""
     return failure_days(settings, fleet, since)
 
 

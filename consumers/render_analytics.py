@@ -392,6 +392,11 @@ def print_failures(console: Console, report: FailureReport) -> None:
         f"final: finished runs; provisional: unfinished; stalled: unfinished and not written "
         f"for {report.stalled_after_minutes:g} minutes"
     )
+    if report.runs_left_out:
+        console.print(
+            f"[yellow]{report.runs_left_out} runs whose times are unknown are not counted "
+            "(they may be in the window)[/]"
+        )
 
 
 _COUNTS = ("final", "provisional", "stalled", "repair_loops", "runs")

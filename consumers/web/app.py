@@ -340,10 +340,11 @@ def create_app(
     @app.get("/api/v1/failures/days")
     def api_failure_days(who: Who, fleet: str | None = None, since: str | None = None) -> Any:
         """Failure classes over time: one fleet's runs by the day of their last entry (UTC)
-        and failure class, ``{"days": [{"day", "failure_class", "runs"}]}``."""
+        and failure class, ``{"days": [{"day", "failure_class", "runs"}], "runs_left_out"}``
+        (runs whose times are unknown have no day)."""
         chosen = one_fleet(who, fleet)
         when = found(lambda: queries.moment("since", since))
-        return {"days": queries.failures_by_day(settings, chosen, when)}
+        return queries.failures_by_day(settings, chosen, when)
 
     @app.get("/api/v1/dead-letters")
     def api_dead_letters(who: Who, fleet: str | None = None) -> Any:
@@ -559,9 +560,10 @@ def create_app(
                 [(*r["key"].split(" ", 1), r["cost_usd"]) for r in by_day_model["rows"]]
             ),
             class_days=stacked(
-                [(r["day"], r["failure_class"], r["runs"]) for r in class_days], "count"
+                [(r["day"], r["failure_class"], r["runs"]) for r in class_days["days"]], "count"
             ),
-            class_day_rows=class_days,
+            class_day_rows=class_days["days"],
+            class_days_left_out=class_days["runs_left_out"],
             by_model=queries.costs(settings, "model", chosen, when),
             failures=queries.failures(settings, chosen, when),
             over_budget=[r for r in by_run["rows"] if r["over_budget"]],

@@ -397,6 +397,19 @@ def failure_rollup(
     return list(conn.execute(sql.SQL(_FAILURES).format(where=where), params).fetchall())
 
 
+def failures_untimed(
+    conn: psycopg.Connection[Any], fleet: str | None, run_ids: Sequence[str] | None
+) -> int:
+    """How many runs of the live failure-classifications build have no entry time (run-stats'
+    time_unknown): a window of time can neither hold nor leave them out."""
+    clauses: list[sql.Composable] = [sql.SQL("last_at IS NULL")]
+    params: dict[str, Any] = {}
+    _common(clauses, params, fleet, None, run_ids, "last_at")
+    query = sql.SQL("SELECT count(*) FROM al_failures {}").format(_where(clauses))
+    row = conn.execute(query, params).fetchone()
+    return int(row[0]) if row else 0
+
+
 def failure_days(
     conn: psycopg.Connection[Any], fleet: str | None, since: datetime | None
 ) -> list[tuple[str, str, int]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from consumers import queries
 from consumers.views import live_states
 from infra.settings import Settings
 from streams.deployment import PrivateDeployment
@@ -430,3 +431,25 @@ def test_the_cli_and_the_api_agree_on_every_figure_of_the_samples(pack2: Any) ->
     compared, differ = cli_and_api_disagree(d.settings, FLEET)
     assert compared == len({r for rep in by_file.values() for r in rep["run_ids"]})
     assert differ == []
+
+
+def test_failures_in_a_window_count_the_runs_whose_times_are_unknown_apart(pack2: Any) -> None:
+    """SWE-agent logs keep no times: a window can neither hold nor leave out such a run, so
+    ``failures --since`` says how many it did not count (it dropped them unsaid), and the
+    failure classes by day count those with no day apart."""
+    d, _, _ = pack2
+    listed = json.loads(_cli(d, "runs", "--fleet", FLEET, "--limit", "500", "--json").stdout)
+    untimed = sum(1 for r in listed if r["last_at"] is None)
+    assert untimed >= 4  # the four SWE-agent trajectories at least
+    whole = json.loads(_cli(d, "failures", "--fleet", FLEET, "--json").stdout)
+    assert whole["runs_left_out"] == 0 and whole["total"]["runs"] == len(listed)
+    since = json.loads(
+        _cli(d, "failures", "--fleet", FLEET, "--since", "2000-01-01", "--json").stdout
+    )
+    assert since["runs_left_out"] == untimed
+    assert since["total"]["runs"] == len(listed) - untimed
+    text = _cli(d, "failures", "--fleet", FLEET, "--since", "2000-01-01").stdout
+    assert f"{untimed} runs whose times are unknown are not counted" in text
+    days = queries.failures_by_day(d.settings, FLEET, None)
+    assert days["runs_left_out"] == untimed
+    assert sum(r["runs"] for r in days["days"]) == len(listed) - untimed
