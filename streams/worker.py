@@ -649,6 +649,17 @@ class RepeatFilter(logging.Filter):
             record.msg = f"{record.msg} (and {held} more like it in the {self.window_s:g}s before)"
         return True
 
+    def held_back(self, now: float) -> list[tuple[str, str, int]]:
+        """``(logger, message format, count)`` of the kinds whose window has ended with records
+        held back and none let through since: a burst that stops would otherwise never say how
+        many it held. Each count is given once."""
+        out: list[tuple[str, str, int]] = []
+        for key, (since, held) in list(self._seen.items()):
+            if held and now - since >= self.window_s:
+                out.append((key[0], str(key[1]), held))
+                self._seen[key] = (since, 0)
+        return out
+
 
 # the loggers of the Kafka client, whose connection errors repeat in a tight loop
 KAFKA_LOGGERS = (
@@ -678,6 +689,14 @@ def execute(app: faust.App, loglevel: str, stop_timeout_s: float, watchdog_s: fl
     @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def heartbeat() -> None:
         WATCHDOG.beat()
+        for name, kind, count in repeats.held_back(time.time()):
+            logger.warning(
+                "%s: %d more records like %r were held back in the %gs before",
+                name,
+                count,
+                kind,
+                repeats.window_s,
+            )
 
     worker = CrashOnlyWorker(app, loglevel=loglevel, override_logging=True)
     worker.stop_request = STOP

@@ -198,3 +198,11 @@ def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_cou
         "Unable connect to node with id 1: refused (and 1 more like it in the 10s before)"
     )
     assert f2.filter(record(5.0, "another kind of message %s %s"))  # each kind on its own
+    # a burst that stops: what it held is given once its window ends, then never again
+    f3 = RepeatFilter(window_s=10)
+    assert [f3.filter(record(t)) for t in (0.0, 1.0, 2.0)] == [True, False, False]
+    assert f3.held_back(9.0) == []  # the window is still open
+    assert f3.held_back(10.5) == [("aiokafka", "Unable connect to node with id %s: %s", 2)]
+    assert f3.held_back(30.0) == []
+    later = record(31.0)
+    assert f3.filter(later) and "more like it" not in later.getMessage()  # counted once only
