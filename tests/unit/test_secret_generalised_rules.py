@@ -231,6 +231,16 @@ FOUND = [
     ("aws-access-key-id-named", '"AccessKeyId": "ASIAEKCTBR4Y1Z2IXGCI"'),
     ("aws-access-key-id-named", "aws-access-key-id: AKIA0123456789ABCD89"),  # a workflow's input
     ("aws-access-key-id-named", "aws_access_key_id = AKIA00000000ABCD1234"),
+    # the fourteenth round's prefixed-bare work: documented literals the prefix list lacked
+    # (Dropbox offline tokens, Dynatrace platform tokens, Cloudflare origin CA keys, Aiven,
+    # Elastic Cloud) and WordPress's wp-config secrets (leaktk's tests)
+    ("token-by-prefix", "The value is sl.u." + "Zq8rT1pXw9Lm3Nv7Bc4K" * 7 + " for now."),
+    ("token-by-prefix", "The value is dt0s01.Q7ZL3K9XW2PM8RT4VN6B5C1D." + "Q7ZL3K9XW2PM8RT4" * 4),
+    ("token-by-prefix", "v1.0-" + "7c1e9a3f5b2d" * 3 + "-" + "4c6e8a0b1d" * 3 + " now."),
+    ("token-by-prefix", "The value is AVNS_Zq8rT_Lm3Nv7Bc4K for now."),
+    ("token-by-prefix", "The value is essu_" + "WnE4clQxcFh3OUxtM052N0Jj" * 3 + " for now."),
+    ("wordpress-config-secret", "define('NONCE_SALT', 'q7,Z ~l3k}9X wP2m(8R');"),
+    ("wordpress-config-secret", 'define( "DB_PASSWORD", "Zq8r T1p!Xw9 Lm3" );'),
 ]
 
 LEFT = [
@@ -352,6 +362,18 @@ LEFT = [
     "aws_access_key_id = AKIAIOSFODNN7EXAMPLE",  # AWS's documentation example
     "aws_access_key_id = AKIAXXXXXXXXXXXXXXXX",  # a placeholder
     "aws_access_key_id: ${AWS_KEY} or access_key_id=my-key",
+    # and of the fourteenth round: names with a short prefix and CamelCase words, one case or
+    # one digit, test names with a live_ or test_ word, base64 after a short prefix and '=',
+    # versions after v1.0-, a PubNub publish key (an id its provider puts in browser code),
+    # wp-config's placeholder and references
+    "pub-c-7c1e9a3f-5b2d-4c6e-8a0b-1d3f5e7c9a1b and rzp_live_Nf2tP7xB5qWvYd (key ids)",
+    "get_Utf8StringValue and set_ReadTimeout2 and is_HTTPSEnabled",
+    "run_test_ParseHeaders and my_live_StreamTwice and do_test_x86_64_build",
+    "tmp_QZXWVKLMNPRSTB and tmp_qzxwvklmnprstb9 and abc_q7zl3k9xwp2m8rt",
+    "page_Zq8rT1pXw9Lm3N=2 and v1.0-rc1-2024 and v1.0-beta-3",
+    "dt0 is a label; sl.u.v is a path",
+    "define('AUTH_KEY', 'put your unique phrase here'); define('DB_NAME', 'wordpress_prod_db');",
+    "define( 'DB_PASSWORD', getenv('WORDPRESS_DB_PASSWORD') );",
 ]
 
 

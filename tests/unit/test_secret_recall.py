@@ -95,15 +95,16 @@ def test_looked_at_kingfisher_stays_at_its_latest_measurement() -> None:
     r = _recall("kingfisher")
     counts = (r.in_context, r.bare, r.prefixed_bare)
     assert r.cases == measured["cases"] == 73
-    # measured once at 53/73, 24/73, 14/20; looked at since: 64/73, 31/73, 17/20 at 218aa6d
-    assert r.in_context >= latest["in_context"] == 64, counts
-    assert r.bare >= latest["bare"] == 31, counts
-    assert r.prefixed_bare >= latest["prefixed_bare"] == 17, counts
+    # measured once at 53/73, 24/73, 14/20; looked at since: 64/73, 31/73, 17/20 at 218aa6d;
+    # 73/73, 33/73, 19/20 after the fourteenth round (Cloudflare origin CA keys bare)
+    assert r.in_context >= latest["in_context"] == 73, counts
+    assert r.bare >= latest["bare"] == 33, counts
+    assert r.prefixed_bare >= latest["prefixed_bare"] == 19, counts
 
 
 @pytest.mark.parametrize(
     ("source", "cases", "prefixed", "in_context", "bare", "prefixed_bare"),
-    [("veles", 72, 14, 70, 43, 13), ("veles2", 59, 52, 55, 51, 51)],
+    [("veles", 72, 14, 70, 43, 13), ("veles2", 59, 52, 56, 52, 52)],
 )
 def test_looked_at_veles_slices_stay_at_their_latest_measurement(
     source: str, cases: int, prefixed: int, in_context: int, bare: int, prefixed_bare: int
@@ -143,9 +144,9 @@ def test_looked_at_detectsecrets_stays_at_its_latest_measurement() -> None:
     assert r.cases == measured["cases"] == summary["kept"] == 193
     assert r.prefixed == measured["prefixed"] == summary["prefixed"] == 33
     assert measured["in_context"] == 148  # the held-out measurement, at e78a80a
-    assert r.in_context >= latest["in_context"] == 166, counts
-    assert r.bare >= latest["bare"] == 92, counts
-    assert r.prefixed_bare >= latest["prefixed_bare"] == 32, counts
+    assert r.in_context >= latest["in_context"] == 167, counts  # 166 before the 14th round
+    assert r.bare >= latest["bare"] == 93, counts
+    assert r.prefixed_bare >= latest["prefixed_bare"] == 33, counts
 
 
 def test_held_out_ripsecrets_stays_at_its_measured_floor() -> None:
@@ -198,6 +199,7 @@ def test_held_out_kics_as_measured_then_tuned_on() -> None:
         ("kingfisher11", 90, 42, (82, 52, 36), (86, 56, 40)),
         ("kingfisher12", 83, 42, (75, 54, 34), (83, 58, 38)),
         ("kingfisher13", 49, 16, (46, 21, 14), (49, 23, 16)),
+        ("leaktk", 182, 46, (163, 60, 44), (174, 63, 46)),
     ],
 )
 def test_held_out_as_measured_then_tuned_on(
@@ -211,7 +213,8 @@ def test_held_out_as_measured_then_tuned_on(
     frozen (trivy at e84bd23; veles4 at d9b19ef, kingfisher5 at abc33b3, veles5 and kingfisher6
     at 42606fb, kingfisher7 at e2f166b, kingfisher8 at f86a433, kingfisher9 at 748178c,
     kingfisher10 at 70c1d15, kingfisher11 at 3f56206, kingfisher12 at bbe799c, kingfisher13 at
-    2f739c0; in context, bare, prefixed bare), then looked at and tuned on (kingfisher10:
+    2f739c0; leaktk at 0cc2d90, the fourteenth round's; in context, bare, prefixed bare), then
+    looked at and tuned on (kingfisher10:
     nothing to tune, its misses hold ids); they stay at least at the figures after that, and
     each value is in its example. Counts only in the messages."""
     measured = json.loads((CORPORA / f"{source}.measured.json").read_text())

@@ -96,6 +96,7 @@ SOURCES = (
     "ripsecrets",
     "trivy",
     "kics",
+    "leaktk",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -1041,6 +1042,110 @@ def build_semgrep(source: str = "semgrep") -> tuple[list[dict[str, Any]], Counte
     return rows, dropped
 
 
+# leaktk (issue 27's fourteenth round, HELD OUT): the expected findings of leaktk's own scanner
+# tests (leaktk/patterns, MIT; ``testdata/leaktk-scanner-results.yaml``: for each finding over
+# leaktk/fake-leaks' files, its rule's description, the file, the text the rule matched and the
+# secret it reports), copied by hand into ``leaktk-tests.jsonl`` (one line a finding: ``rule``,
+# ``location``, ``match``, ``secret``, as YAML reads them; the file's ``rule.id`` hashes are not
+# copied). The case is the ``match`` text with the reported ``secret``; no value is chosen here.
+# Rules fixed before the copy was measured: findings under ``semgrep-rules-examples/`` (copies of
+# semgrep-rules' tests, a source measured and tuned on in the thirteenth round) and findings whose
+# secret spans lines or is over 300 characters (private keys, base64-encoded files, container
+# registry ``auths`` blocks, two JWTs of 430 and 560 characters) were not copied
+# (``LEAKTK_NOT_COPIED``); an AWS key id, password hashes and a file-name finding are no
+# credential; a case with the same text and value as an earlier one is a duplicate; a value
+# that is already a secret of another stored corpus is left out (``seen-in-another-source``:
+# those were looked at or tuned on); then the shared drop rules (``keep``). A value is
+# *prefixed* when it starts with the literal its rule's format documents
+# (``LEAKTK_PREFIXES``, by rule description; the generic rules have none).
+LEAKTK_REPO = "leaktk/patterns"
+LEAKTK_NOT_COPIED = {"semgrep-rules-examples (another source)": 30, "multi-line or over 300": 15}
+LEAKTK_NOT_SECRET = frozenset(
+    {"AWS IAM Unique Identifier", "Password Hash", "Htpasswd File", "PKCS #12 File"}
+)
+LEAKTK_PREFIXES: dict[str, tuple[str, ...]] = {
+    "ArgoCD JWT": ("eyJ",),
+    "Auth0 JWT": ("eyJ",),
+    "Kubernetes System Service Account JWT": ("eyJ",),
+    "Dropbox Short-Lived Access Token": ("sl.",),
+    "Dropbox Short-Lived Offline Access Token": ("sl.u.",),
+    "Dynatrace Token": ("dt0",),
+    "GitHub Fine-Grained Personal Access Token": ("github_pat_",),
+    "GitHub OAuth Access Token": ("gho_",),
+    "GitHub Personal Access Token": ("ghp_",),
+    "GitHub Refresh Token": ("ghr_",),
+    "GitHub Server to Server Token": ("ghs_",),
+    "GitHub User to Server Token": ("ghu_",),
+    "GitLab Access Token": ("glpat-",),
+    "GitLab Pipeline Trigger Token": ("glptt-",),
+    "GitLab Runner Registration Token": ("GR1348941", "glrt-"),
+    "Google Cloud Platform API Key": ("AIza",),
+    "Groq API Key": ("gsk_",),
+    "Hugging Face API Token": ("hf_",),
+    "Mailgun API Key": ("key-",),
+    "NPM Access Token": ("npm_",),
+    "OpenAI API Key": ("sk-proj-", "sk-svcacct-", "sk-"),
+    "OpenShift Login Token": ("sha256~",),
+    "PyPI Upload Token": ("pypi-",),
+    "Picatic API Key": ("sk_live_",),
+    "SendGrid API Key": ("SG.",),
+    "Shopify Access Token": ("shpat_",),
+    "Shopify Custom App Access Token": ("shpca_",),
+    "Shopify Private App Access Token": ("shppa_",),
+    "Shopify Shared Secret": ("shpss_",),
+    "Slack App Token": ("xapp-",),
+}
+
+
+def other_sources_secrets(source: str) -> set[str]:
+    """Every secret of the other stored corpora (``<name>.jsonl`` beside this file)."""
+    seen: set[str] = set()
+    for path in HERE.glob("*.jsonl"):
+        if path.stem.startswith(source) or path.stem.endswith(("-tests", "-snapshots")):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if isinstance(row.get("secret"), str):
+                seen.add(row["secret"])
+    return seen
+
+
+def build_leaktk() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter(LEAKTK_NOT_COPIED)
+    elsewhere = other_sources_secrets("leaktk")
+    seen: set[tuple[str, str]] = set()
+    for case in copied_cases("leaktk-tests"):
+        value, example = case["secret"], case["match"]
+        if case["rule"] in LEAKTK_NOT_SECRET:
+            dropped["not-a-secret"] += 1
+            continue
+        if (example, value) in seen:
+            dropped["duplicate"] += 1
+            continue
+        seen.add((example, value))
+        if value and value in elsewhere:
+            dropped["seen-in-another-source"] += 1
+        elif value and value not in example:
+            dropped["not-in-input"] += 1
+        elif keep(value, dropped):
+            prefixes = LEAKTK_PREFIXES.get(case["rule"], ())
+            copy = {**case, "input": example, "test": case["rule"]}
+            row = wanted_row("leaktk", "leaktk." + case["rule"], copy, value, prefixes)
+            row["location"] = case["location"]
+            rows.append(row)
+    return rows, dropped
+
+
+def fetch_leaktk() -> None:
+    """Download the results file at its commit and check each copied finding is in it."""
+    cases = copied_cases("leaktk-tests")
+    text = next(iter(fetched_texts(LEAKTK_REPO, cases[:1]).values()))
+    for case in cases:
+        assert case["location"] in text, case["location"]
+        assert case["secret"][:24] in text, (case["location"], case["secret"])
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -1056,6 +1161,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "trivy": build_trivy,
     "kics": build_kics,
     "trufflehog": build_trufflehog,
+    "leaktk": build_leaktk,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1070,6 +1176,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trivy": lambda: fetch_whole(TRIVY_REPO, "trivy-tests"),
     "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
     "trufflehog": fetch_trufflehog,
+    "leaktk": fetch_leaktk,
 }
 
 # trufflehog's later slices (trufflehog2 .. trufflehog11): the same builder and check, by name
