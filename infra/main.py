@@ -100,7 +100,9 @@ def infra_status(
             err.print(f"entries waiting unreadable: {escape(type(exc).__name__)}")
     reporting = [w for w in health if not w.gone]
     unapplied = sum(waiting.values()) if waiting else 0
-    idle = bool(unapplied and not reporting and not workers)
+    # entries wait and no worker reports: whatever processes there are (a worker frozen, or
+    # not reporting for GONE_AFTER_S, is no worker applying)
+    idle = bool(unapplied and not reporting)
     if as_json:
         doc: dict[str, object] = {r.name: r.as_dict() for r in rows}
         doc["workers"] = workers
@@ -147,7 +149,12 @@ def infra_status(
     if idle:
         err.print(
             f"[red]nothing is applying:[/] {unapplied:,} entries wait and no worker reports "
-            "(start one: agentledger worker)"
+            + (
+                f"({len(workers)} worker processes here do not report: frozen, cut off from "
+                "PostgreSQL, or still starting)"
+                if workers
+                else "(start one: agentledger worker)"
+            )
         )
     if stalled:
         for bad in stalled:

@@ -282,7 +282,7 @@ class WorkerHealth:
             ),
             "batches": self.batches,
             "records": self.records,
-            "lag": self.lag,
+            "lag": None if self.gone else self.lag,  # a gone process's lag is unknown
             # no partitions reported, or a process gone (its last report is old): unknown
             "behind": self.behind if self.lag and not self.gone else None,
             "topics": self.topics,

@@ -64,6 +64,32 @@ def next_delay(code: int, ran_s: float, previous: float, max_s: float) -> float:
     return min(previous * 2, max_s)
 
 
+# the file the faust process's watchdog thread touches every second (named by the supervisor)
+SIGN_OF_LIFE_ENV = "AGENTLEDGER_WORKER_SIGN_OF_LIFE"
+# a frozen faust process is killed this long after its watchdog would have ended a stalled loop
+FROZEN_MARGIN_S = 10.0
+
+
+def watchdog_limit_s(settings: Settings) -> float:
+    """How long the faust process's event loop may be silent before it ends itself: the loop
+    beats once per health interval; its own stall is declared after the stall setting on top."""
+    return settings.worker_stall_s + 2 * settings.worker_health_s
+
+
+def frozen_for(sign_of_life: Path, began_wall: float, now: float, limit_s: float) -> float | None:
+    """How long the faust process has given no sign of life, when that is over ``limit_s``
+    (pure but for the file's time): None while it lives, or before its first sign (it is
+    still starting; a start that hangs is bounded by its own timeouts)."""
+    try:
+        touched = sign_of_life.stat().st_mtime
+    except OSError:
+        return None
+    if touched < began_wall:  # a file left by an earlier process
+        return None
+    silent = now - touched
+    return silent if silent > limit_s else None
+
+
 class Supervisor:
     def __init__(self, settings: Settings, child_args: Sequence[str], projections: str) -> None:
         self.settings = settings
@@ -73,6 +99,9 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.last_exit: str | None = None
+        self.frozen: str | None = None  # why the supervisor killed its child, if it did
+        self.sign_of_life: Path | None = None
+        self.began_wall = 0.0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = signal.Signals(signum).name
@@ -87,12 +116,16 @@ class Supervisor:
         folder = self.settings.state_dir / "workers"
         folder.mkdir(parents=True, exist_ok=True)
         exit_file = folder / f"{os.getpid()}.exit"
+        self.sign_of_life = folder / f"{os.getpid()}.alive"
         note = register_worker(self.settings, self.projections)
         delay = 0.0
         try:
             while self.stopping is None:
                 exit_file.unlink(missing_ok=True)
+                self.sign_of_life.unlink(missing_ok=True)
+                self.frozen = None
                 began = time.monotonic()
+                self.began_wall = time.time()
                 self.child = self._start(exit_file)
                 register_worker(
                     self.settings,
@@ -104,7 +137,7 @@ class Supervisor:
                 code = self._wait()
                 if self.stopping is not None:
                     return stopped_code(code)
-                reason = _read(exit_file)
+                reason = self.frozen or _read(exit_file)
                 self.restarts += 1
                 self.last_exit = describe_exit(code, reason)
                 restarting(self.settings.pg_address, os.getpid(), self.restarts, self.last_exit)
@@ -120,6 +153,7 @@ class Supervisor:
         finally:
             forget_worker(self.settings.pg_address, os.getpid())
             exit_file.unlink(missing_ok=True)
+            self.sign_of_life.unlink(missing_ok=True)
             note.unlink(missing_ok=True)
 
     def _start(self, exit_file: Path) -> subprocess.Popen[bytes]:
@@ -129,6 +163,7 @@ class Supervisor:
             "AGENTLEDGER_WORKER_RESTARTS": str(self.restarts),
             "AGENTLEDGER_WORKER_LAST_EXIT": self.last_exit or "",
             "AGENTLEDGER_WORKER_EXIT_FILE": str(exit_file),
+            SIGN_OF_LIFE_ENV: str(self.sign_of_life),
         }
         return subprocess.Popen(
             [sys.executable, "-m", "infra.main", "worker", "--no-restart", *self.child_args],
@@ -147,6 +182,17 @@ class Supervisor:
                 return child.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 pass
+            if self.stopping is None and self.frozen is None and self.sign_of_life is not None:
+                limit = watchdog_limit_s(self.settings) + FROZEN_MARGIN_S
+                silent = frozen_for(self.sign_of_life, self.began_wall, time.time(), limit)
+                if silent is not None:
+                    self.frozen = f"frozen: no sign of life for {silent:.0f}s"
+                    _say(
+                        f"agentledger worker: the faust process (pid {child.pid}) has given no "
+                        f"sign of life for {silent:.0f}s (frozen); killing it"
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        child.kill()
             if self.stopping is not None:
                 if deadline is None:
                     deadline = time.monotonic() + self.settings.stop_timeout_s

@@ -42,6 +42,7 @@ from infra.settings import Settings
 from infra.topics import TopicLister
 from projectors.registry import selected
 from schemas.topics import fleet_of_ledger_topic, ledger_topic
+from streams import supervisor
 from streams.builds import live_targets
 from streams.changes import ChangeRelay, stream_projections
 from streams.dlq import KafkaDeadLetterSink
@@ -574,6 +575,9 @@ class _Watchdog:
     def __init__(self) -> None:
         self.last = time.monotonic()
         self.limit_s = 0.0
+        # touched every second by this thread, for the supervisor: a process that is frozen
+        # as a whole (SIGSTOP, a hang holding the interpreter) cannot end itself
+        self.sign_of_life: Path | None = None
 
     def beat(self) -> None:
         self.last = time.monotonic()
@@ -581,12 +585,21 @@ class _Watchdog:
     def start(self, limit_s: float) -> None:
         self.limit_s = limit_s
         self.last = time.monotonic()
+        named = os.environ.get(supervisor.SIGN_OF_LIFE_ENV)
+        self.sign_of_life = Path(named) if named else None
+        self._alive()
         thread = threading.Thread(target=self._watch, name="agentledger-watchdog", daemon=True)
         thread.start()
+
+    def _alive(self) -> None:
+        if self.sign_of_life is not None:
+            with contextlib.suppress(OSError):
+                self.sign_of_life.touch()
 
     def _watch(self) -> None:
         while True:
             time.sleep(1.0)
+            self._alive()
             silent = time.monotonic() - self.last
             if silent > self.limit_s and not STOP.requested:
                 _exit(EXIT_STALLED, f"stalled: the event loop has not run for {silent:.0f}s")
@@ -615,9 +628,7 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
             loglevel,
             # before the supervisor's SIGKILL
             stop_timeout_s=max(1.0, settings.stop_timeout_s - 2.0),
-            # the loop beats once per health interval; its own stall is declared after the
-            # stall setting on top
-            watchdog_s=settings.worker_stall_s + 2 * settings.worker_health_s,
+            watchdog_s=supervisor.watchdog_limit_s(settings),
         )
     finally:
         if note is not None:

@@ -155,6 +155,31 @@ def _status(d: PrivateDeployment, **env: str) -> subprocess.CompletedProcess[str
     )
 
 
+def test_the_supervisor_kills_and_restarts_a_frozen_faust_process(
+    deployment: PrivateDeployment,
+) -> None:
+    """A faust process frozen as a whole (found trying the product: SIGSTOP; a hang holding the
+    interpreter is the same) cannot end itself; its watchdog thread's sign of life stops, and
+    the supervisor kills it and starts another (stall 8 s + 2 health intervals + 10 s)."""
+    d = deployment
+    worker = d.start_worker("frozen")
+    _publish(d, _run("run-before", 3))
+    _applied(d, "run-before", 3, 60)
+    (child,) = _children(worker.pid)
+    subprocess.run(["kill", "-STOP", str(child)], check=True)
+    try:
+        _publish(d, _run("run-after", 4))
+        _applied(d, "run-after", 4, 90)  # by the faust process started in its place
+    finally:
+        subprocess.run(["kill", "-CONT", str(child)], check=False)
+    (again,) = _children(worker.pid)
+    assert again != child and worker.poll() is None
+    log = d.log_of("frozen").read_text()
+    assert f"the faust process (pid {child}) has given no sign of life for" in log
+    assert "(frozen); killing it" in log
+    assert "(killed by SIGKILL: frozen: no sign of life for" in log  # the reason status shows
+
+
 def test_the_supervisor_restarts_a_killed_faust_process_and_status_says_why(
     deployment: PrivateDeployment,
 ) -> None:

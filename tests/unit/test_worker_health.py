@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from schemas.topics import fleet_of_ledger_topic, fleets_among
 from streams.health import (
@@ -15,7 +16,7 @@ from streams.health import (
     stall,
     waiting,
 )
-from streams.supervisor import EXIT_RESTART, describe_exit, next_delay, stopped_code
+from streams.supervisor import EXIT_RESTART, describe_exit, frozen_for, next_delay, stopped_code
 from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
 
 A = ("p.ledger.a", 0)
@@ -206,3 +207,17 @@ def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_cou
     assert f3.held_back(30.0) == []
     later = record(31.0)
     assert f3.filter(later) and "more like it" not in later.getMessage()  # counted once only
+
+
+def test_a_faust_process_is_frozen_only_once_its_sign_of_life_is_older_than_the_limit(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    alive = tmp_path / "1.alive"
+    assert frozen_for(alive, 100.0, 1000.0, 20) is None  # no sign yet: still starting
+    alive.touch()
+    os.utime(alive, (500.0, 500.0))
+    assert frozen_for(alive, 600.0, 1000.0, 20) is None  # left by an earlier process
+    assert frozen_for(alive, 400.0, 515.0, 20) is None  # silent 15 s: within the limit
+    assert frozen_for(alive, 400.0, 530.0, 20) == 30.0  # silent 30 s: frozen
