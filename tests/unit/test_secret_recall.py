@@ -144,7 +144,7 @@ def test_looked_at_detectsecrets_stays_at_its_latest_measurement() -> None:
     assert r.cases == measured["cases"] == summary["kept"] == 193
     assert r.prefixed == measured["prefixed"] == summary["prefixed"] == 33
     assert measured["in_context"] == 148  # the held-out measurement, at e78a80a
-    assert r.in_context >= latest["in_context"] == 167, counts  # 166 before the 14th round
+    assert r.in_context >= latest["in_context"] == 172, counts  # 167 before the 15th round
     assert r.bare >= latest["bare"] == 93, counts
     assert r.prefixed_bare >= latest["prefixed_bare"] == 33, counts
 
@@ -193,13 +193,13 @@ def test_held_out_kics_as_measured_then_tuned_on() -> None:
         ("veles5", 16, 6, (14, 11, 6), (16, 12, 6)),
         ("kingfisher6", 125, 62, (108, 57, 54), (113, 62, 57)),
         ("kingfisher7", 61, 7, (54, 24, 5), (61, 26, 7)),
-        ("kingfisher8", 45, 29, (44, 25, 21), (44, 30, 26)),
+        ("kingfisher8", 45, 29, (44, 25, 21), (45, 30, 26)),
         ("kingfisher9", 76, 27, (69, 38, 24), (75, 42, 27)),
         ("kingfisher10", 77, 34, (73, 33, 28), (73, 33, 28)),
         ("kingfisher11", 90, 42, (82, 52, 36), (86, 56, 40)),
         ("kingfisher12", 83, 42, (75, 54, 34), (83, 58, 38)),
         ("kingfisher13", 49, 16, (46, 21, 14), (49, 23, 16)),
-        ("leaktk", 182, 46, (163, 60, 44), (174, 63, 46)),
+        ("leaktk", 182, 46, (163, 60, 44), (181, 63, 46)),
     ],
 )
 def test_held_out_as_measured_then_tuned_on(
