@@ -12,6 +12,7 @@ from pathlib import Path
 from infra.settings import Settings
 from schemas.errors import LedgerValidationError
 from schemas.json_form import from_json_text
+from streams.importers.publish import RunFleets, elsewhere_text
 from streams.publisher import AsyncPublisher, BrokerUnavailableError, Prepared
 
 BATCH = 500
@@ -46,12 +47,43 @@ def _run_of(line: bytes) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
+def _one_fleet_each(
+    staged: list[tuple[int, Prepared]], settings: Settings
+) -> list[tuple[int, str, str]]:
+    """``(line, run_id, why)`` of the runs that would be in two fleets: named with two in the
+    file (at the first line naming the second), or on the ledger already in another fleet (at
+    the run's first line). A run belongs to one fleet; the workers dead-letter entries of a
+    run from another fleet's topic, so the publisher refuses them first (found trying the
+    product: `publish` said it had sent such a run, and the replays of rebuild and verify then
+    chose its fleet by which topic they read first)."""
+    first: dict[str, tuple[int, str]] = {}
+    refused: dict[str, tuple[int, str]] = {}
+    for number, p in staged:
+        run_id, fleet = p.entry.run_id, p.entry.fleet_id
+        seen = first.setdefault(run_id, (number, fleet))
+        if seen[1] != fleet and run_id not in refused:
+            refused[run_id] = (
+                number,
+                f"run {run_id} is in fleet {fleet} here and {seen[1]} on line {seen[0]}: a run "
+                "belongs to one fleet",
+            )
+    fleets = RunFleets(settings)
+    try:
+        for run_id, there, here in fleets.elsewhere(
+            [(r, f) for r, (_n, f) in first.items() if r not in refused]
+        ):
+            refused[run_id] = (first[run_id][0], elsewhere_text(run_id, there, here))
+    finally:
+        fleets.close()
+    return sorted((n, r, why) for r, (n, why) in refused.items())
+
+
 async def publish_file(path: Path, settings: Settings, partial: bool = False) -> PublishReport:
     report = PublishReport()
     progress = _Progress()
     try:
         async with AsyncPublisher(settings) as publisher:
-            staged: list[Prepared] = []
+            numbered: list[tuple[int, Prepared]] = []
             bad_runs: set[str] = set()
             with path.open("rb") as lines:
                 for number, line in enumerate(lines, start=1):
@@ -59,12 +91,17 @@ async def publish_file(path: Path, settings: Settings, partial: bool = False) ->
                     if not line.strip():
                         continue
                     try:
-                        staged.append(publisher.stage(from_json_text(line)))
+                        numbered.append((number, publisher.stage(from_json_text(line))))
                     except LedgerValidationError as exc:
                         report.invalid.append((number, str(exc)))
                         run_id = _run_of(line)
                         if run_id is not None:
                             bad_runs.add(run_id)
+            for number, run_id, why in _one_fleet_each(numbered, settings):
+                report.invalid.append((number, why))
+                bad_runs.add(run_id)
+            report.invalid.sort()
+            staged = [p for _n, p in numbered]
             if report.invalid and not partial:
                 report.held_back = len(staged)
                 report.runs_held_back = sorted({p.entry.run_id for p in staged})

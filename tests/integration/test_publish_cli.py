@@ -3,6 +3,7 @@ reported; nothing sent unless --partial, which sends the runs without an invalid
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -77,3 +78,60 @@ async def test_an_invalid_line_means_nothing_sent_and_partial_sends_the_valid_ru
     values = [r.value for r in records if r.value is not None]
     decoded = LedgerCodec().decode_many(values)
     assert sorted(e.entry_id for e in decoded) == sorted(e.entry_id for e in run_a)
+
+
+async def test_a_run_is_refused_a_second_fleet_in_the_file_or_on_the_ledger(
+    services: Settings, tmp_path: Path
+) -> None:
+    """A run belongs to one fleet (found trying the product: `publish` sent a run already in
+    fleet-01 to another fleet, exit 0; the worker dead-lettered it, and the replays of rebuild
+    and verify gave the run the fleet whose topic they happened to read first)."""
+    from consumers.views import live_states
+    from streams.deployment import PrivateDeployment
+
+    d = PrivateDeployment(services, "onefleet", ["fleet-01", "fleet-02"], tmp_path / "logs")
+    await d.create()
+    try:
+        d.start_worker("w")
+        d.wait_partitions("w")
+        [run] = list(simulate_runs(1, 1, seed=5))
+        first = tmp_path / "first.jsonl"
+        first.write_text("".join(to_json_text(e) + "\n" for e in run))
+        env = {**d.env()}
+        exe = str(Path(sys.executable).with_name("agentledger"))
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [exe, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+            )
+
+        assert cli("publish", str(first)).returncode == 0
+        deadline = asyncio.get_running_loop().time() + 60
+        while live_states(d.settings, "run-stats", [run[0].run_id]).get(run[0].run_id) is None:
+            assert asyncio.get_running_loop().time() < deadline, "the run was not applied"
+            await asyncio.sleep(0.3)
+        moved = [e.model_copy(update={"fleet_id": "fleet-02"}) for e in run]
+        second = tmp_path / "second.jsonl"
+        second.write_text("".join(to_json_text(e) + "\n" for e in moved))
+        done = cli("publish", str(second))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (
+            f"line 1: run {run[0].run_id} is on the ledger in fleet fleet-01, not fleet-02"
+            in done.stderr
+        ), done.stderr
+        assert "nothing sent" in done.stdout
+        # one file naming two fleets for one run: refused at the first line of the second
+        [other] = list(simulate_runs(1, 1, seed=6))
+        mixed = [other[0], *(e.model_copy(update={"fleet_id": "fleet-02"}) for e in other[1:])]
+        both = tmp_path / "both.jsonl"
+        both.write_text("".join(to_json_text(e) + "\n" for e in mixed))
+        done = cli("publish", str(both))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert (
+            f"line 2: run {other[0].run_id} is in fleet fleet-02 here and fleet-01 on line 1"
+            in done.stderr
+        ), done.stderr
+        topic = ledger_topic(d.settings.topic_prefix, "fleet-02")
+        assert not await read_all(d.settings.kafka_address, [topic]), "nothing reached fleet-02"
+    finally:
+        d.drop()
