@@ -25,8 +25,9 @@ from schemas.codec import LedgerCodec
 from schemas.errors import BadArgumentError, LedgerDecodeError
 from schemas.secret_scan import default_detector
 from schemas.topics import dead_letter_topic
+from streams.contract import RecordContractError
 from streams.contract import fleet_of as ledger_fleet
-from streams.engine import Poison
+from streams.engine import CONFLICTING_DUPLICATE, OTHER_FLEET, Poison
 from streams.source import topic_partitions
 
 SOURCE_TOPIC = "al.source.topic"
@@ -291,6 +292,20 @@ class RedriveReport:
     dismissed: int = 0  # marked handled: left alone
 
 
+def refused_for_good(letter: DeadLetter) -> str | None:
+    """Why sending this letter back could never apply it (None: it may apply now): an entry
+    that conflicts with the one its run holds at that number (the first stands), or of a run
+    that is in another fleet (it would come from the same topic again). Found trying the
+    product: redrive resent such letters, said so, and each came back as a new letter."""
+    if letter.error_class == CONFLICTING_DUPLICATE:
+        return "refused for good: its number is taken by another entry of the run (dismiss it)"
+    if letter.error_class == RecordContractError.__name__ and letter.message.startswith(
+        OTHER_FLEET
+    ):
+        return "refused for good: its run is in another fleet (dismiss it)"
+    return None
+
+
 async def redrive(
     settings: Settings, fleets: Sequence[str], codec: LedgerCodec | None = None
 ) -> RedriveReport:
@@ -315,6 +330,10 @@ async def redrive(
                     continue
                 if letter.source in dismissed:
                     report.dismissed += 1
+                    continue
+                final = refused_for_good(letter)
+                if final is not None:
+                    report.still_bad.append((letter, final))
                     continue
                 if letter.truncated:
                     report.still_bad.append(

@@ -846,7 +846,7 @@ def _admit(
         source = source or record.tp
         if record.tp[0] != source[0]:
             why = (
-                f"the run's entries come from topic {source[0]}, this one from {record.topic}: "
+                f"{OTHER_FLEET} {source[0]}, this one from {record.topic}: "
                 "a run id belongs to one fleet (publish another fleet's runs under their own ids)"
             )
         elif record.tp != source:
@@ -908,6 +908,8 @@ def _fold_failure(
 
 
 CONFLICTING_DUPLICATE = "ConflictingDuplicateError"
+# how the refusal of an entry of a run that is in another fleet begins (a RecordContractError)
+OTHER_FLEET = "the run's entries come from topic"
 
 
 def _last_traceparent(applied: Sequence[tuple[Any, bytes, SourceRecord | None]]) -> str | None:

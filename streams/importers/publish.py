@@ -224,9 +224,7 @@ class RunFleets:
 
 def elsewhere_text(run_id: str, there: str, here: str) -> str:
     """The one wording of a run sent to a fleet it is not in."""
-    return (
-        f"run {run_id} is on the ledger in fleet {there}, not {here}: a run belongs to one fleet"
-    )
+    return f"run {run_id} is on the ledger in fleet {there}, not {here}: a run belongs to one fleet"
 
 
 Report = Callable[[Path, Summary | None, list[Sent], str | None], None]
