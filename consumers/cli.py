@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from infra.cli_support import Table, console, err, fleet_option, print_table
+from infra.cli_support import Table, console, err, fleet_option, print_table, terminal_safe
 from infra.cli_support import settings as _settings
 from infra.settings import Settings
 from schemas.models import RunStatus
@@ -81,8 +81,8 @@ def context(
     if doc is None:
         err.print(f"[red]error:[/] run {escape(run_id)} has no next-turn manifest yet")
         raise typer.Exit(code=1)
-    if render_it:
-        print(queries.render_manifest(doc))
+    if render_it:  # as the model reads it, but what a terminal would obey shown as escapes
+        print(terminal_safe(queries.render_manifest(doc)))
     elif as_json:
         print(json.dumps(doc, indent=2, default=str))
     else:
@@ -332,7 +332,8 @@ def subscribe_cmd(
         start = _since(from_time, "--from-time") or start
     try:
         for change in changes(settings, name, start=start, fleet=fleet, idle_timeout_s=idle_exit_s):
-            print(change_line(change, as_json), flush=True)
+            line = change_line(change, as_json)
+            print(line if as_json else terminal_safe(line), flush=True)
     except LookupError as exc:
         raise typer.BadParameter(str(exc)) from None
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 
 def _lines(items: list[Any], fmt: str) -> list[str]:
@@ -15,19 +16,21 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
     m = view["state"]
     where = view.get("applied_seq", view.get("seq"))
     gaps = view.get("gaps") or []
+    # every value is the run's own text (untrusted): escaped, so none is read as markup (a
+    # `[link=...]` in a tool output would otherwise become a terminal hyperlink)
     console.print(
-        f"[bold]working memory[/] run {m['run_id']} (fleet {m['fleet_id']}), "
+        f"[bold]working memory[/] run {escape(m['run_id'])} (fleet {escape(m['fleet_id'])}), "
         f"snapshot v{m['snapshot_version']}, {as_of(where, view.get('asked_seq'))}"
         + (f", [red]incomplete: missing {gaps}[/]" if gaps else "")
     )
-    console.print(f"goal: {m.get('task_goal') or '-'}")
+    console.print(f"goal: {escape(m.get('task_goal') or '-')}")
     for step in m.get("current_plan") or []:
-        console.print(f"  plan: {step}")
-    console.print(f"changed files: {', '.join(m.get('changed_files') or []) or '-'}")
+        console.print(f"  plan: {escape(str(step))}")
+    console.print(f"changed files: {escape(', '.join(m.get('changed_files') or []) or '-')}")
     for title, lines in memory_sections(m):
         console.print(f"[bold]{title}[/]")
         for line in lines:
-            console.print(f"  - {line}")
+            console.print(f"  - {escape(line)}")
 
 
 def memory_sections(m: dict[str, Any]) -> list[tuple[str, list[str]]]:
@@ -65,22 +68,26 @@ def as_of(where: Any, asked: Any) -> str:
 
 def print_manifest(console: Console, m: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{m['kind']} manifest[/] {m['manifest_id']} as of seq {m['as_of_sequence_no']}: "
+        f"[bold]{m['kind']} manifest[/] {escape(str(m['manifest_id']))} as of seq "
+        f"{m['as_of_sequence_no']}: "
         f"{len(m['items'])} items, {m['total_tokens']} tokens, "
         f"stable prefix {m.get('stable_prefix_tokens')} tokens"
     )
     console.print(f"tokens by section: {_tally(m['tokens_by_section'])}")
     console.print(f"tokens by trust: {_tally(m['tokens_by_trust'])}")
     for item in m["items"]:
-        flags = f"  [yellow]{', '.join(item['flags'])}[/]" if item.get("flags") else ""
+        flags = f"  [yellow]{escape(', '.join(item['flags']))}[/]" if item.get("flags") else ""
         console.print(
-            f"  {item.get('section') or '-':<24} {item['item_kind']:<24} "
-            f"{item['trust_level']:<20} {item['tokens']:>6}{flags}"
+            escape(
+                f"  {item.get('section') or '-':<24} {item['item_kind']:<24} "
+                f"{item['trust_level']:<20} {item['tokens']:>6}"
+            )
+            + flags
         )
     for v in m.get("violations", []):
-        console.print(f"  [red]violation[/] {violation_text(v)}")
+        console.print(f"  [red]violation[/] {escape(violation_text(v))}")
     for d in m.get("dropped", []):
-        console.print(f"  [dim]dropped[/] {dropped_text(d)}")
+        console.print(f"  [dim]dropped[/] {escape(dropped_text(d))}")
 
 
 def _tally(counts: dict[str, int]) -> str:

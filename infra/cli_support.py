@@ -12,12 +12,67 @@ import rich.table
 import typer
 from rich.console import Console
 from rich.segment import Segment, Segments
+from rich.style import Style
 
 from infra.settings import Settings, load_settings
 from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
 
-console = Console(stderr=False)
-err = Console(stderr=True, soft_wrap=True)  # one line per message, however long
+
+def _shown(code: int) -> str:
+    return f"<U+{code:04X}>" if code > 0xFF else f"\\x{code:02x}"
+
+
+# Characters of untrusted text a terminal would obey instead of showing: C0 controls but tab
+# and newline (ESC begins colour, cursor, clear-screen and OSC 8 link sequences; CR and BS
+# overwrite what was shown), DEL, C1 controls, and Unicode's bidirectional controls (they show
+# text reversed). Each is shown as a visible escape.
+_UNSAFE = [
+    *(c for c in range(0x20) if c not in (0x09, 0x0A)),
+    *range(0x7F, 0xA0),
+    0x061C,
+    0x200E,
+    0x200F,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+]
+_SAFE = {c: _shown(c) for c in _UNSAFE}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with what a terminal would obey (:data:`_UNSAFE`) shown as escapes instead."""
+    return text.translate(_SAFE)
+
+
+class SafeConsole(Console):
+    """A console whose text a terminal shows and never obeys: every text segment (a table
+    cell, a line, a section of untrusted text) passes :func:`terminal_safe` before its style
+    is applied, so the console's own colours stay (found trying the product: `memory` and
+    `context --render` printed a tool output's colour codes, clear-screen, OSC 8 links, bells
+    and right-to-left overrides to the terminal)."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return super()._render_buffer(
+            Segment(text, style, control)
+            if control
+            else Segment(terminal_safe(text), _shown_style(style), control)
+            for text, style, control in buffer
+        )
+
+
+_VISIBLE = Style(conceal=False)
+
+
+def _shown_style(style: Style | None) -> Style | None:
+    """``style`` without what would hide text or where it leads: the command line makes no
+    hyperlinks and conceals nothing, so a link or concealment came from markup in untrusted
+    text (a table cell holding ``[link=https://...]here[/link]`` became a terminal hyperlink)."""
+    if style is None or (style.link is None and not style.conceal):
+        return style
+    return style.update_link(None) + _VISIBLE
+
+
+console = SafeConsole(stderr=False)
+err = SafeConsole(stderr=True, soft_wrap=True)  # one line per message, however long
 
 
 # Tables are laid out this wide at least, whatever the terminal's width (see print_table).
