@@ -81,7 +81,8 @@ def register_worker(
         "started_at": started,
         "projections": projections,
         "topic_prefix": settings.topic_prefix,
-        "fleets": settings.fleet_ids,
+        # (no fleet list: a worker projects every <prefix>.ledger.* topic, new fleets too;
+        # the fleets whose partitions it holds are in its health row)
         "supervised": child_pid is not None,
         "child_pid": child_pid,
         "restarts": restarts,

@@ -258,6 +258,11 @@ class WorkerHealth:
         return self.reported_s_ago > GONE_AFTER_S
 
     @property
+    def fleets(self) -> list[str]:
+        """The fleets of the ledger partitions it reports (``<prefix>.ledger.<fleet>:<n>``)."""
+        return sorted({key.rpartition(":")[0].rpartition(".ledger.")[2] for key in self.lag})
+
+    @property
     def behind(self) -> int:
         return sum(self.lag.values())
 
@@ -283,6 +288,8 @@ class WorkerHealth:
             "batches": self.batches,
             "records": self.records,
             "lag": None if self.gone else self.lag,  # a gone process's lag is unknown
+            # the fleets whose ledger partitions it holds (a worker takes every fleet's topic)
+            "fleets": None if self.gone else self.fleets,
             # no partitions reported, or a process gone (its last report is old): unknown
             "behind": self.behind if self.lag and not self.gone else None,
             "topics": self.topics,

@@ -176,6 +176,14 @@ def test_a_gone_workers_lag_is_unknown_not_its_last_report() -> None:
     gone = WorkerHealth("h:1", 1, "g", "all", at, 90.0, 95.0, 3, 30, {"t:0": 0}, 1, 0, None)
     shown = gone.as_dict(60)
     assert shown["state"] == "gone" and shown["behind"] is None
+    assert shown["lag"] is None and shown["fleets"] is None  # not its last report's
+
+
+def test_a_worker_shows_the_fleets_whose_partitions_it_holds_not_the_configured_ones() -> None:
+    at = datetime.now(UTC) - timedelta(seconds=100)
+    lag = {"p.ledger.fleet-01:0": 0, "p.ledger.later:1": 2, "p.ledger.later:0": 0}
+    row = WorkerHealth("h:1", 1, "g", "all", at, 1.0, 2.0, 3, 30, lag, 2, 0, None)
+    assert row.as_dict(60)["fleets"] == ["fleet-01", "later"]
 
 
 def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_count() -> None:
