@@ -31,6 +31,23 @@ def _run(settings: Settings, run_id: str) -> str:
         raise typer.Exit(code=1) from None
 
 
+def _fleets_exist(settings: Settings, fleets: str | list[str] | None) -> None:
+    """An unknown --fleet is an error naming the fleets there are (found trying the product:
+    `runs --fleet nosuchfleet` printed an empty table and exited 0, as for a fleet without runs)."""
+    from consumers import queries
+
+    asked = [fleets] if isinstance(fleets, str) else list(fleets or [])
+    if not asked:
+        return
+    missing, existing = queries.unknown_fleets(settings, asked)
+    if missing:
+        err.print(
+            f"[red]error:[/] no fleet {escape(', '.join(missing))} (the fleets: "
+            f"{escape(', '.join(existing)) or 'none'})"
+        )
+        raise typer.Exit(code=1)
+
+
 @commands.command("memory")
 def memory(
     run_id: Annotated[str, typer.Argument(help="the run")],
@@ -146,6 +163,7 @@ def costs(
     dimension = next((d for d in DIMENSIONS if d == by), None)
     if dimension is None:
         raise typer.BadParameter(f"one of {', '.join(DIMENSIONS)}", param_hint="--by")
+    _fleets_exist(_settings(), fleet)
     if as_json:
         print(json.dumps(queries.costs(_settings(), dimension, fleet, _since(since)), indent=2))
         return
@@ -190,6 +208,7 @@ def failures(
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
         return
+    _fleets_exist(settings, fleet)
     if as_json:
         found = queries.failures(settings, fleet, _since(since), stalled_after)
         print(json.dumps(found, indent=2))
@@ -280,6 +299,8 @@ def runs_cmd(
         repository=repository,
     )
     found = queries.runs(_settings(), filters, limit=limit)
+    if not found:  # (a fleet of found runs exists: asked only when nothing was found)
+        _fleets_exist(_settings(), fleet)
     if as_json:
         print(json.dumps(found, indent=2, default=str))
         return

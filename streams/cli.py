@@ -587,12 +587,19 @@ commands.add_typer(dlq_app, name="dlq")
 
 
 def _fleets(fleet: list[str] | None) -> list[str]:
-    """The fleets given, or every fleet that exists (its ledger topic does)."""
-    if fleet:
-        return fleet
+    """The fleets given (each must exist: an unknown one is an error naming those there are),
+    or every fleet that exists (its ledger topic does)."""
     from infra.admin import existing_fleets
 
-    return asyncio.run(existing_fleets(_settings()))
+    existing = asyncio.run(existing_fleets(_settings()))
+    missing = [f for f in fleet or [] if f not in existing]
+    if missing:
+        err.print(
+            f"[red]error:[/] no fleet {escape(', '.join(missing))} (the fleets: "
+            f"{escape(', '.join(existing)) or 'none'})"
+        )
+        raise typer.Exit(code=1)
+    return fleet or existing
 
 
 @dlq_app.command("list")

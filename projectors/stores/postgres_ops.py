@@ -1056,6 +1056,16 @@ def live_run_fleets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> di
     return {str(run): str(fleet) for run, fleet in rows}
 
 
+def fleets_have_runs(conn: psycopg.Connection[Any], fleets: Sequence[str]) -> set[str]:
+    """Which of ``fleets`` the live run-stats build holds a run of."""
+    rows = conn.execute(
+        f"SELECT DISTINCT s.fleet_id FROM {LIVE_STATE} "
+        "WHERE s.projection = 'run-stats' AND s.fleet_id = ANY(%(fleets)s)",
+        {"fleets": list(fleets)},
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
 def run_holds_entry(conn: psycopg.Connection[Any], run_id: str, entry_id: str) -> bool:
     """Whether the live run-stats build applied ``entry_id`` to the run."""
     row = conn.execute(

@@ -409,3 +409,25 @@ def test_the_other_read_commands(stack: Any) -> None:
     # the projection's document as shown: unknown counted, and its sums null (never 0)
     assert totals["calls"] == totals["usage_unknown_calls"] == 2, totals
     assert totals["input_tokens"] is None and totals["cost_usd"] is None, totals
+
+
+def test_an_unknown_fleet_is_an_error_naming_the_fleets_there_are(stack: Any) -> None:
+    """Found trying the product: `runs --fleet nosuchfleet` printed an empty table and exited 0,
+    as for a fleet without runs (the API answers 403)."""
+    d, _ = stack
+    for args in (
+        ("runs", "--fleet", "nosuchfleet"),
+        ("costs", "--fleet", "nosuchfleet", "--json"),
+        ("failures", "--fleet", "nosuchfleet"),
+        ("dlq", "list", "--fleet", "nosuchfleet"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "infra.main", *args],
+            env={**d.env(), "COLUMNS": "250"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert f"no fleet nosuchfleet (the fleets: {FLEET}" in done.stderr, (args, done.stderr)
+    assert json.loads(_cli(d, "runs", "--fleet", FLEET, "--json").stdout)  # a known one reads
