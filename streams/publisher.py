@@ -199,6 +199,13 @@ def prepare(
     """Validate, redact, number and encode one entry. Pure apart from the sequence book peek
     (and the clock, read once when ``now`` is not given), and of the ``artifacts`` store that an
     entry over the size limit has its largest texts moved to (:func:`streams.artifacts.offload`)."""
+    if "/" in entry.run_id or entry.run_id in (".", ".."):
+        # (the decoder still takes such ids: runs already on a ledger replay as they were)
+        raise LedgerValidationError(
+            "run_id",
+            "a new run's id may not hold '/' nor be '.' or '..': it names the run in the web "
+            "pages', the API's and MCP's addresses",
+        )
     if entry.occurred_at > (now or datetime.now(UTC)) + MAX_CLOCK_AHEAD:
         raise LedgerValidationError(
             "occurred_at", f"more than {MAX_CLOCK_AHEAD.days} day ahead of this machine's clock"
