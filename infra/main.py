@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -75,7 +76,13 @@ def infra_status(
     its partitions have lag, or when entries wait and no worker reports."""
     import asyncio
 
-    from streams.health import WorkerHealth, entries_waiting, read_health, stalled_workers
+    from streams.health import (
+        GONE_AFTER_S,
+        WorkerHealth,
+        entries_waiting,
+        read_health,
+        stalled_workers,
+    )
 
     settings = _settings()
     rows = local.status(settings, console)
@@ -101,8 +108,10 @@ def infra_status(
     reporting = [w for w in health if not w.gone]
     unapplied = sum(waiting.values()) if waiting else 0
     # entries wait and no worker reports: whatever processes there are (a worker frozen, or
-    # not reporting for GONE_AFTER_S, is no worker applying)
-    idle = bool(unapplied and not reporting)
+    # not reporting for GONE_AFTER_S, is no worker applying), but one started less than that
+    # ago may not have reported yet
+    starting = [w for w in workers if _age_s(w.get("started_at")) < GONE_AFTER_S]
+    idle = bool(unapplied and not reporting and not starting)
     if as_json:
         doc: dict[str, object] = {r.name: r.as_dict() for r in rows}
         doc["workers"] = workers
@@ -151,7 +160,7 @@ def infra_status(
             f"[red]nothing is applying:[/] {unapplied:,} entries wait and no worker reports "
             + (
                 f"({len(workers)} worker processes here do not report: frozen, cut off from "
-                "PostgreSQL, or still starting)"
+                f"PostgreSQL, for over {GONE_AFTER_S:g}s)"
                 if workers
                 else "(start one: agentledger worker)"
             )
@@ -166,6 +175,16 @@ def infra_status(
         raise typer.Exit(code=1)
     if idle:
         raise typer.Exit(code=1)
+
+
+def _age_s(started_at: object) -> float:
+    """Seconds since a worker note's ``started_at`` (``%Y-%m-%dT%H:%M:%SZ``); infinite when
+    it has none."""
+    try:
+        began = datetime.strptime(str(started_at), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return float("inf")
+    return (datetime.now(UTC) - began).total_seconds()
 
 
 merge(app, write_commands.commands)
