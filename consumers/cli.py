@@ -53,19 +53,36 @@ def memory(
     run_id: Annotated[str, typer.Argument(help="the run")],
     at: Annotated[int | None, typer.Option("--at", help="as it stood after this sequence")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    index: Annotated[
+        str | None,
+        typer.Option(
+            "--index",
+            help="a page of the evidence index instead (JSON): entries, tool_calls, artifacts "
+            "or created_files",
+        ),
+    ] = None,
+    offset: Annotated[int, typer.Option("--offset", help="with --index: the first member")] = 0,
+    limit: Annotated[int, typer.Option("--limit", help="with --index: members a page")] = 1000,
 ) -> None:
-    """A run's evidence-bound working memory (live build), now or after any sequence number."""
+    """A run's evidence-bound working memory (live build), now or after any sequence number.
+    --json leaves the evidence index out (it counts its members); --index pages through it."""
     from consumers import queries
     from consumers.render import print_memory
-    from schemas.errors import NotFoundError
+    from schemas.errors import BadArgumentError, NotFoundError
 
     settings = _settings()
     run_id = _run(settings, run_id)
     try:
-        view = queries.memory(settings, run_id, at)
+        if index is not None:
+            print(json.dumps(queries.memory_index(settings, run_id, index, offset, limit)))
+            return
+        view = queries.memory_doc(settings, run_id, at)
     except NotFoundError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
+    except BadArgumentError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(code=2) from None
     if as_json:
         print(json.dumps(view, indent=2, default=str))
         return

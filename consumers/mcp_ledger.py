@@ -166,15 +166,8 @@ class Ledger:
         """The run id ``run_id`` is, or the only one of the token's fleets it is the start of
         (as the CLI resolves a prefix); NotFoundError: none of the token's runs (an unknown
         run and another fleet's alike), AmbiguousRunError: several."""
-        if not run_id:
-            raise NotFoundError("no run (a run id is needed)")
         with self._conn() as conn:
-            if ops.live_fleet_of(conn, run_id) in who.fleets:
-                return run_id
-            try:
-                return ops.resolve_run(conn, run_id, who.fleets)
-            except NotFoundError:
-                raise NotFoundError(f"no run {run_id}") from None
+            return ops.run_of_fleets(conn, run_id, who.fleets)
 
     # -- read-your-writes --------------------------------------------------------------------
 

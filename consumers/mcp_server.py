@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote, unquote
 
 import anyio
 import anyio.abc
@@ -25,7 +25,12 @@ from aiokafka.errors import KafkaError
 from mcp.server.lowlevel.server import Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    ResourceUpdated,
+    ServerEvent,
+)
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -48,6 +53,7 @@ from schemas.errors import BadArgumentError, NotFoundError
 logger = logging.getLogger(__name__)
 
 RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for a resource that is not there
+TOKEN_CHECK_S = 1.0  # an open subscription re-checks its token at least this often
 INSTRUCTIONS = (
     "AgentLedger: the event-sourced record of agent runs. Read a run's working memory and its "
     "next turn (the context its next model call gets, trust-wrapped) to resume it; its "
@@ -304,7 +310,15 @@ _RUNS_QUERY = (
 
 
 def run_uri(run_id: str, what: str) -> str:
-    return f"ledger://runs/{run_id}/{what}"
+    """A run resource's URI: the run id percent-encoded as one segment (``/`` too), as the
+    template's ``{run_id}`` expands it (RFC 6570)."""
+    return f"ledger://runs/{quote(run_id, safe='')}/{what}"
+
+
+def uri_run(segment: str) -> str:
+    """The run id of a run resource URI's segment: percent-decoded (``team-a%2Frun-1`` is the
+    run ``team-a/run-1``; an id holds no ``%``, so an unencoded one is unchanged)."""
+    return unquote(segment)
 
 
 # -- prompts -----------------------------------------------------------------------------------
@@ -376,7 +390,8 @@ class Watcher:
     def __init__(self, ledger: Ledger, bus: InMemorySubscriptionBus) -> None:
         self.ledger = ledger
         self.bus = bus
-        self.sessions: dict[str, set[ServerSession]] = {}  # uri -> 2025-era subscribers
+        # uri -> 2025-era subscribers, each with the reader of the token it subscribed with
+        self.sessions: dict[str, dict[ServerSession, Ledger]] = {}
         self.listeners: dict[str, int] = {}  # uri -> open listen streams asking for it
         self.seen: dict[str, int | None] = {}
         self.runs: dict[str, str] = {}  # uri -> the run it names (a prefix resolved)
@@ -390,7 +405,7 @@ class Watcher:
         found = _RUN_URI.match(uri)
         if not found or found["what"] not in PROJECTION_OF:
             raise NotFoundError(f"no resource {uri} to subscribe to")
-        return found["run"], PROJECTION_OF[found["what"]]
+        return uri_run(found["run"]), PROJECTION_OF[found["what"]]
 
     @staticmethod
     def check(ledger: Ledger, uri: str) -> str:
@@ -482,11 +497,15 @@ class Watcher:
 
     async def _notify(self, uri: str) -> None:
         await self.bus.publish(ResourceUpdated(uri=uri))
-        for session in list(self.sessions.get(uri, ())):
+        for session, reader in list(self.sessions.get(uri, {}).items()):
+            if not await still_valid(reader):  # revoked or expired: its subscription ends
+                self.sessions.get(uri, {}).pop(session, None)
+                self.forget(uri)
+                continue
             try:
                 await session.send_resource_updated(uri)
             except Exception:  # a closed session: forget it
-                self.sessions[uri].discard(session)
+                self.sessions.get(uri, {}).pop(session, None)
                 self.forget(uri)
 
     def forget(self, uri: str) -> None:
@@ -603,7 +622,7 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
     async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
         templates = [
             types.ResourceTemplate(
-                uri_template=run_uri("{run_id}", what) + "{?min_seq}",
+                uri_template=f"ledger://runs/{{run_id}}/{what}{{?min_seq}}",
                 name=what,
                 title=what.replace("-", " "),
                 description=f"{about} (as the tool {tool}); ?min_seq=N waits for seq N",
@@ -678,23 +697,23 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
 
     bus = InMemorySubscriptionBus()
     watcher = Watcher(ledger, bus)
-    listen = ListenHandler(bus)
 
     async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        run_id = await _checked(of(ctx), uri)
-        watcher.sessions.setdefault(uri, set()).add(ctx.session)
+        reader = of(ctx)
+        run_id = await _checked(reader, uri)
+        watcher.sessions.setdefault(uri, {})[ctx.session] = reader
         try:
             await watcher.add(uri, run_id)
         except BaseException:
-            watcher.sessions[uri].discard(ctx.session)
+            watcher.sessions[uri].pop(ctx.session, None)
             watcher.forget(uri)
             raise
         return types.EmptyResult()
 
     async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        watcher.sessions.get(uri, set()).discard(ctx.session)
+        watcher.sessions.get(uri, {}).pop(ctx.session, None)
         watcher.forget(uri)
         return types.EmptyResult()
 
@@ -702,14 +721,15 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
         ctx: Any, params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         uris = list(params.notifications.resource_subscriptions or ())
-        runs = [await _checked(of(ctx), uri) for uri in uris]
+        reader = of(ctx)
+        runs = [await _checked(reader, uri) for uri in uris]
         counted: list[str] = []
         try:
             for uri, run_id in zip(uris, runs, strict=True):
                 watcher.listeners[uri] = watcher.listeners.get(uri, 0) + 1
                 counted.append(uri)
                 await watcher.add(uri, run_id)
-            return await listen(ctx, params)
+            return await guarded_listen(bus, reader, ctx, params)
         finally:
             for uri in counted:
                 watcher.listeners[uri] -= 1
@@ -744,6 +764,75 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
     )
 
 
+async def still_valid(reader: Ledger) -> bool:
+    """Whether ``reader``'s token is still valid (not revoked, not expired): one indexed
+    lookup of its hash, on a pooled connection."""
+    try:
+        await anyio.to_thread.run_sync(reader.principal)
+    except Unauthorized:
+        return False
+    return True
+
+
+async def guarded_listen(
+    bus: InMemorySubscriptionBus,
+    reader: Ledger,
+    ctx: Any,
+    params: types.SubscriptionsListenRequestParams,
+) -> types.SubscriptionsListenResult:
+    """A ``subscriptions/listen`` stream (the SDK's :class:`ListenHandler`: its ack, filter and
+    stamping) fed from ``bus`` only while ``reader``'s token stays valid: it is checked again
+    before each event is passed on and at least every :data:`TOKEN_CHECK_S`; once it is
+    revoked or expired, nothing more is sent and the stream ends with an error saying so."""
+    own = InMemorySubscriptionBus()  # this stream's alone: an event reaches it once checked
+    handler = ListenHandler(own)
+    send, recv = anyio.create_memory_object_stream[ServerEvent](1024)
+    revoked = False
+
+    def heard(event: ServerEvent) -> None:
+        try:
+            send.send_nowait(event)
+        except anyio.WouldBlock:  # a client that stopped reading: ended, as the SDK's cap does
+            handler.close()
+        except anyio.ClosedResourceError:  # the stream is ending
+            return
+
+    def end() -> None:
+        nonlocal revoked
+        revoked = True
+        handler.close()  # its stream drains (nothing: no event was passed on) and ends
+
+    async def forward() -> None:
+        async for event in recv:
+            if not await still_valid(reader):
+                return end()
+            await own.publish(event)
+
+    async def watch() -> None:
+        while True:
+            await anyio.sleep(TOKEN_CHECK_S)
+            if not await still_valid(reader):
+                return end()
+
+    unsubscribe = bus.subscribe(heard)
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(forward)
+            tasks.start_soon(watch)
+            result = await handler(ctx, params)
+            tasks.cancel_scope.cancel()
+    finally:
+        unsubscribe()
+        send.close()
+        recv.close()
+    if revoked:
+        raise MCPError(
+            code=types.INVALID_PARAMS,
+            message="the token is no longer valid (revoked or expired): the subscription ends",
+        )
+    return result
+
+
 async def _checked(ledger: Ledger, uri: str) -> str:
     try:
         return await anyio.to_thread.run_sync(Watcher.check, ledger, uri)
@@ -764,7 +853,7 @@ def _read_uri(ledger: Ledger, uri: str) -> Answer:
         raise NotFoundError(f"no resource {uri}")
     spec = TOOL_BY_NAME[RUN_RESOURCES[found["what"]][0]]
     query = _query(found["q"], tuple(_QUERY_ARGS))
-    args = spec.args.model_validate({"run_id": found["run"], **query})
+    args = spec.args.model_validate({"run_id": uri_run(found["run"]), **query})
     return spec.read(ledger, args, f"resource:{found['what']}")
 
 

@@ -229,11 +229,79 @@ def _copy(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "rows": list(doc["rows"])}
 
 
+def run_for(settings: Settings, run_id: str, fleets: Sequence[str]) -> str:
+    """The run a reader of ``fleets`` means by ``run_id``: its own run of that id, or the only
+    one of its runs that id is the start of (``ops.run_of_fleets``, the MCP server's rule too):
+    NotFoundError for none of its runs, AmbiguousRunError (a BadArgumentError) for several."""
+    with ops.connect(settings.pg_address) as conn:
+        return ops.run_of_fleets(conn, run_id, fleets)
+
+
 def memory(settings: Settings, run_id: str, at: int | None = None) -> dict[str, Any]:
-    """The run's working memory now, or as it stood after sequence number ``at``."""
+    """The run's working memory now (its whole state, the evidence index included: the MCP
+    server reads which entries are hidden from it), or as it stood after sequence number
+    ``at``: BadArgumentError when ``at`` is past the run's last applied sequence number (the
+    one rule of ``memory --at``, ``/memory?at=`` and the memory page: refused, never
+    clamped, so nobody reads "as it stood after seq 999999" of a run that ends at 10006)."""
     if at is None:
         return live_state(settings, "working-memory", run_id)
+    with ops.connect(settings.pg_address) as conn:
+        applied = [seq for _, seq in ops.live_applied(conn, ["working-memory"], [run_id])]
+    if applied and at > applied[0]:
+        raise BadArgumentError(
+            f"at: run {run_id}'s working memory is applied through seq {applied[0]} (its last "
+            f"entry so far); there is no seq {at} to read it after"
+        )
     return history_at(settings, "working-memory", run_id, "snapshot", at)
+
+
+INDEX_PARTS = ("entries", "tool_calls", "artifacts", "created_files")
+INDEX_PAGE = 1000  # index members a page of memory_index answers by default (and at most 10x)
+
+
+def memory_doc(settings: Settings, run_id: str, at: int | None = None) -> dict[str, Any]:
+    """``agentledger memory --json`` and ``GET /api/v1/runs/R/memory``: :func:`memory` with
+    its size bounded. The current memory's evidence index (every entry id of the run, ~88 B
+    an entry: most of a 10,000-entry run's 1 MB) leaves ``state``; ``index`` says how many
+    members each of its parts has, and :func:`memory_index` pages through them. A memory
+    ``at`` a sequence number never carries the index (its snapshots keep none)."""
+    view = memory(settings, run_id, at)
+    index = view["state"].pop("index", None) if at is None else None
+    if isinstance(index, dict):
+        view["index"] = {part: len(index.get(part) or ()) for part in INDEX_PARTS}
+    return view
+
+
+def memory_index(
+    settings: Settings, run_id: str, part: str, offset: int = 0, limit: int = INDEX_PAGE
+) -> dict[str, Any]:
+    """A page of the current working memory's evidence index (``memory --index PART``, ``GET
+    /api/v1/runs/R/memory/index?part=``): ``part``'s members in key order from ``offset``
+    (``members``: a map, or a list of paths for ``created_files``), ``total`` and
+    ``next_offset`` (None: the last page), with the ``applied_seq`` it was read at (a running
+    run's index grows between pages)."""
+    if part not in INDEX_PARTS:
+        raise BadArgumentError(f"part: one of {', '.join(INDEX_PARTS)}")
+    if offset < 0 or not 1 <= limit <= 10 * INDEX_PAGE:
+        raise BadArgumentError(f"offset: 0 or more; limit: 1 to {10 * INDEX_PAGE}")
+    view = live_state(settings, "working-memory", run_id)
+    found = (view["state"].get("index") or {}).get(part) or ({} if part != "created_files" else [])
+    members: Any
+    if isinstance(found, dict):
+        keys = sorted(found)[offset : offset + limit]
+        members = {k: found[k] for k in keys}
+    else:
+        members = list(found)[offset : offset + limit]
+    more = len(found) > offset + limit
+    return {
+        "run_id": run_id,
+        "applied_seq": view["applied_seq"],
+        "part": part,
+        "total": len(found),
+        "offset": offset,
+        "members": members,
+        "next_offset": offset + limit if more else None,
+    }
 
 
 def manifest(settings: Settings, run_id: str, call: str | None = None) -> dict[str, Any] | None:
@@ -324,9 +392,20 @@ def failure(settings: Settings, run_id: str, stalled_after_minutes: float = 30.0
 def entry(settings: Settings, run_id: str, seq: int) -> dict[str, Any]:
     """One timeline row's drill-down: the rows of sequence number ``seq`` (the entry with its
     detail, references and cost so far) and, for a model call, the manifest of what it saw."""
-    rows = [row for row in timeline(settings, run_id)["rows"] if row["seq"] == seq]
+    every = timeline(settings, run_id)["rows"]
+    rows = [row for row in every if row["seq"] == seq]
+    shown = "row"
+    if not rows:  # a tool result's own entry: the row of the call it answers
+        rows = [row for row in every if (row.get("detail") or {}).get("result_seq") == seq]
+        shown = "result"
+    earlier = [row["seq"] for row in every if row["seq"] < seq]
+    if not rows and earlier and seq <= max(row["seq"] for row in every):
+        # an entry with no row of its own (folded into no row): the last row before it
+        rows = [row for row in every if row["seq"] == max(earlier)]
+        shown = "before"
     if not rows:
-        raise NotFoundError(f"run {run_id} has no timeline row at seq {seq}")
+        last = max((row["seq"] for row in every), default=0)
+        raise NotFoundError(f"run {run_id} has no seq {seq} (its timeline ends at seq {last})")
     manifests: dict[str, Any] = {}
     for row in rows:
         if row["kind"] != "model-call":
@@ -339,7 +418,9 @@ def entry(settings: Settings, run_id: str, seq: int) -> dict[str, Any]:
                 manifests[key] = manifest(settings, run_id, key)
             except (NotFoundError, LookupError):
                 continue
-    return {"run_id": run_id, "seq": seq, "rows": rows, "manifests": manifests}
+    # shown: "row" (the rows of seq), "result" (seq is the result of the call of these rows)
+    # or "before" (seq has no row: the rows of the last sequence number before it)
+    return {"run_id": run_id, "seq": seq, "shown": shown, "rows": rows, "manifests": manifests}
 
 
 RUN_STATUSES = ("RUNNING", *(status.value for status in RunStatus))

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import zip_longest
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlencode, urlparse
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlparse
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import (
@@ -31,16 +32,18 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.analytics import money
-from consumers.render import as_of, memory_sections
+from consumers.render import as_of, memory_sections, neutral_bidi
 from consumers.render_analytics import figure
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from infra.cli_support import bounded
 from infra.settings import Settings
-from schemas.errors import BadArgumentError, NotFoundError
+from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
 
 DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
 # (fleets, source, reason) -> newly dismissed; BadArgumentError: no such dead letter of those
@@ -68,6 +71,7 @@ ROWS_PER_PAGE = 100
 STALLED_AFTER_MIN = 30.0  # as `agentledger failures --stalled-after` by default
 POLL_S = 0.25  # how often a live stream looks for new rows
 STREAM_S = 600.0  # a live stream ends after this long; the browser reconnects where it was
+TOKEN_CHECK_S = 1.0  # an open stream re-checks its token at least this often (and before rows)
 
 
 class HttpError(Exception):
@@ -83,10 +87,65 @@ def _principal(request: Request) -> Principal:
     """The request's token (the Authorization header's, else the session cookie's), valid."""
     header = request.headers.get("authorization", "")
     token = header[7:].strip() if header.lower().startswith("bearer ") else None
-    found = authenticate(request.app.state.settings, token or request.cookies.get(COOKIE))
+    given = token or request.cookies.get(COOKIE)
+    found = authenticate(request.app.state.settings, given)
     if found is None:
         raise HttpError(401, "a valid token is needed: Authorization: Bearer, or /login?token=")
+    request.state.token = given  # an open stream checks it again while it runs
     return found
+
+
+def seg(value: Any) -> str:
+    """``value`` as one URL path segment: every character but letters, digits and ``-._~``
+    percent-encoded, ``/`` included (Jinja's ``urlencode`` leaves ``/`` as it is, so a run id
+    ``team-a/run-1`` or ``../../api/v1/builds`` made a link to another path). ``.`` and
+    ``..`` alone are encoded too (``%2E``), though browsers still read those as dot segments."""
+    text = quote(str(value), safe="")
+    return {".": "%2E", "..": "%2E%2E"}.get(text, text)
+
+
+def _finalize(value: Any) -> Any:
+    """What every ``{{ ... }}`` of the pages prints: text with its bidi controls shown as
+    markers (consumers.render.neutral_bidi), so untrusted text cannot display reversed."""
+    if isinstance(value, Markup):
+        return Markup(neutral_bidi(str(value)))
+    if isinstance(value, str):
+        return neutral_bidi(value)
+    return value
+
+
+_KEPT_ESCAPES = re.compile(r"%(2[fF]|25)")
+
+
+class EncodedSlashes:
+    """Routes on the path as sent (``raw_path``), decoding every escape but ``%2F`` and
+    ``%25``: a run id with a ``/`` (``team-a%2Frun-1``) stays one path segment, so it can
+    never be read as a route's separator (``/runs/a%2Fmemory`` is run ``a/memory``, not run
+    ``a``'s memory page), and :func:`path_id` turns the segment back into the id. (Starlette
+    routes on the decoded path, where ``%2F`` is a ``/``: every form of such a run was a
+    404.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] in ("http", "websocket") else None
+        if raw and b"%" in raw:
+            text = raw.decode("latin-1").split("?", 1)[0]
+            pieces = _KEPT_ESCAPES.split(text)  # text, kept code, text, kept code, ...
+            path = "".join(
+                unquote(piece) if n % 2 == 0 else f"%{piece.upper()}"
+                for n, piece in enumerate(pieces)
+            )
+            scope = {**scope, "path": path}
+        await self.app(scope, receive, send)
+
+
+def path_id(value: str) -> str:
+    """An id from a path segment (:class:`EncodedSlashes` left ``%2F`` and ``%25`` in it).
+    An id holds no ``%`` (schemas.models.ID_PATTERN), so an id given decoded, in a query
+    string, is unchanged."""
+    return unquote(value)
 
 
 Who = Annotated[Principal, Depends(_principal)]
@@ -113,11 +172,15 @@ def create_app(
         redoc_url=None,
     )
     app.state.settings = settings
-    pages = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
+    pages = Environment(
+        loader=FileSystemLoader(HERE / "templates"), autoescape=True, finalize=_finalize
+    )
+    pages.filters["seg"] = seg
     pages.filters["usd"] = _usd
     pages.filters["figure"] = _figure
     pages.filters["pretty"] = lambda doc: json.dumps(doc, indent=2, default=str)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.add_middleware(EncodedSlashes)
 
     @app.middleware("http")
     async def _headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
@@ -133,10 +196,16 @@ def create_app(
         return HTMLResponse(html, status_code=exc.status)
 
     def run_of(who: Principal, run_id: str) -> str:
-        """``run_id`` if it is a run of one of the token's fleets (else 404, whoever has it)."""
-        if queries.run_fleet(settings, run_id) not in who.fleets:
-            raise HttpError(404, f"no run {run_id}")
-        return run_id
+        """The run of the token's fleets ``run_id`` names (a path segment's or a query's):
+        that run, or the only one of them it is the start of (``queries.run_for``, the CLI's
+        and the MCP server's rule); 404 when none of theirs (whoever has it), 400 naming the
+        runs of theirs when several start with it."""
+        try:
+            return queries.run_for(settings, path_id(run_id), who.fleets)
+        except NotFoundError as exc:
+            raise HttpError(404, str(exc)) from None
+        except AmbiguousRunError as exc:
+            raise HttpError(400, f"run id prefix: {exc}") from None
 
     def found(read: Callable[[], Any]) -> Any:
         try:
@@ -236,24 +305,45 @@ def create_app(
 
     @app.get("/api/v1/runs/{run_id}/memory")
     def api_memory(who: Who, run_id: str, at: int | None = None) -> Any:
-        """The working memory now, or as it stood after sequence number ``at``."""
-        return queries.jsonable(found(lambda: queries.memory(settings, run_of(who, run_id), at)))
+        """The working memory now, or as it stood after sequence number ``at`` (400 past the
+        run's last applied one); the evidence index left out of ``state``, its members
+        counted in ``index`` (``/memory/index`` pages through them)."""
+        rid = run_of(who, run_id)
+        return queries.jsonable(found(lambda: queries.memory_doc(settings, rid, at)))
+
+    @app.get("/api/v1/runs/{run_id}/memory/index")
+    def api_memory_index(
+        who: Who,
+        run_id: str,
+        part: str = "entries",
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10 * queries.INDEX_PAGE)] = queries.INDEX_PAGE,
+    ) -> Any:
+        """A page of the current working memory's evidence index: ``part`` (entries,
+        tool_calls, artifacts, created_files) from ``offset``, with ``total`` and
+        ``next_offset`` (``agentledger memory RUN --index PART``)."""
+        rid = run_of(who, run_id)
+        return queries.jsonable(
+            found(lambda: queries.memory_index(settings, rid, part, offset, limit))
+        )
 
     @app.get("/api/v1/runs/{run_id}/context")
     def api_context(who: Who, run_id: str, call: str | None = None) -> Any:
         """The next-turn context manifest, or what model call ``call`` (an entry id) saw."""
-        doc = found(lambda: queries.manifest(settings, run_of(who, run_id), call))
+        rid = run_of(who, run_id)
+        doc = found(lambda: queries.manifest(settings, rid, call))
         if doc is None:
-            raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
+            raise HttpError(404, f"run {rid} has no next-turn manifest yet")
         return queries.jsonable(doc)
 
     @app.get("/api/v1/runs/{run_id}/context/rendered")
     def api_context_rendered(who: Who, run_id: str, call: str | None = None) -> Any:
         """``{"text": ...}``: the next turn (or what ``call`` saw) as the model gets it,
         sectioned, trust wrappers included (``agentledger context --render``)."""
-        doc = found(lambda: queries.manifest(settings, run_of(who, run_id), call))
+        rid = run_of(who, run_id)
+        doc = found(lambda: queries.manifest(settings, rid, call))
         if doc is None:
-            raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
+            raise HttpError(404, f"run {rid} has no next-turn manifest yet")
         return {"text": queries.render_manifest(doc)}
 
     @app.get("/api/v1/runs/{run_id}/costs")
@@ -296,11 +386,11 @@ def create_app(
         the event id) for each row past the first ``after`` as it lands, then ``end`` (with
         the run's final ``status``) when the run has finished. A reconnecting browser's
         ``Last-Event-ID`` takes over from ``after``."""
-        await asyncio.to_thread(run_of, who, run_id)
+        rid = await asyncio.to_thread(run_of, who, run_id)
         last = request.headers.get("last-event-id", "")
         start = int(last) + 1 if last.isdigit() else max(after, 0)
         return StreamingResponse(
-            _live_rows(request, settings, run_id, start),
+            _live_rows(request, settings, rid, start, request.state.token),
             media_type="text/event-stream",
             headers={"X-Accel-Buffering": "no"},
         )
@@ -473,7 +563,8 @@ def create_app(
 
     @app.get("/runs/{run_id}", include_in_schema=False)
     def run_html(who: Who, run_id: str, cursor: str | None = None) -> HTMLResponse:
-        doc = found(lambda: queries.timeline(settings, run_of(who, run_id)))
+        run_id = run_of(who, run_id)
+        doc = found(lambda: queries.timeline(settings, run_id))
         start = _offset(cursor)
         rows = doc["rows"][start : start + ROWS_PER_PAGE]
         more = len(doc["rows"]) > start + ROWS_PER_PAGE
@@ -486,9 +577,11 @@ def create_app(
             rows=rows,
             first=start + 1,
             total=len(doc["rows"]),
-            next_url=f"/runs/{run_id}?cursor={cursor_at(start + ROWS_PER_PAGE)}" if more else None,
+            next_url=f"/runs/{seg(run_id)}?cursor={cursor_at(start + ROWS_PER_PAGE)}"
+            if more
+            else None,
             live=doc["status"] == "RUNNING" and not more,
-            prev_url=f"/runs/{run_id}?cursor={cursor_at(max(0, start - ROWS_PER_PAGE))}"
+            prev_url=f"/runs/{seg(run_id)}?cursor={cursor_at(max(0, start - ROWS_PER_PAGE))}"
             if start
             else None,
         )
@@ -500,8 +593,9 @@ def create_app(
 
     @app.get("/runs/{run_id}/memory", include_in_schema=False)
     def memory_html(who: Who, run_id: str, at: int | None = None) -> HTMLResponse:
-        now = found(lambda: queries.memory(settings, run_of(who, run_id)))
-        view = now if at is None else found(lambda: queries.memory(settings, run_id, at))
+        run_id = run_of(who, run_id)
+        now = found(lambda: queries.memory_doc(settings, run_id))
+        view = now if at is None else found(lambda: queries.memory_doc(settings, run_id, at))
         where = view.get("applied_seq", view.get("seq"))
         return page(
             "memory.html",
@@ -517,7 +611,8 @@ def create_app(
 
     @app.get("/runs/{run_id}/context", include_in_schema=False)
     def context_html(who: Who, run_id: str, call: str | None = None) -> HTMLResponse:
-        doc = found(lambda: queries.manifest(settings, run_of(who, run_id), call))
+        run_id = run_of(who, run_id)
+        doc = found(lambda: queries.manifest(settings, run_id, call))
         if doc is None:
             raise HttpError(404, f"run {run_id} has no next-turn manifest yet")
         return page(
@@ -533,7 +628,8 @@ def create_app(
     def compare_html(who: Who, a: str = "", b: str = "") -> HTMLResponse:
         if not a or not b:
             return page("compare.html", who, a=a, b=b, runs=None, pairs=[])
-        doc = found(lambda: queries.compare(settings, [run_of(who, a), run_of(who, b)]))
+        a, b = run_of(who, a), run_of(who, b)
+        doc = found(lambda: queries.compare(settings, [a, b]))
         left, right = doc["runs"]
         pairs = list(zip_longest(left["rows"], right["rows"]))
         return page("compare.html", who, a=a, b=b, runs=doc["runs"], pairs=pairs)
@@ -603,17 +699,30 @@ def create_app(
 
 
 async def _live_rows(
-    request: Request, settings: Settings, run_id: str, seen: int
+    request: Request, settings: Settings, run_id: str, seen: int, token: str | None
 ) -> AsyncIterator[str]:
     """The event stream of :func:`api_events`: it looks for new rows only when the run's
-    applied sequence numbers have moved (:func:`consumers.queries.applied`)."""
+    applied sequence numbers have moved (:func:`consumers.queries.applied`). Its token is
+    checked again before any row is sent and at least every :data:`TOKEN_CHECK_S`: once it
+    is revoked or expired the stream sends ``denied`` and ends (a reconnect gets 401)."""
     yield "retry: 1000\n\n"
     version, deadline = None, time.monotonic() + STREAM_S
+    checked = time.monotonic()
     while time.monotonic() < deadline and not await request.is_disconnected():
+        if time.monotonic() - checked >= TOKEN_CHECK_S:
+            if await asyncio.to_thread(authenticate, settings, token) is None:
+                yield _denied()
+                return
+            checked = time.monotonic()
         now = await asyncio.to_thread(queries.applied, settings, run_id)
         if now != version:
-            version = now
             doc = await asyncio.to_thread(queries.timeline, settings, run_id)
+            if doc["rows"][seen:] or doc["status"] != "RUNNING":  # about to send: still valid?
+                if await asyncio.to_thread(authenticate, settings, token) is None:
+                    yield _denied()
+                    return
+                checked = time.monotonic()
+            version = now
             for index, row in enumerate(doc["rows"][seen:], start=seen):
                 yield f"id: {index}\nevent: row\ndata: {json.dumps(queries.jsonable(row))}\n\n"
             seen = max(seen, len(doc["rows"]))
@@ -621,6 +730,11 @@ async def _live_rows(
                 yield f"event: end\ndata: {json.dumps({'status': doc['status']})}\n\n"
                 return
         await asyncio.sleep(POLL_S)
+
+
+def _denied() -> str:
+    reason = "the token is no longer valid (revoked or expired): the stream ends"
+    return f"event: denied\ndata: {json.dumps({'detail': reason})}\n\n"
 
 
 def _same_origin(request: Request) -> bool:

@@ -1007,6 +1007,24 @@ def resolve_run(
     return found[0]
 
 
+def run_of_fleets(conn: psycopg.Connection[Any], run_id: str, fleets: Sequence[str]) -> str:
+    """The run ``run_id`` names for a reader of ``fleets``: the run itself when it is one of
+    theirs, else the only run of theirs it is the start of (a unique prefix, as the CLI
+    resolves one). NotFoundError ("no run X"): none of theirs (an unknown run and another
+    fleet's alike, so a prefix never reveals another fleet's run); AmbiguousRunError: several
+    of theirs start with it. The one rule of the web API, its pages and the MCP server."""
+    if not run_id:
+        raise NotFoundError("no run (a run id is needed)")
+    if live_fleet_of(conn, run_id) in fleets:
+        return run_id
+    try:
+        return resolve_run(conn, run_id, fleets)
+    except AmbiguousRunError:
+        raise
+    except NotFoundError:
+        raise NotFoundError(f"no run {run_id}") from None
+
+
 async def dismissed_sources(
     conn: psycopg.AsyncConnection[Any],
 ) -> dict[tuple[str, int, int], tuple[str, datetime]]:

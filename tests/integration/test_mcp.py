@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx2
@@ -145,6 +146,18 @@ def _visible_failure(doc: dict[str, Any], hidden: set[str]) -> dict[str, Any]:
     return {**doc, "classification": {**c, "evidence": evidence}}
 
 
+def _memory(web: Web, run_id: str) -> dict[str, Any]:
+    """``agentledger memory RUN --json`` with its evidence index put back from ``memory
+    --index PART`` (--json counts its members only; the MCP answer carries it while it fits)."""
+    doc: dict[str, Any] = _cli(web, "memory", run_id, "--json")
+    counts = doc.pop("index")
+    doc["state"]["index"] = {
+        part: _cli(web, "memory", run_id, "--index", part, "--limit", "10000")["members"]
+        for part in counts
+    }
+    return doc
+
+
 def _visible_memory(doc: dict[str, Any], hidden: set[str]) -> dict[str, Any]:
     state = doc["state"]
     entries = {k: v for k, v in state["index"]["entries"].items() if k not in hidden}
@@ -190,9 +203,7 @@ async def test_every_tool_and_resource_answers_as_the_cli_does(web: Web) -> None
             hidden = _hidden(web, run_id)
             timeline = _cli(web, "timeline", run_id, "--json")
             expected = {
-                "get_working_memory": _visible_memory(
-                    _cli(web, "memory", run_id, "--json"), hidden
-                ),
+                "get_working_memory": _visible_memory(_memory(web, run_id), hidden),
                 "get_next_turn": _cli(web, "context", run_id, "--json"),
                 "get_timeline": _visible_timeline(timeline, hidden),
                 "get_costs": timeline["cost"],
@@ -712,7 +723,7 @@ def _serve(web: Web) -> Iterator[str]:
 async def test_streamable_http_at_mcp_of_serve(web: Web) -> None:
     run_id = web.runs_of(FLEETS[0])[0]
     other = web.runs_of(FLEETS[1])[0]
-    memory = _cli(web, "memory", run_id, "--json")
+    memory = _memory(web, run_id)
     with _serve(web) as base:
         headers = {"Authorization": f"Bearer {web.token_a}"}
         async with (
@@ -729,15 +740,29 @@ async def test_streamable_http_at_mcp_of_serve(web: Web) -> None:
             )
             refused = await client.call_tool("get_costs", {"run_id": other})
             assert refused.is_error and _text(refused.content[0]) == f"no run {other}"
-        async with (
-            httpx2.AsyncClient(timeout=30) as http,
-            Client(streamable_http_client(f"{base}/mcp", http_client=http)) as anonymous,
-        ):
-            refused = await anonymous.call_tool("get_costs", {"run_id": run_id})
-            assert refused.is_error
-            assert "a valid API token is needed" in _text(refused.content[0])
-        async with httpx2.AsyncClient(timeout=30) as http:  # the web app is still there
-            assert (await http.get(f"{base}/health")).json() == {"status": "ok"}
+        # without a valid token nothing of /mcp answers, initialize included: 401 (before,
+        # initialize answered 200 and only the tools refused)
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        accept = {"Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(timeout=30) as http:
+            for token in (None, "alt_nope", web.revoked):
+                auth = {"Authorization": f"Bearer {token}"} if token else {}
+                answer = await http.post(f"{base}/mcp", json=initialize, headers=accept | auth)
+                assert answer.status_code == 401, (token, answer.text)
+                assert answer.headers["www-authenticate"].startswith('Bearer error="invalid_token"')
+            auth = {"Authorization": f"Bearer {web.token_a}"}
+            answer = await http.post(f"{base}/mcp", json=initialize, headers=accept | auth)
+            assert answer.status_code == 200
+            assert (await http.get(f"{base}/health")).json() == {"status": "ok"}  # the web app
 
 
 async def test_read_your_writes_of_a_new_run_and_run_id_prefixes(web: Web) -> None:
@@ -763,7 +788,7 @@ async def test_read_your_writes_of_a_new_run_and_run_id_prefixes(web: Web) -> No
         meta = answer.meta or {}
         assert meta["reached"] is True and meta["applied_seq"] >= last
         assert answer.structured_content == _visible_memory(
-            _cli(web, "memory", run_id, "--json"),
+            _memory(web, run_id),
             {e.entry_id for e in new if e.visibility.value != "MODEL_VISIBLE"},
         )
         # an unknown run with min_seq: waited out, then "no run", like another fleet's
@@ -835,3 +860,79 @@ async def test_an_agent_resumes_a_run_from_its_next_turn(web: Web) -> None:
     assert _cli(web, "memory", web.live_run, "--json")["state"]["current_plan"][0] == (
         "reread the failing test 2"
     )
+
+
+SLASHED = "team-a/run-1"
+
+
+async def test_a_run_resource_takes_an_encoded_run_id(web: Web) -> None:
+    """Before: ``ledger://runs/team-a%2Frun-1/costs`` (the template's ``{run_id}`` expanded,
+    RFC 6570) was "no resource" while ``get_costs`` read the run. Now the resource decodes
+    its segment."""
+    entries = [from_json({**to_json(e), "run_id": SLASHED}) for e in simulate(1, 1, seed=7701)]
+    async with AsyncPublisher(web.settings) as publisher:
+        await publisher.publish_batch(entries)
+    await _project(web.settings)
+    async with _client(web, web.token_a) as client:
+        tool = await _tool(client, "get_costs", run_id=SLASHED)
+        read = await client.read_resource(f"ledger://runs/{quote(SLASHED, safe='')}/costs")
+        assert json.loads(_text(read.contents[-1])) == tool.structured_content
+        assert (read.contents[-1].meta or {})["run_id"] == SLASHED
+
+
+async def test_a_subscription_ends_when_its_token_is_revoked(web: Web) -> None:
+    """Before: over HTTP, after ``tokens revoke`` the reads failed but an open
+    ``subscriptions/listen`` stream still delivered ``notifications/resources/updated`` for new
+    entries. Now the stream re-checks its token (before each event, and every second) and
+    ends with an error; nothing published after the revocation reaches it."""
+    entries = simulate(1, 1, seed=7801)
+    run_id = entries[0].run_id
+
+    async def publish(part: list[LedgerEntry]) -> None:
+        async with AsyncPublisher(web.settings) as publisher:
+            await publisher.publish_batch(part)
+        await _project(web.settings)
+
+    await publish(entries[:10])
+    made = create_token(web.settings, [FLEETS[0]])
+    uri = f"ledger://runs/{run_id}/working-memory"
+    relay, stop = ChangeRelay(web.settings, idle_s=0.2), asyncio.Event()
+    relaying = asyncio.create_task(relay.run(stop))
+    heard_after: list[Any] = []
+    try:
+        with anyio.fail_after(30):
+            await relay.active.wait()
+        with _serve(web) as base:
+            headers = {"Authorization": f"Bearer {made['token']}"}
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=30) as http,
+                Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client,
+            ):
+                with pytest.raises(BaseException) as ended:  # the SDK raises it in a group
+                    async with client.listen(resource_subscriptions=[uri]) as sub:
+                        await publish(entries[10:20])
+                        with anyio.fail_after(10):
+                            assert isinstance(await sub.__anext__(), ResourceUpdated)
+                        revoke = ["tokens", "revoke", made["token_id"]]
+                        env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address}
+                        assert CliRunner().invoke(app, revoke, env=env).exit_code == 0
+                        await publish(entries[20:])
+                        with anyio.fail_after(15):
+                            async for event in sub:
+                                heard_after.append(event)
+    finally:
+        stop.set()
+        await relaying
+    assert heard_after == []
+    assert any(
+        isinstance(e, MCPError) and "no longer valid" in str(e) for e in _leaves(ended.value)
+    ), ended.value
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """An exception and, of a group, every exception in it (and their causes)."""
+    found = [exc, *([exc.__cause__] if exc.__cause__ else [])]
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found += _leaves(inner)
+    return found

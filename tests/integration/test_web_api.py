@@ -4,6 +4,7 @@ PostgreSQL) read back through the HTTP API and the pages with httpx, against the
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import os
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import psycopg
@@ -23,13 +25,14 @@ from markupsafe import escape
 from typer.testing import CliRunner
 
 from consumers import analytics, queries
-from consumers.access import create_token
+from consumers.access import create_token, revoke_token
 from consumers.queries import cost_text
 from infra.main import app
 from infra.settings import Settings
 from projectors.stores import postgres_ops as ops
-from schemas.models import ModelUsagePart
-from streams.simulate import simulate_runs
+from schemas.json_form import from_json, to_json
+from schemas.models import LedgerEntry, ModelUsagePart
+from streams.simulate import simulate, simulate_runs
 from tests.integration.web_support import (
     FLEETS,
     HOSTILE_REPOSITORY,
@@ -541,3 +544,223 @@ async def test_a_run_read_again_is_assembled_once_until_it_is_written(
     assert grown == _cli(web, "timeline", run_id, "--json")["rows"]
     assert _api(web, f"/api/v1/runs/{run_id}")["status"] != "RUNNING"
     assert assembled == [run_id, run_id]
+
+
+# -- a trial's findings (user3): revocation, run ids in paths, prefixes, entry seqs, memory size,
+# --at past the end, bidi controls ----------------------------------------------------------
+
+
+def _publish(web: Web, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Publish and project ``entries``, and count them among the deployment's runs."""
+    sent = asyncio.run(publish_and_project(web.settings, entries))
+    web.sent += sent
+    return sent
+
+
+def _renamed(entries: list[LedgerEntry], run_id: str) -> list[LedgerEntry]:
+    return [from_json({**to_json(e), "run_id": run_id}) for e in entries]
+
+
+def _events(lines: Iterator[str]) -> Iterator[tuple[str, str, str]]:
+    """(event, id, data) of a server-sent event stream's lines, as they come."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(": ")
+            fields[name] = value
+            continue
+        if "event" in fields:
+            yield fields["event"], fields.get("id", ""), fields["data"]
+        fields = {}
+
+
+def test_an_open_event_stream_ends_when_its_token_is_revoked(web: Web) -> None:
+    """Before: the stream opened with a token went on sending rows (full content) after
+    ``tokens revoke``. Now it sends ``denied`` and ends, and nothing published after the
+    revocation reaches it."""
+    entries = simulate(1, 1, seed=7101)
+    run_id = entries[0].run_id
+    _publish(web, entries[:15])
+    shown = len(_cli(web, "timeline", run_id, "--json")["rows"])
+    made = create_token(web.settings, [FLEETS[0]])
+    url = f"{web.base}/api/v1/runs/{run_id}/events"
+    bearer = {"Authorization": f"Bearer {made['token']}"}
+    with httpx.stream("GET", url, params={"after": 0}, headers=bearer, timeout=30) as answer:
+        assert answer.status_code == 200
+        events = _events(answer.iter_lines())
+        first = [next(events) for _ in range(shown)]
+        assert [e for e, _, _ in first] == ["row"] * shown
+        assert revoke_token(web.settings, made["token_id"])
+        _publish(web, entries[15:])  # the rest of the run, its end among it
+        started = time.monotonic()
+        after = list(events)  # the stream ends (or the read times out after 30 s)
+    assert [e for e, _, _ in after] == ["denied"], after
+    assert time.monotonic() - started < 10
+    assert len(_cli(web, "timeline", run_id, "--json")["rows"]) > shown  # there was more
+    assert _get(web, f"/api/v1/runs/{run_id}/events", made["token"]).status_code == 401
+
+
+SLASHED = ("team-a/run-1", "../../api/v1/builds")
+
+
+def test_run_ids_with_a_slash_are_one_path_segment(web: Web) -> None:
+    """Before: the runs page linked ``href="/runs/team-a/run-1"`` and
+    ``href="/runs/../../api/v1/builds"`` (another endpoint), and every form of such a run was
+    a 404. Now every link encodes the id as one segment and every encoded form opens it."""
+    for seed, run_id in zip((7201, 7202), SLASHED, strict=True):
+        _publish(web, _renamed(simulate(1, 1, seed=seed), run_id))
+    cookies = {"al_session": web.token_a}
+    listed = httpx.get(f"{web.base}/runs", params={"limit": 200}, cookies=cookies).text
+    for run_id in SLASHED:
+        enc = quote(run_id, safe="")
+        assert f'href="/runs/{enc}"' in listed and f'href="/runs/{run_id}"' not in listed
+        timeline = _cli(web, "timeline", run_id, "--json")
+        header = _api(web, f"/api/v1/runs/{enc}")
+        assert header.pop("row_count") == len(timeline["rows"]) and header["run_id"] == run_id
+        assert {**header, "rows": _all_rows(web, enc, 50)} == timeline
+        assert _api(web, f"/api/v1/runs/{enc}/memory") == _cli(web, "memory", run_id, "--json")
+        seq = timeline["rows"][0]["seq"]
+        assert _api(web, f"/api/v1/runs/{enc}/entries/{seq}")["run_id"] == run_id
+        page = httpx.get(f"{web.base}/runs/{enc}", cookies=cookies)
+        assert page.status_code == 200
+        assert f'href="/runs/{enc}/memory"' in page.text
+        assert f'href="/runs/{enc}/entries/{seq}"' in page.text
+        assert f'href="/api/v1/runs/{enc}/costs"' in page.text
+        for path in (f"/runs/{enc}/memory", f"/runs/{enc}/entries/{seq}", f"/runs/{enc}/context"):
+            assert httpx.get(f"{web.base}{path}", cookies=cookies).status_code == 200, path
+        assert _get(web, f"/api/v1/runs/{enc}", web.token_b).status_code == 404  # fleet-01's
+    # the id's own slashes are never route separators: run "team-a" has no page "run-1"
+    assert _get(web, "/api/v1/runs/team-a/run-1", web.token_a).status_code == 404
+
+
+def test_a_unique_prefix_opens_a_run_and_never_another_fleets(web: Web) -> None:
+    """Before: ``/api/v1/runs/PREFIX`` was a 404 while the CLI and MCP resolved it. Now the
+    API and the pages resolve a unique prefix among the token's fleets' runs (the MCP
+    server's rule, one function); an ambiguous one is a 400 naming the runs, and a prefix of
+    another fleet's run is a 404."""
+    for seed, run_id in zip((7301, 7302), ("ambig-run-1", "ambig-run-2"), strict=True):
+        _publish(web, _renamed(simulate(1, 1, seed=seed), run_id))
+    b_only = [e for e in simulate(2, 1, seed=7303) if e.fleet_id == FLEETS[1]]
+    _publish(web, _renamed(b_only, "zz-fleet-b-only"))
+    own = _api(web, "/api/v1/runs", limit=1000)["runs"]
+    run_id = own[0]["run_id"]
+    prefix = next(
+        run_id[:n]
+        for n in range(4, len(run_id))
+        if sum(r["run_id"].startswith(run_id[:n]) for r in own) == 1
+    )
+    assert _api(web, f"/api/v1/runs/{prefix}")["run_id"] == run_id
+    assert _api(web, f"/api/v1/runs/{prefix}/costs") == _api(web, f"/api/v1/runs/{run_id}/costs")
+    cookies = {"al_session": web.token_a}
+    page = httpx.get(f"{web.base}/runs/{prefix}", cookies=cookies)
+    assert page.status_code == 200 and f'href="/runs/{quote(run_id, safe="")}/memory"' in page.text
+    ambiguous = _get(web, "/api/v1/runs/ambig-run", web.token_a)
+    assert ambiguous.status_code == 400
+    assert (
+        "ambig-run-1" in ambiguous.json()["detail"] and "ambig-run-2" in ambiguous.json()["detail"]
+    )
+    assert "zz-fleet-b-only" not in {r["run_id"] for r in own}
+    for path in ("/api/v1/runs/zz-fleet", "/api/v1/runs/zz-fleet/memory", "/runs/zz-fleet"):
+        assert _get(web, path, web.token_a).status_code == 404, path
+    assert _api(web, "/api/v1/runs/zz-fleet", web.token_b)["run_id"] == "zz-fleet-b-only"
+
+
+def test_an_entry_page_opens_for_a_tool_results_own_seq(web: Web) -> None:
+    """Before: ``/runs/R/entries/10`` was a 404 when 10 is row 9's tool result. Now it shows
+    the row of the call it answers, saying so."""
+    run_id = web.hostile_run
+    rows = _cli(web, "timeline", run_id, "--json")["rows"]
+    seqs = {r["seq"] for r in rows}
+    row = next(r for r in rows if r["detail"].get("result_seq") not in (None, *seqs))
+    result = row["detail"]["result_seq"]
+    doc = _api(web, f"/api/v1/runs/{run_id}/entries/{result}")
+    assert doc["seq"] == result and doc["shown"] == "result"
+    assert doc["rows"] == [r for r in rows if r["detail"].get("result_seq") == result]
+    page = httpx.get(
+        f"{web.base}/runs/{run_id}/entries/{result}", cookies={"al_session": web.token_a}
+    )
+    assert page.status_code == 200 and f"is the result of the call below (#{row['seq']})" in (
+        page.text
+    )
+    assert _get(web, f"/api/v1/runs/{run_id}/entries/99999", web.token_a).status_code == 404
+
+
+def test_the_memory_document_leaves_the_index_to_its_pages(web: Web) -> None:
+    """Before: ``/memory`` and ``memory --json`` carried the whole evidence index (886 KB of
+    a 10,006-entry run's 1.09 MB). Now they count its members and ``/memory/index`` (``memory
+    --index``) pages through them: the pages add up to the index."""
+    run_id = web.hostile_run
+    full = queries.jsonable(queries.memory(web.settings, run_id))["state"]["index"]
+    doc = _api(web, f"/api/v1/runs/{run_id}/memory")
+    assert "index" not in doc["state"] and doc == _cli(web, "memory", run_id, "--json")
+    assert doc["index"] == {part: len(full[part]) for part in queries.INDEX_PARTS}
+    assert doc["index"]["entries"] > 10
+    members: dict[str, Any] = {}
+    offset: int | None = 0
+    while offset is not None:
+        page = _api(
+            web, f"/api/v1/runs/{run_id}/memory/index", part="entries", offset=offset, limit=7
+        )
+        assert len(page["members"]) <= 7 and page["total"] == len(full["entries"])
+        members.update(page["members"])
+        offset = page["next_offset"]
+    assert members == full["entries"]
+    cli = _cli(web, "memory", run_id, "--index", "tool_calls", "--limit", "3")
+    assert cli == _api(web, f"/api/v1/runs/{run_id}/memory/index", part="tool_calls", limit=3)
+    assert (
+        _get(web, f"/api/v1/runs/{run_id}/memory/index", web.token_a, part="x").status_code == 400
+    )
+
+
+def test_memory_at_past_the_runs_end_is_refused_everywhere(web: Web) -> None:
+    """Before: ``memory --at 999999`` said "as it stood after seq 999999" (exit 0) and the
+    page offered "seq 999998". Now the CLI (exit 2), the API and the page refuse it alike."""
+    run_id = web.hostile_run
+    last = _cli(web, "memory", run_id, "--json")["applied_seq"]
+    env = {"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "200"}
+    result = CliRunner().invoke(app, ["memory", run_id, "--at", "999999"], env=env)
+    assert result.exit_code == 2 and f"applied through seq {last}" in result.output
+    answer = _get(web, f"/api/v1/runs/{run_id}/memory", web.token_a, at=999999)
+    assert answer.status_code == 400 and f"applied through seq {last}" in answer.json()["detail"]
+    page = httpx.get(
+        f"{web.base}/runs/{run_id}/memory",
+        params={"at": 999999},
+        cookies={"al_session": web.token_a},
+    )
+    assert page.status_code == 400 and "seq 999998" not in page.text
+    assert _get(web, f"/api/v1/runs/{run_id}/memory", web.token_a, at=last).status_code == 200
+
+
+BIDI = "\u202eexe.txt \u2066isolated\u2069 \u202aembedded\u202c"
+
+
+def test_pages_show_bidi_controls_as_markers_and_json_keeps_them(web: Web) -> None:
+    """Before: the pages kept raw U+202E (and the other bidi controls) from untrusted text, so
+    it displayed reversed. Now every page shows a visible marker; the API's JSON is the data
+    as stored."""
+    entries = simulate(1, 1, seed=7501)
+    out = []
+    for e in entries:
+        if e.kind.value == "USER_TASK":
+            doc = to_json(e)
+            doc["parts"] = [{"type": "text", "text": f"Fix {BIDI}"}]
+            e = from_json(doc)
+        out.append(e)
+    _publish(web, out)
+    run_id = out[0].run_id
+    cookies = {"al_session": web.token_a}
+    pages = [
+        httpx.get(f"{web.base}/runs/{run_id}", cookies=cookies),
+        httpx.get(f"{web.base}/runs", params={"search": "isolated"}, cookies=cookies),
+        httpx.get(f"{web.base}/runs/{run_id}/memory", cookies=cookies),
+        httpx.get(f"{web.base}/runs/{run_id}/context", cookies=cookies),
+    ]
+    for page in pages:
+        assert page.status_code == 200
+        assert not any(
+            chr(c) in page.text for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+        )
+    assert "[U+202E]exe.txt" in pages[0].text and "[U+2066]isolated[U+2069]" in pages[0].text
+    assert "[U+202E]exe.txt" in pages[1].text
+    timeline = _api(web, f"/api/v1/runs/{run_id}/timeline")
+    assert any(BIDI in r["text"] for r in timeline["rows"])  # the data, as stored

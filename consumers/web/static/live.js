@@ -9,10 +9,19 @@
   }
   const source = new EventSource(list.dataset.events);
 
+  // Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) shown as markers, as
+  // the server's pages show them (consumers.render.neutral_bidi): untrusted text cannot display
+  // reversed.
+  function neutral(value) {
+    return String(value).replace(/[\u202a-\u202e\u2066-\u2069]/g, function (c) {
+      return "[U+" + c.charCodeAt(0).toString(16).toUpperCase() + "]";
+    });
+  }
+
   function text(tag, className, value) {
     const node = document.createElement(tag);
     node.className = className;
-    node.textContent = value;
+    node.textContent = neutral(value);
     return node;
   }
 
@@ -46,7 +55,7 @@
     drill.className = "drill";
     const link = document.createElement("a");
     link.href = list.dataset.run + "/entries/" + encodeURIComponent(row.seq);
-    link.textContent = "Open entry #" + row.seq;
+    link.textContent = neutral("Open entry #" + row.seq);
     const para = document.createElement("p");
     para.append(link);
     drill.append(para, text("pre", "text", row.text), text("pre", "json", JSON.stringify(row, null, 2)));
@@ -57,6 +66,11 @@
     if (count) {
       count.textContent = String(Number(count.textContent) + 1);
     }
+  });
+
+  // the token was revoked or has expired: the server ended the stream; do not reconnect
+  source.addEventListener("denied", function () {
+    source.close();
   });
 
   source.addEventListener("end", function (event) {
