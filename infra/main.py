@@ -407,17 +407,41 @@ def serve(
     from projectors.stores import postgres_ops
 
     settings = _settings()
-    err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
-    # open event streams (a running run's page) get 5 s to end once a stop is asked
+    # the address is taken before "serving" is said (found trying the product: a taken port
+    # printed "serving http://..." and then failed)
+    listening = _listen(host, port)
     app = web_app(settings)
     mount_mcp(app, settings, host)  # the MCP server over streamable HTTP at /mcp
     # every read (a page, an API answer, each poll of a live page's event stream) borrows a
     # pooled connection rather than opening one: opening was most of a quick read's time
     postgres_ops.keep_connections(settings.pg_address)
+    # open event streams (a running run's page) get 5 s to end once a stop is asked
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    err.print(f"serving http://{host}:{port}/ (sign in at /login?token=TOKEN)")
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        server.run(sockets=[listening])
     finally:
         postgres_ops.drop_connections(settings.pg_address)
+
+
+def _listen(host: str, port: int) -> Any:
+    """A socket bound to ``host:port``, or an error naming why not (exit 1)."""
+    import socket
+
+    sock: socket.socket | None = None
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        err.print(f"[red]error:[/] cannot listen on {escape(host)}:{port}: {escape(str(exc))}")
+        raise typer.Exit(code=1) from None
+    return sock
 
 
 @app.command("demo")

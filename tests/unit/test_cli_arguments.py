@@ -167,3 +167,20 @@ def test_a_bad_argument_is_one_line_and_exit_2(name: str, tmp_path: Path, cli: R
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
     assert not (tmp_path / "state").exists(), "nothing was started or written"
+
+
+def test_serve_on_a_taken_port_says_why_before_saying_serving() -> None:
+    """Found trying the product: `serve` on a taken port printed "serving http://..." and then
+    failed with a traceback-like [Errno 98] line (exit 3)."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = CliRunner().invoke(app, ["serve", "--port", str(port)])
+    assert done.exit_code == 1, done.output
+    assert f"cannot listen on 127.0.0.1:{port}" in done.output
+    assert "serving" not in done.output
