@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.console import Console
@@ -110,14 +109,3 @@ def dropped_text(d: dict[str, Any]) -> str:
     """One line for an item dropped from the manifest for the budget."""
     of = d.get("tool_call_id") or d.get("source_entry_id") or "-"
     return f"{d.get('item_kind')} of {of}, {d.get('tokens')} tokens: {d.get('reason')}"
-
-
-# Unicode's bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069):
-# in untrusted text they make what follows display reversed or moved (`exe.txt` shown as
-# `txt.exe`). The pages show each as a visible marker instead.
-BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
-
-
-def neutral_bidi(text: str) -> str:
-    """``text`` with each bidi control replaced by a visible ``[U+202E]``-style marker."""
-    return BIDI_CONTROLS.sub(lambda found: f"[U+{ord(found[0]):04X}]", text)

@@ -16,26 +16,18 @@ from rich.style import Style
 
 from infra.settings import Settings, load_settings
 from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
-
-
-def _shown(code: int) -> str:
-    return f"<U+{code:04X}>" if code > 0xFF else f"\\x{code:02x}"
-
+from schemas.shown import BIDI_CODES, shown_char
 
 # Characters of untrusted text a terminal would obey instead of showing: C0 controls but tab
 # and newline (ESC begins colour, cursor, clear-screen and OSC 8 link sequences; CR and BS
-# overwrite what was shown), DEL, C1 controls, and Unicode's bidirectional controls (they show
-# text reversed). Each is shown as a visible escape.
+# overwrite what was shown), DEL, C1 controls, and Unicode's bidirectional controls (the pages'
+# set, schemas.shown.BIDI_CODES). Each is shown as its visible marker.
 _UNSAFE = [
     *(c for c in range(0x20) if c not in (0x09, 0x0A)),
     *range(0x7F, 0xA0),
-    0x061C,
-    0x200E,
-    0x200F,
-    *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A),
+    *BIDI_CODES,
 ]
-_SAFE = {c: _shown(c) for c in _UNSAFE}
+_SAFE = {c: shown_char(c) for c in _UNSAFE}
 
 
 def terminal_safe(text: str) -> str:

@@ -38,12 +38,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.analytics import money
-from consumers.render import as_of, memory_sections, neutral_bidi
+from consumers.render import as_of, memory_sections
 from consumers.render_analytics import figure
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from infra.cli_support import bounded
 from infra.settings import Settings
 from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
+from schemas.shown import neutral_bidi
 
 DeadLetters = Callable[[Sequence[str]], list[dict[str, Any]]]
 # (fleets, source, reason) -> newly dismissed; BadArgumentError: no such dead letter of those
@@ -106,7 +107,7 @@ def seg(value: Any) -> str:
 
 def _finalize(value: Any) -> Any:
     """What every ``{{ ... }}`` of the pages prints: text with its bidi controls shown as
-    markers (consumers.render.neutral_bidi), so untrusted text cannot display reversed."""
+    markers (schemas.shown.neutral_bidi), so untrusted text cannot display reversed."""
     if isinstance(value, Markup):
         return Markup(neutral_bidi(str(value)))
     if isinstance(value, str):

@@ -9,12 +9,12 @@
   }
   const source = new EventSource(list.dataset.events);
 
-  // Bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) shown as markers, as
-  // the server's pages show them (consumers.render.neutral_bidi): untrusted text cannot display
-  // reversed.
+  // Bidi controls (U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069: schemas.shown's
+  // BIDI_CODES) shown as markers, as the server's pages show them (schemas.shown.neutral_bidi):
+  // untrusted text cannot display reversed.
   function neutral(value) {
-    return String(value).replace(/[\u202a-\u202e\u2066-\u2069]/g, function (c) {
-      return "[U+" + c.charCodeAt(0).toString(16).toUpperCase() + "]";
+    return String(value).replace(/[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, function (c) {
+      return "[U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "]";
     });
   }
 

@@ -1,0 +1,27 @@
+"""Characters of the ledger's text that no output may let act: how every output (the web pages,
+live.js, the command line) shows them instead.
+
+Unicode's bidirectional controls (the Arabic letter mark, the left-to-right and right-to-left
+marks, embeddings, overrides and isolates: U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069)
+make what follows display reversed or moved in any output (`exe.txt` shown as `txt.exe`); a
+terminal also obeys control characters (``infra.cli_support.terminal_safe``). Each is shown as a
+visible marker. live.js repeats the bidi set.
+"""
+
+from __future__ import annotations
+
+BIDI_CODES = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+
+
+def shown_char(code: int) -> str:
+    """The visible marker of such a character: ``[U+202E]``, or ``\\x1b`` for one of the first
+    256."""
+    return f"[U+{code:04X}]" if code > 0xFF else f"\\x{code:02x}"
+
+
+_NEUTRAL = {code: shown_char(code) for code in BIDI_CODES}
+
+
+def neutral_bidi(text: str) -> str:
+    """``text`` with each bidi control (:data:`BIDI_CODES`) shown as its marker."""
+    return text.translate(_NEUTRAL)
