@@ -69,6 +69,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 ROWS_PER_PAGE = 100
+COMPARE_PAIRS = 200  # timeline rows side by side on one compare page
 STALLED_AFTER_MIN = 30.0  # as `agentledger failures --stalled-after` by default
 POLL_S = 0.25  # how often a live stream looks for new rows
 STREAM_S = 600.0  # a live stream ends after this long; the browser reconnects where it was
@@ -626,14 +627,32 @@ def create_app(
         )
 
     @app.get("/compare", include_in_schema=False)
-    def compare_html(who: Who, a: str = "", b: str = "") -> HTMLResponse:
+    def compare_html(
+        who: Who, a: str = "", b: str = "", start: Annotated[int, Query(ge=0)] = 0
+    ) -> HTMLResponse:
         if not a or not b:
-            return page("compare.html", who, a=a, b=b, runs=None, pairs=[])
+            return page("compare.html", who, a=a, b=b, runs=None, pairs=[], start=0)
         a, b = run_of(who, a), run_of(who, b)
         doc = found(lambda: queries.compare(settings, [a, b]))
         left, right = doc["runs"]
+        # the timelines a page of pairs at a time (found trying the product: two 10,006-entry
+        # runs made a 2.25 MB page)
         pairs = list(zip_longest(left["rows"], right["rows"]))
-        return page("compare.html", who, a=a, b=b, runs=doc["runs"], pairs=pairs)
+        shown = pairs[start : start + COMPARE_PAIRS]
+        here = f"/compare?a={seg(a)}&b={seg(b)}&start="
+        after = start + COMPARE_PAIRS
+        return page(
+            "compare.html",
+            who,
+            a=a,
+            b=b,
+            runs=doc["runs"],
+            pairs=shown,
+            start=start,
+            pair_count=len(pairs),
+            prev_url=f"{here}{max(0, start - COMPARE_PAIRS)}" if start else None,
+            next_url=f"{here}{after}" if after < len(pairs) else None,
+        )
 
     @app.get("/fleets", include_in_schema=False)
     def fleets_html(who: Who, fleet: str | None = None, since: str = "") -> HTMLResponse:

@@ -348,6 +348,17 @@ def test_compare_puts_two_runs_side_by_side_as_the_cli_reads_them(web: Web) -> N
     )
     assert page.status_code == 200
     assert all(escape(outcomes[r]) in page.text for r in (a, b))
+    # the timelines come a page of pairs at a time (two 10,006-entry runs made a 2.25 MB page)
+    pairs = max(len(_cli(web, "timeline", r, "--json")["rows"]) for r in (a, b))
+    assert pairs < 200 and f"rows 1 to {pairs} of {pairs}" in page.text
+    assert 'rel="next"' not in page.text and 'rel="prev"' not in page.text
+    later = httpx.get(
+        f"{web.base}/compare",
+        params={"a": a, "b": b, "start": 5},
+        cookies={"al_session": web.token_a},
+    )
+    assert f"rows 6 to {pairs} of {pairs}" in later.text and 'rel="prev"' in later.text
+    assert '<td class="num">6</td>' in later.text and '<td class="num">5</td>' not in later.text
 
 
 def test_the_event_stream_sends_each_row_once_then_the_end(web: Web) -> None:
