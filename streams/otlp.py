@@ -16,7 +16,7 @@ import logging
 from aiohttp import web
 
 from infra.settings import Settings
-from schemas.errors import AgentLedgerError
+from schemas.errors import AgentLedgerError, LedgerValidationError
 from streams.importers.otel import (
     TraceBook,
     renumbered,
@@ -54,7 +54,9 @@ class Receiver:
         except Exception as exc:  # any undecodable body: the sender is told, nothing is sent
             return web.Response(status=400, text=f"not an OTLP trace export: {type(exc).__name__}")
         async with self.lock:
+            done_before = set(self.book.done)
             runs = runs_from_spans(spans, self.fleet_id, self.book, self.run_attribute)
+            published = 0
             try:
                 await self.publisher.resume({(r.fleet_id, r.run_id) for r in runs})
                 for run in runs:
@@ -63,8 +65,22 @@ class Receiver:
                     if entries:
                         await self.publisher.publish_batch(entries)
                         self.entries += len(entries)
+                        published += 1
+            except LedgerValidationError as exc:  # the spans break the contract: not retryable
+                log.error("otlp: spans refused, not published: %s", exc)
+                return web.Response(status=400, text=f"refused: {exc}")
             except AgentLedgerError as exc:
-                log.warning("otlp: not published: %s", exc)
+                if not published:  # nothing of this export went out: its retry maps it again
+                    self.book.done = done_before
+                    log.warning("otlp: not published (the sender retries): %s", exc)
+                else:
+                    log.error(
+                        "otlp: %d of %d runs of an export published, then: %s (the others' "
+                        "spans are not published)",
+                        published,
+                        len(runs),
+                        exc,
+                    )
                 return web.Response(status=503, text=str(exc))
         if proto:
             return web.Response(body=b"", content_type=PROTOBUF)

@@ -187,6 +187,11 @@ def traceparent(trace_id: str, span_id: str) -> bytes:
     return f"00-{trace_id}-{span_id}-01".encode()
 
 
+# run ids that cannot name a run in a URL path: a browser resolves them as dot segments (an id
+# holding '/' is one encoded segment, see consumers.web.app.seg, and opens as any other)
+DOT_SEGMENTS = (".", "..")
+
+
 def prepare(
     entry: LedgerEntry,
     book: SequenceBook,
@@ -199,12 +204,12 @@ def prepare(
     """Validate, redact, number and encode one entry. Pure apart from the sequence book peek
     (and the clock, read once when ``now`` is not given), and of the ``artifacts`` store that an
     entry over the size limit has its largest texts moved to (:func:`streams.artifacts.offload`)."""
-    if "/" in entry.run_id or entry.run_id in (".", ".."):
+    if entry.run_id in DOT_SEGMENTS:
         # (the decoder still takes such ids: runs already on a ledger replay as they were)
         raise LedgerValidationError(
             "run_id",
-            "a new run's id may not hold '/' nor be '.' or '..': it names the run in the web "
-            "pages', the API's and MCP's addresses",
+            "a run's id may not be '.' or '..': it names the run in the web pages', the API's "
+            "and MCP's addresses, where a browser reads those as the folder itself or above it",
         )
     if entry.occurred_at > (now or datetime.now(UTC)) + MAX_CLOCK_AHEAD:
         raise LedgerValidationError(

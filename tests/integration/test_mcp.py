@@ -47,14 +47,7 @@ from streams.engine import Engine
 from streams.publisher import AsyncPublisher
 from streams.simulate import simulate
 from streams.source import drain
-from tests.integration.web_support import (
-    FLEETS,
-    HOSTILE_TOOL,
-    Web,
-    free_port,
-    produce_and_project,
-    web_deployment,
-)
+from tests.integration.web_support import FLEETS, HOSTILE_TOOL, Web, free_port, web_deployment
 
 pytestmark = pytest.mark.integration
 
@@ -877,8 +870,9 @@ async def test_a_run_resource_takes_an_encoded_run_id(web: Web) -> None:
     RFC 6570) was "no resource" while ``get_costs`` read the run. Now the resource decodes
     its segment."""
     entries = [from_json({**to_json(e), "run_id": SLASHED}) for e in simulate(1, 1, seed=7701)]
-    # (the publisher refuses such new ids; a ledger may hold them from before: written past it)
-    await produce_and_project(web.settings, entries)
+    async with AsyncPublisher(web.settings) as publisher:
+        await publisher.publish_batch(entries)
+    await _project(web.settings)
     async with _client(web, web.token_a) as client:
         tool = await _tool(client, "get_costs", run_id=SLASHED)
         read = await client.read_resource(f"ledger://runs/{quote(SLASHED, safe='')}/costs")

@@ -93,25 +93,6 @@ async def publish_and_project(settings: Settings, entries: list[LedgerEntry]) ->
     return list(sent)
 
 
-async def produce_and_project(settings: Settings, entries: list[LedgerEntry]) -> list[LedgerEntry]:
-    """Send ``entries`` as they are, past the publisher's rules (as a ledger written before a
-    rule, or another producer, holds them), keyed by run, and project them."""
-    from schemas.codec import LedgerCodec
-
-    codec = LedgerCodec()
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_address, acks="all")
-    await producer.start()
-    try:
-        for e in entries:
-            topic = ledger_topic(settings.topic_prefix, e.fleet_id)
-            await producer.send(topic, codec.encode(e), key=e.run_id.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
-    await project(settings)
-    return entries
-
-
 async def project(settings: Settings) -> int:
     """Apply what the ledger topics hold past the stored positions (live builds); how many
     records were dead-lettered."""

@@ -1526,13 +1526,11 @@ def test_jsonb_escape_examples(text: bytes) -> None:
     assert json.loads(from_jsonb_text(jsonb(escaped))) == json.loads(text)
 
 
-@pytest.mark.parametrize("run_id", ["team-a/run-1", "..", ".", "a/../../api"])
-def test_a_new_run_id_that_would_break_its_address_is_refused_at_the_publisher(
-    run_id: str,
-) -> None:
-    """Found trying the product: run ids with '/' or '..' were accepted, and the web pages, the
-    API and MCP could not open them (a '..' link led to another page). The decoder still takes
-    them, so runs already on a ledger replay as they were."""
+@pytest.mark.parametrize("run_id", ["..", "."])
+def test_a_run_id_that_cannot_be_an_address_is_refused_at_the_publisher(run_id: str) -> None:
+    """Found trying the product: a run id '..' made a link that led to another page (an id with
+    '/' is one encoded path segment now, and opens). The decoder still takes such ids, so runs
+    already on a ledger replay as they were."""
     from infra.settings import Settings
     from schemas.codec import LedgerCodec
     from schemas.factory import EntryBuilder
@@ -1540,7 +1538,10 @@ def test_a_new_run_id_that_would_break_its_address_is_refused_at_the_publisher(
     from streams.publisher import SequenceBook, prepare
 
     entry = EntryBuilder(run_id).add(EntryKind.RUN_STARTED)
-    with pytest.raises(LedgerValidationError, match="may not hold '/' nor be") as caught:
+    with pytest.raises(LedgerValidationError, match=re.escape("may not be '.' or '..'")) as caught:
         prepare(entry, SequenceBook(), LedgerCodec(), Settings())
     assert caught.value.field == "run_id"
     assert LedgerCodec().decode(LedgerCodec().encode(entry)).run_id == run_id
+    slashed = EntryBuilder("team-a/run-1").add(EntryKind.RUN_STARTED)  # one encoded segment
+    sent = prepare(slashed, SequenceBook(), LedgerCodec(), Settings())
+    assert sent.entry.run_id == "team-a/run-1"
