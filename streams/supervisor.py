@@ -76,18 +76,32 @@ def watchdog_limit_s(settings: Settings) -> float:
     return settings.worker_stall_s + 2 * settings.worker_health_s
 
 
-def frozen_for(sign_of_life: Path, began_wall: float, now: float, limit_s: float) -> float | None:
-    """How long the faust process has given no sign of life, when that is over ``limit_s``
-    (pure but for the file's time): None while it lives, or before its first sign (it is
-    still starting; a start that hangs is bounded by its own timeouts)."""
+class SignOfLife:
+    """How long the faust process has given no sign of life, timed on this process's monotonic
+    clock (a wall clock steps, and a suspended machine's wall time jumps on resume; monotonic
+    time stands still while suspended): from when the file's modification time last changed."""
+
+    def __init__(self, began_wall: float) -> None:
+        self.began_wall = began_wall
+        self.touched: float | None = None  # the file's last modification time seen
+        self.seen_at = 0.0  # (monotonic) when it was seen to change
+
+    def silent_s(self, touched: float | None, now: float) -> float:
+        """Seconds without a change of the file (``touched``: its modification time, None
+        when there is none); 0 before the first sign (still starting; a start that hangs is
+        bounded by its own timeouts), or for a file left by an earlier process."""
+        if touched is None or touched < self.began_wall:
+            return 0.0
+        if touched != self.touched:
+            self.touched, self.seen_at = touched, now
+        return now - self.seen_at
+
+
+def _touched(path: Path) -> float | None:
     try:
-        touched = sign_of_life.stat().st_mtime
+        return path.stat().st_mtime
     except OSError:
         return None
-    if touched < began_wall:  # a file left by an earlier process
-        return None
-    silent = now - touched
-    return silent if silent > limit_s else None
 
 
 class Supervisor:
@@ -101,7 +115,7 @@ class Supervisor:
         self.last_exit: str | None = None
         self.frozen: str | None = None  # why the supervisor killed its child, if it did
         self.sign_of_life: Path | None = None
-        self.began_wall = 0.0
+        self.life = SignOfLife(0.0)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = signal.Signals(signum).name
@@ -125,7 +139,7 @@ class Supervisor:
                 self.sign_of_life.unlink(missing_ok=True)
                 self.frozen = None
                 began = time.monotonic()
-                self.began_wall = time.time()
+                self.life = SignOfLife(time.time())
                 self.child = self._start(exit_file)
                 register_worker(
                     self.settings,
@@ -184,8 +198,8 @@ class Supervisor:
                 pass
             if self.stopping is None and self.frozen is None and self.sign_of_life is not None:
                 limit = watchdog_limit_s(self.settings) + FROZEN_MARGIN_S
-                silent = frozen_for(self.sign_of_life, self.began_wall, time.time(), limit)
-                if silent is not None:
+                silent = self.life.silent_s(_touched(self.sign_of_life), time.monotonic())
+                if silent > limit:
                     self.frozen = f"frozen: no sign of life for {silent:.0f}s"
                     _say(
                         f"agentledger worker: the faust process (pid {child.pid}) has given no "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from schemas.topics import fleet_of_ledger_topic, fleets_among
 from streams.health import (
@@ -16,7 +15,13 @@ from streams.health import (
     stall,
     waiting,
 )
-from streams.supervisor import EXIT_RESTART, describe_exit, frozen_for, next_delay, stopped_code
+from streams.supervisor import (
+    EXIT_RESTART,
+    SignOfLife,
+    describe_exit,
+    next_delay,
+    stopped_code,
+)
 from streams.worker import EXIT_RESTART as WORKER_EXIT_RESTART
 
 A = ("p.ledger.a", 0)
@@ -217,15 +222,12 @@ def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_cou
     assert f3.filter(later) and "more like it" not in later.getMessage()  # counted once only
 
 
-def test_a_faust_process_is_frozen_only_once_its_sign_of_life_is_older_than_the_limit(
-    tmp_path: Path,
-) -> None:
-    import os
-
-    alive = tmp_path / "1.alive"
-    assert frozen_for(alive, 100.0, 1000.0, 20) is None  # no sign yet: still starting
-    alive.touch()
-    os.utime(alive, (500.0, 500.0))
-    assert frozen_for(alive, 600.0, 1000.0, 20) is None  # left by an earlier process
-    assert frozen_for(alive, 400.0, 515.0, 20) is None  # silent 15 s: within the limit
-    assert frozen_for(alive, 400.0, 530.0, 20) == 30.0  # silent 30 s: frozen
+def test_a_faust_process_is_silent_from_when_its_sign_of_life_last_changed() -> None:
+    life = SignOfLife(began_wall=100.0)
+    assert life.silent_s(None, now=5.0) == 0  # no sign yet: still starting
+    assert life.silent_s(90.0, now=6.0) == 0  # a file left by an earlier process
+    assert life.silent_s(101.0, now=10.0) == 0  # the first sign
+    assert life.silent_s(101.0, now=25.0) == 15.0  # unchanged for 15 s of this clock
+    assert life.silent_s(102.0, now=26.0) == 0  # touched again
+    # a wall clock stepping (or a machine resumed) moves the file's time, not this clock
+    assert life.silent_s(5000.0, now=27.0) == 0 and life.silent_s(5000.0, now=30.0) == 3.0
