@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -504,7 +505,7 @@ class Watcher:
                 continue
             try:
                 await session.send_resource_updated(uri)
-            except Exception:  # a closed session: forget it
+            except Exception:  # a closed session: forget it (the others are still told)
                 self.sessions.get(uri, {}).pop(session, None)
                 self.forget(uri)
 
@@ -764,14 +765,31 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
     )
 
 
+# reader -> (valid, when checked, monotonic): one lookup per token per TOKEN_CHECK_S, however
+# many subscriptions and changes ask
+_CHECKED: weakref.WeakKeyDictionary[Ledger, tuple[bool, float]] = weakref.WeakKeyDictionary()
+
+
 async def still_valid(reader: Ledger) -> bool:
     """Whether ``reader``'s token is still valid (not revoked, not expired): one indexed
-    lookup of its hash, on a pooled connection."""
+    lookup of its hash, on a pooled connection, at most once per :data:`TOKEN_CHECK_S` (the
+    answer is kept that long). When PostgreSQL cannot say, the last answer stands (a token
+    never checked counts as valid: its reads are refused all the same while the store is
+    down), and the next ask tries again."""
+    now = time.monotonic()
+    known = _CHECKED.get(reader)
+    if known is not None and now - known[1] < TOKEN_CHECK_S:
+        return known[0]
     try:
         await anyio.to_thread.run_sync(reader.principal)
+        valid = True
     except Unauthorized:
-        return False
-    return True
+        valid = False
+    except Exception as exc:  # the store, not the token: keep the last answer
+        logger.warning("mcp: could not check a token (%s): the last answer stands", exc)
+        return known[0] if known is not None else True
+    _CHECKED[reader] = (valid, now)
+    return valid
 
 
 async def guarded_listen(
