@@ -70,10 +70,14 @@ def memory(
     from consumers.render import print_memory
     from schemas.errors import BadArgumentError, NotFoundError
 
+    if index is not None and at is not None:
+        raise typer.BadParameter("the index is the live memory's: not with --at", param_hint="--at")
+    if index is None and (offset or limit != 1000):
+        raise typer.BadParameter("only with --index", param_hint="--offset/--limit")
     settings = _settings()
     run_id = _run(settings, run_id)
     try:
-        if index is not None:
+        if index is not None:  # (JSON: --json or not)
             print(json.dumps(queries.memory_index(settings, run_id, index, offset, limit)))
             return
         view = queries.memory_doc(settings, run_id, at)

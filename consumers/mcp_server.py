@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote
+from urllib.parse import parse_qs, unquote
 
 import anyio
 import anyio.abc
@@ -308,12 +308,6 @@ _RUNS_QUERY = (
     "min_seq",
     "timeout_s",
 )
-
-
-def run_uri(run_id: str, what: str) -> str:
-    """A run resource's URI: the run id percent-encoded as one segment (``/`` too), as the
-    template's ``{run_id}`` expands it (RFC 6570)."""
-    return f"ledger://runs/{quote(run_id, safe='')}/{what}"
 
 
 def uri_run(segment: str) -> str:

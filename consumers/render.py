@@ -62,7 +62,7 @@ def as_of(where: Any, asked: Any) -> str:
         return f"through seq {where}"
     return (
         f"as it stood after seq {asked}: last changed by seq {where} "
-        f"(entries after {where} did not change it, or are not applied yet)"
+        f"(entries after {where} did not change it)"
     )
 
 

@@ -165,6 +165,8 @@ def publish_cmd(
         raise typer.Exit(code=1) from None
     for number, reason in report.invalid:
         err.print(f"line {number}: {escape(reason)}")
+    for note in report.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}")
     fleets = ", ".join(f"{k}={v}" for k, v in sorted(report.by_fleet.items()))
     if report.invalid and not partial:
         console.print(
@@ -678,7 +680,7 @@ def dlq_redrive(
     for letter, reason in report.still_bad:
         err.print(
             f"{letter.source_topic}/{letter.source_partition}/{letter.source_offset}: "
-            f"still undecodable: {escape(reason)}"
+            f"still bad: {escape(reason)}"
         )
     console.print(
         f"redriven {report.redriven}, already redriven {report.already}, "

@@ -5,6 +5,7 @@ duplicate the projections skip."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ class PublishReport:
     by_fleet: dict[str, int] = field(default_factory=dict)
     held_back: int = 0  # valid entries not sent: an invalid line in the file (or in their run)
     runs_held_back: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what could not be checked
 
 
 @dataclass
@@ -48,7 +50,7 @@ def _run_of(line: bytes) -> str | None:
 
 
 def _one_fleet_each(
-    staged: list[tuple[int, Prepared]], settings: Settings
+    staged: list[tuple[int, Prepared]], settings: Settings, notes: list[str]
 ) -> list[tuple[int, str, str]]:
     """``(line, run_id, why)`` of the runs that would be in two fleets: named with two in the
     file (at the first line naming the second), or on the ledger already in another fleet (at
@@ -73,6 +75,11 @@ def _one_fleet_each(
             [(r, f) for r, (_n, f) in first.items() if r not in refused]
         ):
             refused[run_id] = (first[run_id][0], elsewhere_text(run_id, there, here))
+        if fleets.unanswered:
+            notes.append(
+                "PostgreSQL did not answer: the runs' fleets on the ledger were not checked (a "
+                "worker dead-letters entries of a run from another fleet)"
+            )
     finally:
         fleets.close()
     return sorted((n, r, why) for r, (n, why) in refused.items())
@@ -97,7 +104,8 @@ async def publish_file(path: Path, settings: Settings, partial: bool = False) ->
                         run_id = _run_of(line)
                         if run_id is not None:
                             bad_runs.add(run_id)
-            for number, run_id, why in _one_fleet_each(numbered, settings):
+            clashes = await asyncio.to_thread(_one_fleet_each, numbered, settings, report.notes)
+            for number, run_id, why in clashes:
                 report.invalid.append((number, why))
                 bad_runs.add(run_id)
             report.invalid.sort()

@@ -638,6 +638,8 @@ def create_app(
         # the timelines a page of pairs at a time (found trying the product: two 10,006-entry
         # runs made a 2.25 MB page)
         pairs = list(zip_longest(left["rows"], right["rows"]))
+        if start >= len(pairs):  # past the end: the last page
+            start = max(0, (len(pairs) - 1) // COMPARE_PAIRS * COMPARE_PAIRS)
         shown = pairs[start : start + COMPARE_PAIRS]
         here = f"/compare?a={seg(a)}&b={seg(b)}&start="
         after = start + COMPARE_PAIRS

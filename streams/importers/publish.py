@@ -176,6 +176,7 @@ class RunFleets:
         self._conn: Any = None
         self._closing: contextlib.ExitStack | None = None
         self._unavailable_until = 0.0  # (monotonic) PostgreSQL could not say: asked again after
+        self.unanswered = False  # the last ask went unanswered (no check was made)
 
     def clash(self, runs: Sequence[ImportedRun]) -> str:
         """Why these runs cannot go to their fleet: a run already on the ledger in another
@@ -197,7 +198,8 @@ class RunFleets:
 
         from projectors.stores import postgres_ops as ops
 
-        if time.monotonic() < self._unavailable_until or not runs:
+        self.unanswered = time.monotonic() < self._unavailable_until
+        if self.unanswered or not runs:
             return []
         try:
             if self._conn is None:
@@ -207,6 +209,7 @@ class RunFleets:
             self._conn.commit()  # (no transaction held open between files)
         except psycopg.Error:  # (no PostgreSQL, or not migrated yet; a follower asks again)
             self._unavailable_until = time.monotonic() + self.RETRY_S
+            self.unanswered = True
             self.close()
             return []
         return [

@@ -358,6 +358,12 @@ def test_compare_puts_two_runs_side_by_side_as_the_cli_reads_them(web: Web) -> N
     )
     assert f"rows 6 to {pairs} of {pairs}" in later.text and 'rel="prev"' in later.text
     assert '<td class="num">6</td>' in later.text and '<td class="num">5</td>' not in later.text
+    past = httpx.get(
+        f"{web.base}/compare",
+        params={"a": a, "b": b, "start": 5000},
+        cookies={"al_session": web.token_a},
+    )
+    assert f"rows 1 to {pairs} of {pairs}" in past.text  # past the end: the last page
 
 
 def test_the_event_stream_sends_each_row_once_then_the_end(web: Web) -> None:
