@@ -37,8 +37,10 @@ class TokenGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = dict(scope.get("headers") or ())
-            header = headers.get(b"authorization", b"").decode("latin-1")
+            given = [v for k, v in scope.get("headers") or () if k == b"authorization"]
+            # one Authorization header, as the server behind reads it (Starlette takes the
+            # first of several; this took the last): several are refused
+            header = given[0].decode("latin-1") if len(given) == 1 else ""
             token = header[7:].strip() if header.lower().startswith("bearer ") else None
             if await anyio.to_thread.run_sync(authenticate, self.settings, token) is None:
                 await _unauthorized(send)

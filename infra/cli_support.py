@@ -80,6 +80,14 @@ class Table(rich.table.Table):
         options.setdefault("overflow", "fold")
         super().add_column(header, footer, **options)
 
+    def add_row(self, *renderables: Any, **options: Any) -> None:
+        """A row, its text cells made terminal-safe before the table is laid out (the console
+        does it again as it writes, after layout: escapes made then widen a row past its
+        column)."""
+        super().add_row(
+            *(terminal_safe(r) if isinstance(r, str) else r for r in renderables), **options
+        )
+
 
 def print_table(table: rich.table.Table, out: Console | None = None) -> None:
     """A table at its own width (up to ``WIDE_TABLE``), not the terminal's: rich fits a table

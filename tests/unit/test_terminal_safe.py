@@ -54,3 +54,15 @@ def test_memory_and_tables_print_hostile_text_as_escapes_keeping_their_own_colou
     assert plain.count("[link=https://evil.example]click[/link]") == 2, plain
     assert "\x1b]8" not in text and "\x1b[8m" not in text
     assert "\x1b[1m" in text  # the console's own styles stay
+
+
+def test_a_table_row_with_controls_keeps_its_columns_aligned() -> None:
+    """The escapes are made before the table is laid out (made only as the console writes, a
+    row with a control character came out wider than its column)."""
+    out = io.StringIO()
+    table = Table("a", "b")
+    table.add_row("x\x1b[2J\u202ey", "z")
+    table.add_row("plain", "w")
+    print_table(table, SafeConsole(file=out, width=80))
+    widths = {len(line) for line in out.getvalue().splitlines()}
+    assert len(widths) == 1, out.getvalue()
