@@ -11,7 +11,15 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from infra.cli_support import Table, console, err, fleet_option, print_table, terminal_safe
+from infra.cli_support import (
+    Table,
+    check_fleets,
+    console,
+    err,
+    fleet_option,
+    print_table,
+    terminal_safe,
+)
 from infra.cli_support import settings as _settings
 from infra.settings import Settings
 from schemas.models import RunStatus
@@ -31,21 +39,22 @@ def _run(settings: Settings, run_id: str) -> str:
         raise typer.Exit(code=1) from None
 
 
-def _fleets_exist(settings: Settings, fleets: str | list[str] | None) -> None:
-    """An unknown --fleet is an error naming the fleets there are (found trying the product:
-    `runs --fleet nosuchfleet` printed an empty table and exited 0, as for a fleet without runs)."""
-    from consumers import queries
+def _fleets_exist(settings: Settings, fleet: str | list[str] | None) -> None:
+    """:func:`infra.cli_support.check_fleets` over the live builds and the cluster."""
+    import asyncio
 
-    asked = [fleets] if isinstance(fleets, str) else list(fleets or [])
-    if not asked:
-        return
-    missing, existing = queries.unknown_fleets(settings, asked)
-    if missing:
-        err.print(
-            f"[red]error:[/] no fleet {escape(', '.join(missing))} (the fleets: "
-            f"{escape(', '.join(existing)) or 'none'})"
-        )
-        raise typer.Exit(code=1)
+    from infra.admin import existing_fleets
+    from projectors.stores import postgres_ops as ops
+
+    def with_runs(asked: list[str]) -> set[str]:
+        with ops.connect(settings.pg_address) as conn:
+            return ops.fleets_have_runs(conn, asked)
+
+    check_fleets(
+        [fleet] if isinstance(fleet, str) else list(fleet or []),
+        with_runs,
+        lambda: asyncio.run(asyncio.wait_for(existing_fleets(settings), 10)),
+    )
 
 
 @commands.command("memory")

@@ -479,23 +479,3 @@ def moment(name: str, text: str | None) -> datetime | None:
         return parse_since(text)
     except ValueError as exc:
         raise BadArgumentError(f"{name}: {exc}") from None
-
-
-def unknown_fleets(settings: Settings, fleets: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(the fleets asked for that do not exist, the fleets that do)``: a fleet exists when the
-    live builds hold a run of it or it has a ledger topic (``infra.admin.existing_fleets``).
-    Both lists are empty when Kafka cannot say (the reads go on without the check)."""
-    import asyncio
-
-    from infra.admin import existing_fleets
-
-    with ops.connect(settings.pg_address) as conn:
-        with_runs = ops.fleets_have_runs(conn, fleets)
-    asked = [f for f in fleets if f not in with_runs]
-    if not asked:
-        return [], []
-    try:
-        existing = asyncio.run(asyncio.wait_for(existing_fleets(settings), 10))
-    except Exception:  # (Kafka down or slow: the check is a help, not a gate)
-        return [], []
-    return [f for f in asked if f not in existing], sorted(existing)

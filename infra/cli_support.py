@@ -128,3 +128,38 @@ def bounded(value: Any, fmt: Callable[[Any], str], lower_bound: bool = False) ->
     if value is None:
         return "unknown"
     return (">= " if lower_bound else "") + fmt(value)
+
+
+def check_fleets(
+    asked: list[str],
+    with_runs: Callable[[list[str]], set[str]],
+    existing: Callable[[], list[str]],
+) -> None:
+    """The one rule of a command's ``--fleet``: each must exist, i.e. the live builds hold a run
+    of it (``with_runs``, asked first) or it has a ledger topic (``existing``, Kafka's answer);
+    an unknown one is an error naming the fleets there are (exit 1; found trying the product:
+    `runs --fleet nosuchfleet` printed an empty table and exited 0, as for a fleet without
+    runs). When Kafka cannot say, stderr says the check was not made and the command goes on."""
+    if not asked:
+        return
+    try:
+        known = with_runs(asked)
+    except Exception:  # (the command's own read says what is wrong with PostgreSQL)
+        known = set()
+    if all(f in known for f in asked):
+        return
+    try:
+        there = existing()
+    except Exception as exc:
+        err.print(
+            f"[yellow]note:[/] Kafka did not answer ({type(exc).__name__}): whether "
+            f"{', '.join(asked)} exists was not checked"
+        )
+        return
+    missing = [f for f in asked if f not in known and f not in there]
+    if missing:
+        err.print(
+            f"[red]error:[/] no fleet {', '.join(missing)} "
+            f"(the fleets: {', '.join(there) or 'none'})"
+        )
+        raise typer.Exit(code=1)

@@ -12,7 +12,15 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from infra.cli_support import Table, bounded, console, err, fleet_option, print_table
+from infra.cli_support import (
+    Table,
+    bounded,
+    check_fleets,
+    console,
+    err,
+    fleet_option,
+    print_table,
+)
 from infra.cli_support import settings as _settings
 from schemas.errors import AgentLedgerError
 
@@ -589,19 +597,26 @@ commands.add_typer(dlq_app, name="dlq")
 
 
 def _fleets(fleet: list[str] | None) -> list[str]:
-    """The fleets given (each must exist: an unknown one is an error naming those there are),
-    or every fleet that exists (its ledger topic does)."""
+    """The fleets given (each must exist: :func:`check_fleets`), or every fleet that exists
+    (its ledger topic does)."""
     from infra.admin import existing_fleets
 
-    existing = asyncio.run(existing_fleets(_settings()))
-    missing = [f for f in fleet or [] if f not in existing]
-    if missing:
-        err.print(
-            f"[red]error:[/] no fleet {escape(', '.join(missing))} (the fleets: "
-            f"{escape(', '.join(existing)) or 'none'})"
+    settings = _settings()
+    if fleet:
+
+        def with_runs(asked: list[str]) -> set[str]:
+            from projectors.stores import postgres_ops as ops
+
+            with ops.connect(settings.pg_address) as conn:
+                return ops.fleets_have_runs(conn, asked)
+
+        check_fleets(
+            fleet,
+            with_runs,
+            lambda: asyncio.run(asyncio.wait_for(existing_fleets(settings), 10)),
         )
-        raise typer.Exit(code=1)
-    return fleet or existing
+        return fleet
+    return asyncio.run(existing_fleets(settings))
 
 
 @dlq_app.command("list")

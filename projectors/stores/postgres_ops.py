@@ -1077,8 +1077,8 @@ def live_run_fleets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> di
 def fleets_have_runs(conn: psycopg.Connection[Any], fleets: Sequence[str]) -> set[str]:
     """Which of ``fleets`` the live run-stats build holds a run of."""
     rows = conn.execute(
-        f"SELECT DISTINCT s.fleet_id FROM {LIVE_STATE} "
-        "WHERE s.projection = 'run-stats' AND s.fleet_id = ANY(%(fleets)s)",
+        "SELECT f FROM unnest(%(fleets)s::text[]) f WHERE EXISTS (SELECT 1 FROM al_run_list r "
+        "WHERE r.build = " + _LIVE.format("run-stats") + " AND r.fleet_id = f)",
         {"fleets": list(fleets)},
     ).fetchall()
     return {str(r[0]) for r in rows}

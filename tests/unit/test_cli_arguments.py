@@ -184,3 +184,25 @@ def test_serve_on_a_taken_port_says_why_before_saying_serving() -> None:
     assert done.exit_code == 1, done.output
     assert f"cannot listen on 127.0.0.1:{port}" in done.output
     assert "serving" not in done.output
+
+
+def test_an_unknown_fleet_is_one_rule_for_every_command() -> None:
+    from infra.cli_support import check_fleets
+
+    asked: list[str] = []
+
+    def kafka() -> list[str]:
+        asked.append("kafka")
+        return ["a", "b"]
+
+    check_fleets(["a"], lambda f: {"a"}, kafka)  # has runs: Kafka is not asked
+    assert asked == []
+    check_fleets(["b"], lambda f: set(), kafka)  # a topic, no run yet: exists
+    with pytest.raises(typer.Exit) as ended:
+        check_fleets(["a", "nosuch"], lambda f: {"a"}, kafka)
+    assert ended.value.exit_code == 1
+
+    def down() -> list[str]:
+        raise OSError("no broker")
+
+    check_fleets(["nosuch"], lambda f: set(), down)  # cannot say: goes on (with a note)
