@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -492,8 +491,9 @@ class Watcher:
 
     async def _notify(self, uri: str) -> None:
         await self.bus.publish(ResourceUpdated(uri=uri))
+        answers: dict[str | None, bool] = {}  # each distinct token asked once
         for session, reader in list(self.sessions.get(uri, {}).items()):
-            if not await still_valid(reader):  # revoked or expired: its subscription ends
+            if not await still_valid(reader, answers):  # revoked or expired: it ends
                 self.sessions.get(uri, {}).pop(session, None)
                 self.forget(uri)
                 continue
@@ -759,30 +759,25 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
     )
 
 
-# reader -> (valid, when checked, monotonic): one lookup per token per TOKEN_CHECK_S, however
-# many subscriptions and changes ask
-_CHECKED: weakref.WeakKeyDictionary[Ledger, tuple[bool, float]] = weakref.WeakKeyDictionary()
-
-
-async def still_valid(reader: Ledger) -> bool:
+async def still_valid(reader: Ledger, answers: dict[str | None, bool] | None = None) -> bool:
     """Whether ``reader``'s token is still valid (not revoked, not expired): one indexed
-    lookup of its hash, on a pooled connection, at most once per :data:`TOKEN_CHECK_S` (the
-    answer is kept that long). When PostgreSQL cannot say, the last answer stands (a token
-    never checked counts as valid: its reads are refused all the same while the store is
-    down), and the next ask tries again."""
-    now = time.monotonic()
-    known = _CHECKED.get(reader)
-    if known is not None and now - known[1] < TOKEN_CHECK_S:
-        return known[0]
+    lookup of its hash, on a pooled connection, made at the moment of asking (a revocation
+    takes effect at once). ``answers`` (one fan-out's) asks each distinct token once, however
+    many of its sessions follow the resource. When PostgreSQL cannot say, the token counts as
+    valid this time (its reads are refused all the same while the store is down) and the other
+    sessions are still told."""
+    if answers is not None and reader.token in answers:
+        return answers[reader.token]
     try:
         await anyio.to_thread.run_sync(reader.principal)
         valid = True
     except Unauthorized:
         valid = False
-    except Exception as exc:  # the store, not the token: keep the last answer
-        logger.warning("mcp: could not check a token (%s): the last answer stands", exc)
-        return known[0] if known is not None else True
-    _CHECKED[reader] = (valid, now)
+    except Exception as exc:  # the store, not the token
+        logger.warning("mcp: could not check a token (%s)", type(exc).__name__)
+        return True
+    if answers is not None:
+        answers[reader.token] = valid
     return valid
 
 
