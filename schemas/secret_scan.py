@@ -130,6 +130,14 @@ def _allowlist(doc: dict[str, Any]) -> Allowlist:
 
 def _rules(path: Path) -> tuple[list[Rule], list[Allowlist]]:
     config = tomllib.loads(path.read_text(encoding="utf-8"))
+    # gitleaks' top-level [[allowlists]] with targetRules: one allowlist several rules share
+    # (written once, not copied into each); without targetRules, one for every rule
+    tops = config.get("allowlists", ())
+    shared = [(set(a["targetRules"]), _allowlist(a)) for a in tops if "targetRules" in a]
+    everywhere = [_allowlist(a) for a in tops if "targetRules" not in a]
+    unknown = {r for ids, _ in shared for r in ids} - {d["id"] for d in config.get("rules", ())}
+    if unknown:
+        raise ValueError(f"{path.name}: allowlists name rules it does not have: {sorted(unknown)}")
     rules = [
         Rule(
             id=doc["id"],
@@ -137,14 +145,17 @@ def _rules(path: Path) -> tuple[list[Rule], list[Allowlist]]:
             keywords=tuple(k.lower() for k in doc.get("keywords", ())),
             entropy=float(doc.get("entropy", 0.0)),
             secret_group=int(doc.get("secretGroup", 0)),
-            allowlists=tuple(_allowlist(a) for a in doc.get("allowlists", ())),
+            allowlists=(
+                *(_allowlist(a) for a in doc.get("allowlists", ())),
+                *(allowed for ids, allowed in shared if doc["id"] in ids),
+            ),
             path=_compile(doc["path"]) if "path" in doc else None,
         )
         for doc in config.get("rules", ())
         if "regex" in doc  # path-only rules (a .p12 file exists) have nothing to match in text
     ]
     found = config.get("allowlist")
-    return rules, [_allowlist(found)] if found else []
+    return rules, [*([_allowlist(found)] if found else []), *everywhere]
 
 
 class SecretDetector:

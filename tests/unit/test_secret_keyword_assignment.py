@@ -9,6 +9,8 @@ Values are made up here (no corpus's). Without the four rules, 13 of the 24 posi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from schemas.secret_scan import default_detector
@@ -93,3 +95,22 @@ def test_a_literal_under_a_credential_name_is_found_in_any_syntax(text: str) -> 
 @pytest.mark.parametrize("text", LEFT)
 def test_references_code_and_names_under_those_names_are_left(text: str) -> None:
     assert default_detector().find(text) == [], text
+
+
+def test_a_shared_allowlist_reaches_exactly_the_rules_it_names(tmp_path: Path) -> None:
+    """gitleaks' top-level [[allowlists]] with targetRules: written once, used by those rules
+    (the keyword rules' 40-line allowlist was copied into each of four)."""
+    from schemas.secret_scan import _rules
+
+    rules_file = tmp_path / "r.toml"
+    rules_file.write_text(
+        '[[rules]]\nid = "a"\nregex = "a=(\\\\w+)"\nsecretGroup = 1\n'
+        '[[rules]]\nid = "b"\nregex = "b=(\\\\w+)"\nsecretGroup = 1\n'
+        '[[allowlists]]\ntargetRules = ["a"]\nregexes = ["^ok"]\n'
+    )
+    rules, everywhere = _rules(rules_file)
+    by_id = {r.id: r for r in rules}
+    assert len(by_id["a"].allowlists) == 1 and by_id["b"].allowlists == () and everywhere == []
+    rules_file.write_text(rules_file.read_text().replace('["a"]', '["nosuch"]'))
+    with pytest.raises(ValueError, match="nosuch"):
+        _rules(rules_file)
