@@ -781,6 +781,11 @@ async def still_valid(reader: Ledger, answers: dict[str | None, bool] | None = N
     return valid
 
 
+# open listen streams of this process, and how many may be (the SDK's ListenHandler default)
+_LISTENING = 0
+MAX_LISTENS = 1024
+
+
 async def guarded_listen(
     bus: InMemorySubscriptionBus,
     reader: Ledger,
@@ -791,6 +796,9 @@ async def guarded_listen(
     stamping) fed from ``bus`` only while ``reader``'s token stays valid: it is checked again
     before each event is passed on and at least every :data:`TOKEN_CHECK_S`; once it is
     revoked or expired, nothing more is sent and the stream ends with an error saying so."""
+    global _LISTENING
+    if _LISTENING >= MAX_LISTENS:  # each stream has a handler of its own: the SDK's cap is here
+        raise MCPError(code=types.INTERNAL_ERROR, message="Subscription limit reached")
     own = InMemorySubscriptionBus()  # this stream's alone: an event reaches it once checked
     handler = ListenHandler(own)
     send, recv = anyio.create_memory_object_stream[ServerEvent](1024)
@@ -822,6 +830,7 @@ async def guarded_listen(
                 return end()
 
     unsubscribe = bus.subscribe(heard)
+    _LISTENING += 1
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(forward)
@@ -829,6 +838,7 @@ async def guarded_listen(
             result = await handler(ctx, params)
             tasks.cancel_scope.cancel()
     finally:
+        _LISTENING -= 1
         unsubscribe()
         send.close()
         recv.close()

@@ -3,6 +3,8 @@ distinct token once per fan-out, and a store error does not stop the other sessi
 
 from __future__ import annotations
 
+import pytest
+
 from consumers.mcp_ledger import Unauthorized
 from consumers.mcp_server import still_valid
 
@@ -32,3 +34,21 @@ async def test_a_store_error_counts_as_valid_this_time() -> None:
     reader = _Reader("alt_x")
     reader.answer = RuntimeError("PostgreSQL went away")
     assert await still_valid(reader) is True  # type: ignore[arg-type]
+
+
+async def test_listen_streams_are_capped_for_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each listen stream has a handler of its own (to check its token), so the SDK's cap of
+    1,024 streams per handler no longer held: the process counts them."""
+    from mcp.server.subscriptions import InMemorySubscriptionBus
+    from mcp.shared.exceptions import MCPError
+
+    from consumers import mcp_server
+
+    monkeypatch.setattr(mcp_server, "MAX_LISTENS", 0)
+    with pytest.raises(MCPError, match="Subscription limit reached"):
+        await mcp_server.guarded_listen(
+            InMemorySubscriptionBus(),
+            _Reader("alt_x"),  # type: ignore[arg-type]
+            None,
+            None,  # type: ignore[arg-type]
+        )
