@@ -167,6 +167,27 @@ def import_file(
     return [run], summary
 
 
+def still_streaming(path: Path) -> bool:
+    """Whether the file's last line is an assistant message line with no stop reason yet: its
+    response may have more lines to come (each with a larger usage). Reads the file's end
+    only. A message that ends without a stop reason (Claude Code writes some so) is taken once
+    the follower's bound on waiting passes."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            tail = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        doc = json.loads(tail)
+    except (OSError, ValueError):
+        return False
+    message = doc.get("message") if isinstance(doc, dict) else None
+    return (
+        doc.get("type") == "assistant"
+        and isinstance(message, dict)
+        and message.get("stop_reason") is None
+    )
+
+
 def _settled(lines: list[dict[str, Any]], summary: Summary) -> list[dict[str, Any]]:
     last = len(lines)
     tail = _message_id(lines[-1]) if lines else None

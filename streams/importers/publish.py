@@ -242,11 +242,17 @@ async def follow(
     poll_s: float = 0.5,
     stop: asyncio.Event | None = None,
     quiet_s: float = 2.0,
+    streaming_s: float = 300.0,
 ) -> None:
     """Tail the files under ``paths`` (new ones included): whenever one grows, import it again
     and publish what the ledger lacks. A partly written last line, or a response whose lines may
     still be coming, waits: until the next pass, or until the file has been quiet for
-    ``quiet_s`` (then it is taken as it stands). A restart resumes from the ledger itself."""
+    ``quiet_s`` (then it is taken as it stands). A response the format marks as unfinished (a
+    Claude Code message whose last line has no stop reason yet: a model can think for tens of
+    seconds between two lines of one response) waits for its next line however quiet the file
+    is, up to ``streaming_s``: taken at the first quiet, its usage was a fraction of the
+    response's (a user's follower counted 13 output tokens of 4,509). A restart resumes from
+    the ledger itself."""
     roots = list(paths)
     seen: dict[Path, tuple[int, int, bool]] = {}  # size, mtime, imported settled (held back)
     fleets = RunFleets(settings)
@@ -260,6 +266,8 @@ async def follow(
                 except FileNotFoundError:
                     continue
                 quiet = time.time() - stat.st_mtime >= quiet_s
+                if quiet and _still_streaming(importer, path, stat.st_mtime, streaming_s):
+                    quiet = False  # a response still coming: its next line, not the quiet, ends it
                 before = seen.get(path)
                 unchanged = before is not None and before[:2] == (stat.st_size, stat.st_mtime_ns)
                 if unchanged and not (before is not None and before[2] and quiet):
@@ -284,6 +292,15 @@ async def follow(
                     await asyncio.wait_for(stop.wait(), poll_s)
             else:
                 await asyncio.sleep(poll_s)
+
+
+def _still_streaming(importer: Importer, path: Path, mtime: float, streaming_s: float) -> bool:
+    """Whether ``path`` ends in a response its format marks as unfinished (the importer's
+    ``still_streaming``, when it has one), written to less than ``streaming_s`` ago."""
+    unfinished = getattr(importer, "still_streaming", None)
+    if unfinished is None or time.time() - mtime >= streaming_s:
+        return False
+    return bool(unfinished(path))
 
 
 def index_names(index: Mapping[str, list[str]], judged: Judged) -> bool:

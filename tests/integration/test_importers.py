@@ -469,3 +469,94 @@ def test_the_cli_and_the_api_agree_on_every_figure_of_the_samples(imported: Any)
     compared, differ = cli_and_api_disagree(d.settings, FLEET)
     assert compared == len({r for rep in by_file.values() for r in rep["run_ids"]})
     assert differ == []
+
+
+def test_a_follower_waits_for_a_streamed_response_to_end_however_quiet_the_file(
+    imported: Any, tmp_path: Path
+) -> None:
+    """Claude Code writes one response as several lines of one message id, each with a larger
+    usage, and a model may think for tens of seconds between them. Found trying the product: a
+    follower took the first line once the file was quiet for 2 s and skipped the later ones as
+    repeated usage (13 output tokens of 4,509). A last line with no stop reason now waits for
+    the response's next line (up to the follower's bound)."""
+    import uuid
+
+    from schemas.codec import LedgerCodec
+    from schemas.models import EntryKind, ModelUsagePart
+    from schemas.topics import ledger_topic
+    from streams.importers import claude_code
+    from streams.importers.publish import follow
+    from streams.source import read_all
+
+    d, _ = imported
+    source = SHARED / "samples2" / "claude-code" / "codemie-v2.0.76-session-196820da.jsonl"
+    session = str(uuid.uuid4())
+    docs = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    for doc in docs:
+        if "sessionId" in doc:
+            doc["sessionId"] = session
+    # the first response written in several lines whose last one has its stop reason
+    ids = [
+        (doc.get("message") or {}).get("id") if doc.get("type") == "assistant" else None
+        for doc in docs
+    ]
+    first = next(
+        at
+        for at, mid in enumerate(ids)
+        if mid is not None
+        and ids.count(mid) > 1
+        and docs[max(i for i, m in enumerate(ids) if m == mid)]["message"].get("stop_reason")
+    )
+    last = max(i for i, m in enumerate(ids) if m == ids[first])
+    path = tmp_path / "projects" / "p" / f"{session}.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(doc) + "\n" for doc in docs[: first + 1]))
+
+    def outputs() -> list[int]:
+        [run] = claude_code.import_file(path, FLEET)[0]
+        return [
+            p.output_tokens
+            for e in run.entries
+            if e.kind is EntryKind.MODEL_CALL
+            for p in e.parts
+            if isinstance(p, ModelUsagePart)
+        ]
+
+    sent: list[int] = []
+
+    async def run_follower() -> None:
+        stop = asyncio.Event()
+
+        def report(_path: Path, _summary: Any, done: list[Any], error: str | None) -> None:
+            assert error is None, error
+            sent.extend(s.sent for s in done)
+
+        task = asyncio.create_task(
+            follow(d.settings, claude_code, [path.parent], FLEET, report, 0.1, stop, quiet_s=0.2)
+        )
+        settled = len(claude_code.import_file(path, FLEET, settled=True)[0][0].entries)
+        await asyncio.sleep(2.0)  # ten times the quiet: the unfinished response must still wait
+        waited = sum(sent)
+        with path.open("a") as f:  # the rest of that response, then nothing more
+            f.write("".join(json.dumps(doc) + "\n" for doc in docs[first + 1 : last + 1]))
+        await asyncio.sleep(2.0)
+        stop.set()
+        await task
+        assert waited == settled < sum(sent), (waited, settled, sent)
+
+    asyncio.run(asyncio.wait_for(run_follower(), 60))
+    [run] = claude_code.import_file(path, FLEET)[0]
+    # what reached the ledger: every entry once, the response's call with its last usage
+    records = asyncio.run(
+        read_all(d.settings.kafka_address, [ledger_topic(d.settings.topic_prefix, FLEET)])
+    )
+    mine = [r for r in records if r.key == run.run_id.encode()]
+    assert len(mine) == len(run.entries) == sum(sent)
+    calls = [
+        p.output_tokens
+        for e in LedgerCodec().decode_many([r.value for r in mine if r.value is not None])
+        if e.kind is EntryKind.MODEL_CALL
+        for p in e.parts
+        if isinstance(p, ModelUsagePart)
+    ]
+    assert calls == outputs() and calls[-1] > 50, calls  # the whole response's, not its first
