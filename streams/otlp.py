@@ -56,6 +56,9 @@ class Receiver:
         async with self.lock:
             done_before = set(self.book.done)
             runs = runs_from_spans(spans, self.fleet_id, self.book, self.run_attribute)
+            refused, self.book.refused = self.book.refused, []
+            if refused:  # the others of the export go on (a 500 made the exporter drop them)
+                log.warning("otlp: %d spans refused: %s", len(refused), "; ".join(refused[:5]))
             published = 0
             try:
                 await self.publisher.resume({(r.fleet_id, r.run_id) for r in runs})
@@ -84,6 +87,15 @@ class Receiver:
                 return web.Response(status=503, text=str(exc))
         if proto:
             return web.Response(body=b"", content_type=PROTOBUF)
+        if refused:  # OTLP's partial success: the sender is told what was left out and why
+            return web.json_response(
+                {
+                    "partialSuccess": {
+                        "rejectedSpans": str(len(refused)),
+                        "errorMessage": "; ".join(refused[:20]),
+                    }
+                }
+            )
         return web.json_response({})
 
 

@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from schemas.models import (
     EntryKind,
     LedgerEntry,
@@ -225,6 +227,9 @@ class TraceBook:
     parents: dict[str, str] = field(default_factory=dict)
     with_usage: set[str] = field(default_factory=set)
     done: set[str] = field(default_factory=set)
+    # spans the mapping refused (a value the contract refuses, e.g. a negative token count):
+    # "span <id>: <field>: <why>", no value quoted; the caller says so and empties it
+    refused: list[str] = field(default_factory=list)
 
 
 def runs_from_spans(
@@ -263,10 +268,18 @@ def runs_from_spans(
         if run is None:
             run = runs[run_id] = ImportedRun(run_id, fleet_id, s.trace_id, FORMAT)
         at = datetime.fromtimestamp(s.start_ns / 1e9, UTC)
-        if has_usage(s) and s.span_id not in has_usage_below:
-            _model_call(run, s, at)
-        elif is_tool(s):
-            _tool(run, s, at)
+        try:  # one span the contract refuses is left out, not the export it came in
+            if has_usage(s) and s.span_id not in has_usage_below:
+                _model_call(run, s, at)
+            elif is_tool(s):
+                _tool(run, s, at)
+        except ValidationError as exc:
+            errors = exc.errors()
+            where = ".".join(str(x) for x in errors[0]["loc"]) if errors else "?"
+            why = errors[0]["msg"] if errors else "invalid"
+            book.refused.append(f"span {s.span_id}: {where}: {why}")
+        except ValueError as exc:
+            book.refused.append(f"span {s.span_id}: {type(exc).__name__}")
     return [run for run in runs.values() if run.entries]
 
 

@@ -72,3 +72,28 @@ async def test_spans_the_contract_refuses_are_a_400_the_sender_does_not_retry() 
     receiver.publisher = _Publisher([LedgerValidationError("run_id", "bad")])  # type: ignore[assignment]
     status, text = await _post(receiver, body)
     assert status == 400 and text.startswith("refused: ") and "run_id" in text
+
+
+async def test_a_span_the_contract_refuses_leaves_the_rest_of_its_export_published() -> None:
+    """Found trying the product: a negative token count in one span gave a 500 (a pydantic
+    traceback in the receiver's log), and OTLP exporters do not retry a 500: the valid spans of
+    the same export were lost too. Now that span is left out, named in OTLP's partial success."""
+    import copy
+
+    doc = json.loads(SAMPLE.read_text())
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    bad = copy.deepcopy(spans[0])
+    bad["spanId"] = "0badc0ffee000001"
+    for attribute in bad["attributes"]:
+        if attribute["key"] == "gen_ai.usage.input_tokens":
+            attribute["value"] = {"intValue": "-5"}
+    spans.append(bad)
+    receiver = Receiver(Settings(), "fleet-01")
+    fake = _Publisher([])
+    receiver.publisher = fake  # type: ignore[assignment]
+    status, text = await _post(receiver, json.dumps(doc).encode())
+    assert status == 200, text
+    partial = json.loads(text)["partialSuccess"]
+    assert partial["rejectedSpans"] == "1" and "span 0badc0ffee000001" in partial["errorMessage"]
+    assert "-5" not in partial["errorMessage"]  # the reason, not the value
+    assert [e.kind.value for e in fake.sent].count("MODEL_CALL") == 1  # the good span's call
