@@ -252,10 +252,12 @@ class WorkerHealth:
     topics: int
     restarts: int
     last_exit: str | None
+    # its process is seen on this host not to run (dead, or stopped): gone before its row ages
+    not_running: bool = False
 
     @property
     def gone(self) -> bool:
-        return self.reported_s_ago > GONE_AFTER_S
+        return self.not_running or self.reported_s_ago > GONE_AFTER_S
 
     @property
     def fleets(self) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from schemas.topics import fleet_of_ledger_topic, fleets_among
@@ -182,6 +183,31 @@ def test_a_gone_workers_lag_is_unknown_not_its_last_report() -> None:
     shown = gone.as_dict(60)
     assert shown["state"] == "gone" and shown["behind"] is None
     assert shown["lag"] is None and shown["fleets"] is None  # not its last report's
+    # a row just written, whose process this host sees dead or stopped: gone now
+    fresh = WorkerHealth("h:1", 1, "g", "all", at, 1.0, 2.0, 3, 30, {"t:0": 0}, 1, 0, None)
+    assert not fresh.gone and replace(fresh, not_running=True).as_dict(60)["state"] == "gone"
+
+
+def test_a_stopped_or_dead_process_is_not_running() -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from infra.process import is_running
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert is_running(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while is_running(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_running(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not is_running(child.pid)
 
 
 def test_a_worker_shows_the_fleets_whose_partitions_it_holds_not_the_configured_ones() -> None:
