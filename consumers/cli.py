@@ -39,7 +39,7 @@ def _run(settings: Settings, run_id: str) -> str:
         raise typer.Exit(code=1) from None
 
 
-def _fleets_exist(settings: Settings, fleet: str | list[str] | None) -> None:
+def fleets_exist(settings: Settings, fleet: str | list[str] | None, strict: bool = True) -> None:
     """:func:`infra.cli_support.check_fleets` over the live builds and the cluster."""
     import asyncio
 
@@ -54,6 +54,7 @@ def _fleets_exist(settings: Settings, fleet: str | list[str] | None) -> None:
         [fleet] if isinstance(fleet, str) else list(fleet or []),
         with_runs,
         lambda: asyncio.run(asyncio.wait_for(existing_fleets(settings), 10)),
+        strict,
     )
 
 
@@ -193,7 +194,7 @@ def costs(
     dimension = next((d for d in DIMENSIONS if d == by), None)
     if dimension is None:
         raise typer.BadParameter(f"one of {', '.join(DIMENSIONS)}", param_hint="--by")
-    _fleets_exist(_settings(), fleet)
+    fleets_exist(_settings(), fleet)
     if as_json:
         print(json.dumps(queries.costs(_settings(), dimension, fleet, _since(since)), indent=2))
         return
@@ -238,7 +239,7 @@ def failures(
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
         return
-    _fleets_exist(settings, fleet)
+    fleets_exist(settings, fleet)
     if as_json:
         found = queries.failures(settings, fleet, _since(since), stalled_after)
         print(json.dumps(found, indent=2))
@@ -330,7 +331,7 @@ def runs_cmd(
     )
     found = queries.runs(_settings(), filters, limit=limit)
     if not found:  # (a fleet of found runs exists: asked only when nothing was found)
-        _fleets_exist(_settings(), fleet)
+        fleets_exist(_settings(), fleet)
     if as_json:
         print(json.dumps(found, indent=2, default=str))
         return
@@ -376,6 +377,7 @@ def subscribe_cmd(
 
     settings = _settings()
     name = find_projection(projection, settings).name
+    fleets_exist(settings, fleet, strict=False)  # (a fleet may come after its subscriber)
     if from_beginning and from_time:
         raise typer.BadParameter("give at most one of --from-beginning and --from-time")
     start: Start = "beginning" if from_beginning else "now"

@@ -134,12 +134,15 @@ def check_fleets(
     asked: list[str],
     with_runs: Callable[[list[str]], set[str]],
     existing: Callable[[], list[str]],
+    strict: bool = True,
 ) -> None:
     """The one rule of a command's ``--fleet``: each must exist, i.e. the live builds hold a run
     of it (``with_runs``, asked first) or it has a ledger topic (``existing``, Kafka's answer);
     an unknown one is an error naming the fleets there are (exit 1; found trying the product:
     `runs --fleet nosuchfleet` printed an empty table and exited 0, as for a fleet without
-    runs). When Kafka cannot say, stderr says the check was not made and the command goes on."""
+    runs). When Kafka cannot say, stderr says the check was not made and the command goes on.
+    Not ``strict`` (a command that may name a fleet before its first run: a token, a
+    subscription): a note on stderr instead of the error."""
     if not asked:
         return
     try:
@@ -157,7 +160,12 @@ def check_fleets(
         )
         return
     missing = [f for f in asked if f not in known and f not in there]
-    if missing:
+    if missing and not strict:
+        err.print(
+            f"[yellow]note:[/] no fleet {', '.join(missing)} yet (the fleets: "
+            f"{', '.join(there) or 'none'})"
+        )
+    elif missing:
         err.print(
             f"[red]error:[/] no fleet {', '.join(missing)} "
             f"(the fleets: {', '.join(there) or 'none'})"

@@ -32,8 +32,11 @@ def tokens_create(
 ) -> None:
     """Make a token for the fleets; it is printed once and kept only as its hash."""
     from consumers.access import create_token, parse_expiry
+    from consumers.cli import fleets_exist
 
-    made = create_token(_settings(), fleet, admin, parse_expiry(expires) if expires else None)
+    expiry = parse_expiry(expires) if expires else None  # (arguments before any connection)
+    fleets_exist(_settings(), fleet, strict=False)  # (a token may come before its fleet's run)
+    made = create_token(_settings(), fleet, admin, expiry)
     if as_json:
         print(json.dumps(made))
         return
