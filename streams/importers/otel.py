@@ -210,6 +210,18 @@ def has_usage(span: Span) -> bool:
     return _first_int(a, _INPUT) is not None or _first_int(a, _OUTPUT) is not None
 
 
+# the GenAI conventions' operations of one model call (OpenLLMetry's llm.request.type alike)
+_CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
+
+
+def failed_call(span: Span) -> bool:
+    """A model call that failed and reported no usage (a 429, a timeout): a call, of unknown
+    usage, with its error status (found trying the product: such a span was not recorded)."""
+    a = span.attributes
+    operation = a.get("gen_ai.operation.name") or a.get("llm.request.type")
+    return span.error and operation in _CALL_OPERATIONS
+
+
 def is_tool(span: Span) -> bool:
     a = span.attributes
     return (
@@ -269,7 +281,7 @@ def runs_from_spans(
             run = runs[run_id] = ImportedRun(run_id, fleet_id, s.trace_id, FORMAT)
         at = datetime.fromtimestamp(s.start_ns / 1e9, UTC)
         try:  # one span the contract refuses is left out, not the export it came in
-            if has_usage(s) and s.span_id not in has_usage_below:
+            if (has_usage(s) or failed_call(s)) and s.span_id not in has_usage_below:
                 _model_call(run, s, at)
             elif is_tool(s):
                 _tool(run, s, at)

@@ -97,3 +97,23 @@ async def test_a_span_the_contract_refuses_leaves_the_rest_of_its_export_publish
     assert partial["rejectedSpans"] == "1" and "span 0badc0ffee000001" in partial["errorMessage"]
     assert "-5" not in partial["errorMessage"]  # the reason, not the value
     assert [e.kind.value for e in fake.sent].count("MODEL_CALL") == 1  # the good span's call
+
+
+def test_a_failed_model_call_without_usage_is_a_call_of_unknown_usage() -> None:
+    """Found trying the product: a chat span that failed (a 429) and reported no usage was not
+    recorded at all, so the run's failed calls and its call count left it out."""
+    from schemas.models import EntryKind, ModelCallStatus, ModelUsagePart
+    from streams.importers.otel import Span, runs_from_spans
+
+    start = 1_765_000_000 * 10**9  # (2025-12-06)
+
+    def span(span_id: str, error: bool, **attributes: Any) -> Span:
+        return Span("t1", span_id, None, "chat", start, start + 10**9, attributes, error)
+
+    failed = span("a1", True, **{"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"})
+    quiet = span("a2", False, **{"gen_ai.operation.name": "chat"})  # no usage, no error: nothing
+    [run] = runs_from_spans([failed, quiet], "fleet-01")
+    calls = [p for e in run.entries if e.kind is EntryKind.MODEL_CALL for p in e.parts]
+    assert len(calls) == 1 and isinstance(calls[0], ModelUsagePart)
+    assert calls[0].status is ModelCallStatus.ERROR
+    assert {"input_tokens", "output_tokens"} <= set(calls[0].unknown_fields)
