@@ -42,6 +42,11 @@ class SafeConsole(Console):
     `context --render` printed a tool output's colour codes, clear-screen, OSC 8 links, bells
     and right-to-left overrides to the terminal)."""
 
+    def print(self, *objects: Any, **options: Any) -> None:
+        """Text made terminal-safe before rich reads it (rich drops BEL, BS, CR and the like
+        unsaid; they are shown as escapes as every other control is)."""
+        super().print(*(terminal_safe(o) if isinstance(o, str) else o for o in objects), **options)
+
     def _render_buffer(self, buffer: Any) -> str:
         return super()._render_buffer(
             Segment(text, style, control)

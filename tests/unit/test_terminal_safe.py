@@ -66,3 +66,10 @@ def test_a_table_row_with_controls_keeps_its_columns_aligned() -> None:
     print_table(table, SafeConsole(file=out, width=80))
     widths = {len(line) for line in out.getvalue().splitlines()}
     assert len(widths) == 1, out.getvalue()
+
+
+def test_a_printed_line_shows_bell_backspace_and_carriage_return_as_escapes() -> None:
+    """rich itself drops these (unsaid); the CLI shows them as it shows every control."""
+    out = io.StringIO()
+    SafeConsole(file=out, width=200).print("a\x07b\x08c\rd")
+    assert out.getvalue() == "a\\x07b\\x08c\\x0dd\n"
