@@ -61,7 +61,9 @@ def fleets_exist(settings: Settings, fleet: str | list[str] | None, strict: bool
 @commands.command("memory")
 def memory(
     run_id: Annotated[str, typer.Argument(help="the run")],
-    at: Annotated[int | None, typer.Option("--at", help="as it stood after this sequence")] = None,
+    at: Annotated[
+        int | None, typer.Option("--at", help="as it stood after this sequence", min=0)
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     index: Annotated[
         str | None,
