@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import Annotated
 
 import typer
@@ -41,19 +42,13 @@ def _run(settings: Settings, run_id: str) -> str:
 
 def fleets_exist(settings: Settings, fleet: str | list[str] | None, strict: bool = True) -> None:
     """:func:`infra.cli_support.check_fleets` over the live builds and the cluster."""
-    import asyncio
-
-    from infra.admin import existing_fleets
-    from projectors.stores import postgres_ops as ops
-
-    def with_runs(asked: list[str]) -> set[str]:
-        with ops.connect(settings.pg_address) as conn:
-            return ops.fleets_have_runs(conn, asked)
+    from infra.admin import existing_fleets_now
+    from projectors.stores.postgres_ops import fleets_with_runs
 
     check_fleets(
         [fleet] if isinstance(fleet, str) else list(fleet or []),
-        with_runs,
-        lambda: asyncio.run(asyncio.wait_for(existing_fleets(settings), 10)),
+        partial(fleets_with_runs, settings.pg_address),
+        partial(existing_fleets_now, settings),
         strict,
     )
 

@@ -71,6 +71,11 @@ async def existing_fleets(settings: Settings) -> list[str]:
     return fleets_among(settings.topic_prefix, await listed_topics(settings.kafka_address))
 
 
+def existing_fleets_now(settings: Settings, timeout_s: float = 10.0) -> list[str]:
+    """:func:`existing_fleets` from synchronous code (a command line's check), bounded."""
+    return asyncio.run(asyncio.wait_for(existing_fleets(settings), timeout_s))
+
+
 async def existing_ledger_topics(settings: Settings) -> list[str]:
     """The ledger topics of :func:`existing_fleets`, sorted."""
     return [ledger_topic(settings.topic_prefix, f) for f in await existing_fleets(settings)]

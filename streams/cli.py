@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -599,21 +600,15 @@ commands.add_typer(dlq_app, name="dlq")
 def _fleets(fleet: list[str] | None) -> list[str]:
     """The fleets given (each must exist: :func:`check_fleets`), or every fleet that exists
     (its ledger topic does)."""
-    from infra.admin import existing_fleets
+    from infra.admin import existing_fleets, existing_fleets_now
+    from projectors.stores.postgres_ops import fleets_with_runs
 
     settings = _settings()
     if fleet:
-
-        def with_runs(asked: list[str]) -> set[str]:
-            from projectors.stores import postgres_ops as ops
-
-            with ops.connect(settings.pg_address) as conn:
-                return ops.fleets_have_runs(conn, asked)
-
         check_fleets(
             fleet,
-            with_runs,
-            lambda: asyncio.run(asyncio.wait_for(existing_fleets(settings), 10)),
+            partial(fleets_with_runs, settings.pg_address),
+            partial(existing_fleets_now, settings),
         )
         return fleet
     return asyncio.run(existing_fleets(settings))

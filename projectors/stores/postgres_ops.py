@@ -1074,6 +1074,12 @@ def live_run_fleets(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> di
     return {str(run): str(fleet) for run, fleet in rows}
 
 
+def fleets_with_runs(dsn: str, fleets: Sequence[str]) -> set[str]:
+    """:func:`fleets_have_runs` on a pooled connection of ``dsn``."""
+    with connect(dsn) as conn:
+        return fleets_have_runs(conn, fleets)
+
+
 def fleets_have_runs(conn: psycopg.Connection[Any], fleets: Sequence[str]) -> set[str]:
     """Which of ``fleets`` the live run-stats build holds a run of."""
     rows = conn.execute(

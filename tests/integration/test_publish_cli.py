@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,27 +116,29 @@ async def test_a_run_is_refused_a_second_fleet_in_the_file_or_on_the_ledger(
         while live_states(d.settings, "run-stats", [run[0].run_id]).get(run[0].run_id) is None:
             assert asyncio.get_running_loop().time() < deadline, "the run was not applied"
             await asyncio.sleep(0.3)
+
+        def refused(name: str, entries: list[Any], why: str) -> None:
+            path = tmp_path / name
+            path.write_text("".join(to_json_text(e) + "\n" for e in entries))
+            done = cli("publish", str(path))
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert why in done.stderr, done.stderr
+            assert "nothing sent" in done.stdout
+
         moved = [e.model_copy(update={"fleet_id": "fleet-02"}) for e in run]
-        second = tmp_path / "second.jsonl"
-        second.write_text("".join(to_json_text(e) + "\n" for e in moved))
-        done = cli("publish", str(second))
-        assert done.returncode == 2, done.stdout + done.stderr
-        assert (
-            f"line 1: run {run[0].run_id} is on the ledger in fleet fleet-01, not fleet-02"
-            in done.stderr
-        ), done.stderr
-        assert "nothing sent" in done.stdout
+        refused(
+            "second.jsonl",
+            moved,
+            f"line 1: run {run[0].run_id} is on the ledger in fleet fleet-01, not fleet-02",
+        )
         # one file naming two fleets for one run: refused at the first line of the second
         [other] = list(simulate_runs(1, 1, seed=6))
         mixed = [other[0], *(e.model_copy(update={"fleet_id": "fleet-02"}) for e in other[1:])]
-        both = tmp_path / "both.jsonl"
-        both.write_text("".join(to_json_text(e) + "\n" for e in mixed))
-        done = cli("publish", str(both))
-        assert done.returncode == 2, done.stdout + done.stderr
-        assert (
-            f"line 2: run {other[0].run_id} is in fleet fleet-02 here and fleet-01 on line 1"
-            in done.stderr
-        ), done.stderr
+        refused(
+            "both.jsonl",
+            mixed,
+            f"line 2: run {other[0].run_id} is in fleet fleet-02 here and fleet-01 on line 1",
+        )
         topic = ledger_topic(d.settings.topic_prefix, "fleet-02")
         assert not await read_all(d.settings.kafka_address, [topic]), "nothing reached fleet-02"
     finally:

@@ -120,7 +120,7 @@ def _output_lost(response_id: str) -> ModelUsagePart:
     )
 
 
-def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(d: PrivateDeployment, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, "-m", "infra.main", *args],
         env={**d.env(), "COLUMNS": "250"},
@@ -128,7 +128,7 @@ def _cli(d: PrivateDeployment, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
-    assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    assert done.returncode == code, f"{args}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
     assert "Traceback" not in done.stderr
     return done
 
@@ -421,13 +421,6 @@ def test_an_unknown_fleet_is_an_error_naming_the_fleets_there_are(stack: Any) ->
         ("failures", "--fleet", "nosuchfleet"),
         ("dlq", "list", "--fleet", "nosuchfleet"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "infra.main", *args],
-            env={**d.env(), "COLUMNS": "250"},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        done = _cli(d, *args, code=1)
         assert f"no fleet nosuchfleet (the fleets: {FLEET}" in done.stderr, (args, done.stderr)
     assert json.loads(_cli(d, "runs", "--fleet", FLEET, "--json").stdout)  # a known one reads
