@@ -17,29 +17,28 @@ from infra.errors import InfraError, PortInUseError
 
 def is_alive(pid: int) -> bool:
     """True when ``pid`` names a live process (zombies count as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    state = _state(pid)
+    return state is not None and state != "Z"
 
 
 def is_running(pid: int) -> bool:
     """True when ``pid`` names a live process that is not stopped (SIGSTOP, a tracer): one that
     can do work."""
-    if not is_alive(pid):
-        return False
+    return _state(pid) not in (None, "Z", "T", "t")
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (``/proc/PID/stat``), None when there is no such process."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return "S"  # someone else's live process: its state is not ours to read
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
-    return state not in ("T", "t")
+        return None
 
 
 def cmdline(pid: int) -> str:
