@@ -47,7 +47,7 @@ from schemas.topics import ledger_topic
 from streams import bench_engine, bench_import, bench_long
 from streams.builds import live_targets
 from streams.deployment import PrivateDeployment
-from streams.parallel import Share, drain_parallel
+from streams.parallel import drain_parallel, shares_of
 from streams.publisher import AsyncPublisher, Encoded
 from streams.redaction import redact_entry
 from streams.simulate import simulate_runs
@@ -978,10 +978,7 @@ async def _replay(
     ``processes`` processes: entries/s (from the processes' own clocks, so starting them is
     not counted) and entries replayed."""
     topics = tuple(ledger_topic(d.settings.topic_prefix, f) for f in FLEETS)
-    shares = [
-        Share(d.settings, builds, False, topics, i, processes, 5000, None, redis=False)
-        for i in range(processes)
-    ]
+    shares = await shares_of(d.settings, builds, False, topics, processes, 5000, None, False)
     last: list[Progress] = []
     stats = await drain_parallel(shares, last.append)
     return (last[-1].rate if last else float("nan")), stats.records

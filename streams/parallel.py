@@ -24,7 +24,7 @@ from projectors.registry import all_projections, selected
 from schemas.errors import AgentLedgerError
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Poison, SourceRecord, Target, TopicPartition, tune_gc
-from streams.source import Progress, drain
+from streams.source import Progress, balanced, drain, partition_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Share:
     whole_runs_only: bool
     topics: tuple[str, ...]
     index: int
-    count: int
+    partitions: tuple[tuple[str, int], ...]  # this share's, of ``topics`` (see shares_of)
     batch_size: int
     until: Mapping[tuple[str, int], int] | None
     redis: bool  # write hot projections' views to Redis
@@ -52,6 +52,37 @@ def parallel_ok(targets: Sequence[Target], settings: Settings) -> bool:
     """Whether these targets can be rebuilt from their names (the shipped projections)."""
     shipped = {p.name: type(p) for p in all_projections(settings)}
     return all(shipped.get(t.name) is type(t.projection) for t in targets)
+
+
+async def shares_of(
+    settings: Settings,
+    builds: tuple[tuple[str, str], ...],
+    whole_runs_only: bool,
+    topics: Sequence[str],
+    processes: int,
+    batch_size: int,
+    until: Mapping[tuple[str, int], int] | None,
+    redis: bool,
+) -> list[Share]:
+    """``processes`` shares of a replay of ``topics``: their partitions split once, here, by
+    the entries each holds (:func:`streams.source.balanced`), so the processes finish together
+    and no partition is in two shares or none, whatever is appended meanwhile."""
+    sizes = await partition_sizes(settings.kafka_address, topics, until)
+    split = balanced(sizes, processes)
+    return [
+        Share(
+            settings,
+            builds,
+            whole_runs_only,
+            tuple(topics),
+            index,
+            tuple((tp.topic, tp.partition) for tp in mine),
+            batch_size,
+            dict(until) if until is not None else None,
+            redis,
+        )
+        for index, mine in enumerate(split)
+    ]
 
 
 async def drain_parallel(
@@ -175,7 +206,7 @@ async def _drain(share: Share, engine: Engine, messages: Any) -> BatchStats:
         batch_size=share.batch_size,
         until=share.until,
         progress=report,
-        share=(share.index, share.count),
+        only=share.partitions,
     )
 
 

@@ -40,7 +40,7 @@ from schemas.times import parse_moment
 from streams.changes import stream_projections
 from streams.dlq import KafkaDeadLetterSink
 from streams.engine import BatchStats, Engine, Target
-from streams.parallel import Share, drain_parallel, parallel_ok
+from streams.parallel import drain_parallel, parallel_ok, shares_of
 from streams.source import Progress, drain, topic_partitions
 
 logger = logging.getLogger(__name__)
@@ -207,20 +207,16 @@ async def run_build(
     target = Target(projection, build, whole_runs_only=info.start not in (None, "beginning"))
     topics = await topics_of(settings)
     if processes > 1 and codec is None and parallel_ok([target], settings):
-        shares = [
-            Share(
-                settings,
-                ((projection.name, build),),
-                target.whole_runs_only,
-                tuple(topics),
-                index,
-                processes,
-                batch_size,
-                dict(until) if until is not None else None,
-                redis=False,  # views are written once, at the swap
-            )
-            for index in range(processes)
-        ]
+        shares = await shares_of(
+            settings,
+            ((projection.name, build),),
+            target.whole_runs_only,
+            topics,
+            processes,
+            batch_size,
+            until,
+            redis=False,  # views are written once, at the swap
+        )
         return await drain_parallel(shares, progress)
     sink = KafkaDeadLetterSink(settings)
     engine = Engine(

@@ -39,6 +39,45 @@ async def topic_partitions(
     ]
 
 
+def balanced(sizes: Mapping[TopicPartition, int], count: int) -> list[list[TopicPartition]]:
+    """``count`` shares of these partitions with entries as even as whole partitions allow:
+    the largest first, each to the share with the fewest so far (ties: the lower share; the
+    partitions' order breaks ties in size), every partition in exactly one share, each share's
+    partitions in topic-partition order. Pure and deterministic. Every n-th partition, as
+    replays split them before, left one process of two with twice the entries of the other
+    when a few long runs filled a few partitions (measured on the bench's realistic mix)."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
+    shares: list[list[TopicPartition]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for tp in sorted(sizes, key=lambda tp: (-max(sizes[tp], 0), tp.topic, tp.partition)):
+        least = min(range(count), key=lambda i: (loads[i], i))
+        shares[least].append(tp)
+        loads[least] += max(sizes[tp], 0)
+    return [sorted(share) for share in shares]
+
+
+async def partition_sizes(
+    bootstrap: str, topics: Sequence[str], until: Mapping[tuple[str, int], int] | None = None
+) -> dict[TopicPartition, int]:
+    """Entries in each partition of these topics now (to ``until``, inclusive, where given)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = await topic_partitions(consumer, topics)
+        if not partitions:
+            return {}
+        first = await consumer.beginning_offsets(partitions)
+        end = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    limit = until or {}
+    return {
+        tp: max(0, min(end[tp], limit.get((tp.topic, tp.partition), end[tp] - 1) + 1) - first[tp])
+        for tp in partitions
+    }
+
+
 async def read_all(bootstrap: str, topics: Sequence[str]) -> list[SourceRecord]:
     """Every record of these topics, from the beginning to the current end."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -104,13 +143,13 @@ async def drain(
     until: Mapping[tuple[str, int], int] | None = None,
     progress: Callable[[Progress], None] | None = None,
     every_s: float = 2.0,
-    share: tuple[int, int] = (0, 1),
+    only: Sequence[tuple[str, int]] | None = None,
 ) -> BatchStats:
     """Apply everything up to the current end of ``topics`` (or up to ``until``, inclusive),
     starting at the stored positions; calls ``progress`` every ``every_s`` and at the end.
 
-    ``share=(i, n)`` takes only every n-th partition from the i-th (in topic, partition order):
-    n processes with shares 0..n-1 split a replay between them.
+    ``only`` (partitions of these topics) takes only those: processes given disjoint ones split a
+    replay between them (see :func:`balanced`).
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -122,8 +161,10 @@ async def drain(
     total = BatchStats()
     await consumer.start()
     try:
-        index, count = share
-        partitions = sorted(await topic_partitions(consumer, topics))[index::count]
+        partitions = await topic_partitions(consumer, topics)
+        if only is not None:
+            mine = set(only)
+            partitions = [tp for tp in partitions if (tp.topic, tp.partition) in mine]
         if not partitions:
             return total
         consumer.assign(partitions)
