@@ -976,16 +976,35 @@ def runs_with_prefix(
     fleets: Sequence[str] | None = None,
 ) -> list[str]:
     """Run ids of the live run-stats build equal to ``prefix`` (only that one, if it exists) or
-    else starting with it, at most ``limit`` (only of ``fleets``, when given)."""
+    else starting with it, at most ``limit`` (only of ``fleets``, when given). Read from the
+    byte-order index of migration 023 between :func:`prefix_bounds`."""
+    low, high = prefix_bounds(prefix)
+    below: LiteralString = "" if high is None else "AND s.run_id ~<~ %(high)s "
     rows = conn.execute(
-        f"SELECT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'run-stats' AND "
-        "(s.run_id = %s OR left(s.run_id, length(%s)) = %s) "
-        "AND (%s::text[] IS NULL OR s.fleet_id = ANY(%s::text[])) "
-        "ORDER BY s.run_id <> %s, s.run_id LIMIT %s",
-        (prefix, prefix, prefix, fleets, fleets, prefix, limit),
+        f"SELECT s.run_id FROM {LIVE_STATE} WHERE s.projection = 'run-stats' "
+        f"AND s.run_id ~>=~ %(low)s {below}AND left(s.run_id, length(%(low)s)) = %(low)s "
+        "AND (%(fleets)s::text[] IS NULL OR s.fleet_id = ANY(%(fleets)s::text[])) "
+        "ORDER BY s.run_id <> %(low)s, s.run_id LIMIT %(limit)s",
+        {"low": low, "high": high, "fleets": fleets, "limit": limit},
     ).fetchall()
     found = [str(r) for (r,) in rows]
     return [prefix] if prefix in found else found
+
+
+def prefix_bounds(prefix: str) -> tuple[str, str | None]:
+    """Byte-order bounds of the texts starting with ``prefix``: ``low <= t < high`` (no upper
+    bound: None). UTF-8's byte order is code point order, so ``high`` is the prefix with its
+    last character one code point on (past the surrogates, which no text holds), or, where it
+    is the last code point, the same of what comes before it."""
+    rest = prefix
+    while rest:
+        last = ord(rest[-1]) + 1
+        if last == 0xD800:
+            last = 0xE000
+        if last <= 0x10FFFF:
+            return prefix, rest[:-1] + chr(last)
+        rest = rest[:-1]
+    return prefix, None
 
 
 def resolve_run(

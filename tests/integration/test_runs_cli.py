@@ -159,6 +159,9 @@ def test_a_unique_prefix_names_its_run_and_an_ambiguous_one_says_so(deployment: 
         resolve_run(d.settings, common)
     with pytest.raises(NotFoundError):
         resolve_run(d.settings, "zz-no-such-run")
+    for pattern in ("%", "_", target[:2] + "%", "\\", "\U0010ffff"):  # no LIKE wildcards
+        with pytest.raises(NotFoundError):
+            resolve_run(d.settings, pattern)
 
     runner = CliRunner()
     env = {"AGENTLEDGER_PG_DSN": d.settings.pg_address}
