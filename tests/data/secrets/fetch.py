@@ -97,6 +97,7 @@ SOURCES = (
     "trivy",
     "kics",
     "leaktk",
+    "leakyrepo",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -1146,6 +1147,68 @@ def fetch_leaktk() -> None:
         assert case["secret"][:24] in text, (case["location"], case["secret"])
 
 
+# leaky-repo (HELD OUT, sixteenth round): Plazmaz/leaky-repo, a repository of planted secrets made
+# as a benchmark for secret scanners (MIT), and the provider files its fork
+# khulnasoft-lab/leaky-repo adds (from aquasecurity/leaky-repo). Each line of a file that plants
+# a value (Plazmaz's ``.leaky-meta/secrets.csv`` names the risk and informative lines of each
+# file; the fork's files are one provider each, every literal assigned in them its secret) was
+# copied by hand into ``leakyrepo-tests.jsonl`` with the value it holds (``want``: the assigned
+# value, quotes stripped; a URL's password; the file itself for ``master.key``). Fixed before
+# measuring: what the source marks informative (an S3 access key under ``access_key``, a
+# ``client_key``, the two ``high-entropy-misc.txt`` strings), key ids and key names (AWS, Spaces,
+# Confluent, Coinbase legacy, Sumo Logic, a Coinbase CDP key name), user names (Firefox's
+# ``encryptedUsername``, a Gmail address) and password hashes (bcrypt, crypt, htpasswd) are no
+# credential; then duplicates, values another stored corpus holds, and the shared drop rules.
+LEAKYREPO_REPOS = ("Plazmaz/leaky-repo", "khulnasoft-lab/leaky-repo")
+LEAKYREPO_NOT_SECRET = frozenset({"KeyID", "KeyName", "Username", "Informative", "Hash"})
+LEAKYREPO_NOT_COPIED = {"multi-line private keys (id_rsa, cert-key.pem, putty ppk)": 3}
+# Documented literals of the formats the kept values have (3+ characters).
+LEAKYREPO_PREFIXES = (
+    "xoxp-", "sq0atp-", "aio_", "dnkey-", "doo_v1_", "dor_v1_", "dop_v1_", "nfp_", "rdme_",
+    "hvb.", "hvs.", "sc_", "dict.1.1.", "-----BEGIN EC PRIVATE KEY-----",
+)  # fmt: skip
+_AIRTABLE_PAT = re.compile(r"^pat[A-Za-z0-9]{14}\.[a-f0-9]{64}$")
+
+
+def leakyrepo_prefix(value: str) -> str:
+    if _AIRTABLE_PAT.match(value):
+        return "pat"
+    return next((p for p in LEAKYREPO_PREFIXES if value.startswith(p)), "")
+
+
+def build_leakyrepo() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter(LEAKYREPO_NOT_COPIED)
+    elsewhere = other_sources_secrets("leakyrepo")
+    seen: set[tuple[str, str]] = set()
+    for case in copied_cases("leakyrepo-tests"):
+        for field, value in case["want"].items():
+            if field in LEAKYREPO_NOT_SECRET:
+                dropped["not-a-secret"] += 1
+                continue
+            if (case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((case["input"], value))
+            if value in elsewhere:
+                dropped["seen-in-another-source"] += 1
+            elif keep(value, dropped):
+                copy = {**case, "test": field}
+                row = wanted_row("leakyrepo", "leakyrepo." + case["path"], copy, value, ())
+                row["prefix"], row["repo"] = leakyrepo_prefix(value), case["repo"]
+                rows.append(row)
+    return rows, dropped
+
+
+def fetch_leakyrepo() -> None:
+    """Download each file the copied lines name at its commit and check each line is in it."""
+    for repo in LEAKYREPO_REPOS:
+        cases = [c for c in copied_cases("leakyrepo-tests") if c["repo"] == repo]
+        texts = fetched_texts(repo, cases)
+        for case in cases:
+            assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -1162,6 +1225,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "kics": build_kics,
     "trufflehog": build_trufflehog,
     "leaktk": build_leaktk,
+    "leakyrepo": build_leakyrepo,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1177,6 +1241,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "kics": lambda: fetch_whole(KICS_REPO, "kics-tests"),
     "trufflehog": fetch_trufflehog,
     "leaktk": fetch_leaktk,
+    "leakyrepo": fetch_leakyrepo,
 }
 
 # trufflehog's later slices (trufflehog2 .. trufflehog11): the same builder and check, by name
