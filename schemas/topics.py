@@ -14,14 +14,27 @@ __all__ = [
     "change_topic",
     "check_fleet_id",
     "dead_letter_topic",
+    "fleet_in_ledger_topic",
     "fleet_of_ledger_topic",
     "fleets_among",
     "ledger_topic",
 ]
 
 
+LEDGER_INFIX = ".ledger."
+
+
 def ledger_topic(prefix: str, fleet_id: str) -> str:
-    return f"{prefix}.ledger.{fleet_id}"
+    return f"{prefix}{LEDGER_INFIX}{fleet_id}"
+
+
+def fleet_in_ledger_topic(topic: str) -> str | None:
+    """The fleet of a ledger topic ``<prefix>.ledger.<fleet>`` whatever its prefix (None for
+    other topics): for what reads a record's topic without the deployment's settings (the
+    record contract, dead letters, worker health keys). Knowing the prefix:
+    :func:`fleet_of_ledger_topic`."""
+    head, sep, fleet = topic.rpartition(LEDGER_INFIX)
+    return fleet if sep and head else None
 
 
 def dead_letter_topic(prefix: str, fleet_id: str) -> str:
@@ -48,7 +61,7 @@ def change_schema_topic(prefix: str) -> str:
 
 def fleet_of_ledger_topic(prefix: str, topic: str) -> str | None:
     """The fleet a ``<prefix>.ledger.<fleet>`` topic belongs to, or None for any other topic."""
-    head = f"{prefix}.ledger."
+    head = f"{prefix}{LEDGER_INFIX}"
     if not topic.startswith(head):
         return None
     fleet = topic[len(head) :]

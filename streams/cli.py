@@ -24,6 +24,7 @@ from infra.cli_support import (
 )
 from infra.cli_support import settings as _settings
 from schemas.errors import AgentLedgerError
+from schemas.topics import ledger_topic
 
 commands = typer.Typer()
 
@@ -78,7 +79,7 @@ def topics_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         print(json.dumps({"prefix": settings.topic_prefix, "fleets": fleets}))
         return
     for fleet in fleets:
-        console.print(f"{fleet}\t{settings.topic_prefix}.ledger.{fleet}")
+        console.print(f"{fleet}\t{ledger_topic(settings.topic_prefix, fleet)}")
     configured = [f for f in settings.fleet_ids if f not in fleets]
     console.print(
         f"{len(fleets)} fleets"

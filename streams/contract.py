@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 from schemas.errors import LedgerDecodeError
 from schemas.models import LedgerEntry
+from schemas.topics import fleet_in_ledger_topic
 
-LEDGER_INFIX = ".ledger."
 # How far ahead of its writer's clock an entry may say it happened (clock skew between hosts).
 MAX_CLOCK_AHEAD = timedelta(days=1)
 _LAST_TIMESTAMP_MS = int(datetime(9998, 12, 31, tzinfo=UTC).timestamp() * 1000)
@@ -24,12 +24,6 @@ _LAST_TIMESTAMP_MS = int(datetime(9998, 12, 31, tzinfo=UTC).timestamp() * 1000)
 class RecordContractError(LedgerDecodeError):
     """An entry decoded, but its record breaks the contract: dead-lettered with this reason.
     Fix the producer (use the publisher SDK, key records by run id), then redrive."""
-
-
-def fleet_of(topic: str) -> str | None:
-    """The fleet of a ledger topic ``<prefix>.ledger.<fleet>`` (None for other topics)."""
-    head, sep, fleet = topic.rpartition(LEDGER_INFIX)
-    return fleet if sep and head else None
 
 
 def check_record(
@@ -41,7 +35,7 @@ def check_record(
             "the record's key is not the entry's run_id: a run's entries must share one key so "
             "they share one partition (publish through the SDK, or key records by run id)"
         )
-    fleet = fleet_of(topic)
+    fleet = fleet_in_ledger_topic(topic)
     if fleet is not None and entry.fleet_id != fleet:
         return RecordContractError(
             f"the entry's fleet_id is not {fleet}, the fleet of {topic}: a fleet publishes to "

@@ -24,9 +24,8 @@ from projectors.stores import postgres_ops as ops
 from schemas.codec import LedgerCodec
 from schemas.errors import BadArgumentError, LedgerDecodeError
 from schemas.secret_scan import default_detector
-from schemas.topics import dead_letter_topic
+from schemas.topics import dead_letter_topic, fleet_in_ledger_topic
 from streams.contract import RecordContractError
-from streams.contract import fleet_of as ledger_fleet
 from streams.engine import CONFLICTING_DUPLICATE, OTHER_FLEET, Poison
 from streams.source import topic_partitions
 
@@ -60,7 +59,7 @@ MAX_KEY_BYTES = 4096
 
 def fleet_of(topic: str) -> str:
     """The fleet id of a ledger topic ``<prefix>.ledger.<fleet>`` (else the topic itself)."""
-    return ledger_fleet(topic) or topic
+    return fleet_in_ledger_topic(topic) or topic
 
 
 class KafkaDeadLetterSink:

@@ -24,6 +24,7 @@ import psycopg
 
 from infra.settings import Settings
 from projectors.stores import worker_health as store
+from schemas.topics import fleet_in_ledger_topic
 
 TP = tuple[str, int]
 
@@ -262,7 +263,8 @@ class WorkerHealth:
     @property
     def fleets(self) -> list[str]:
         """The fleets of the ledger partitions it reports (``<prefix>.ledger.<fleet>:<n>``)."""
-        return sorted({key.rpartition(":")[0].rpartition(".ledger.")[2] for key in self.lag})
+        keys = (fleet_in_ledger_topic(key.rpartition(":")[0]) for key in self.lag)
+        return sorted({fleet for fleet in keys if fleet is not None})
 
     @property
     def behind(self) -> int:

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from schemas.topics import fleet_of_ledger_topic, fleets_among
+from schemas.topics import (
+    fleet_in_ledger_topic,
+    fleet_of_ledger_topic,
+    fleets_among,
+    ledger_topic,
+)
 from streams.health import (
     KAFKA,
     POSTGRESQL,
@@ -145,6 +150,12 @@ def test_the_fleets_that_exist_are_those_with_a_ledger_topic_under_the_prefix() 
     assert fleets_among("p", topics) == ["a", "acme_1", "b-2"]
     assert fleet_of_ledger_topic("p", "p.ledger.a") == "a"
     assert fleet_of_ledger_topic("p", "p.ledgers.a") is None
+    # without the prefix (a record's topic, a worker's lag keys): the same format, one rule
+    assert fleet_in_ledger_topic("p.ledger.a") == "a"
+    assert fleet_in_ledger_topic("x.ledger.y.ledger.b-2") == "b-2"
+    assert fleet_in_ledger_topic(ledger_topic("q.r", "acme_1")) == "acme_1"
+    for other in ("p.dlq.c", "ledger.a", ".ledger.a", "p.changes.run-stats"):
+        assert fleet_in_ledger_topic(other) is None
 
 
 def test_entry_ids_are_stored_as_spans_of_consecutive_sequence_numbers() -> None:
@@ -212,7 +223,7 @@ def test_a_stopped_or_dead_process_is_not_running() -> None:
 
 def test_a_worker_shows_the_fleets_whose_partitions_it_holds_not_the_configured_ones() -> None:
     at = datetime.now(UTC) - timedelta(seconds=100)
-    lag = {"p.ledger.fleet-01:0": 0, "p.ledger.later:1": 2, "p.ledger.later:0": 0}
+    lag = {"p.ledger.fleet-01:0": 0, "p.ledger.later:1": 2, "p.ledger.later:0": 0, "p.x:0": 1}
     row = WorkerHealth("h:1", 1, "g", "all", at, 1.0, 2.0, 3, 30, lag, 2, 0, None)
     assert row.as_dict(60)["fleets"] == ["fleet-01", "later"]
 
