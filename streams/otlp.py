@@ -19,6 +19,7 @@ from infra.settings import Settings
 from schemas.errors import AgentLedgerError, LedgerValidationError
 from streams.importers.otel import (
     TraceBook,
+    ended_only,
     renumbered,
     runs_from_spans,
     spans_from_otlp_json,
@@ -64,6 +65,8 @@ class Receiver:
                 await self.publisher.resume({(r.fleet_id, r.run_id) for r in runs})
                 for run in runs:
                     last = self.publisher.book.last.get(run.run_id, 0)
+                    if not last and ended_only(run):  # a trace with no call or tool: no run
+                        continue
                     entries = renumbered(run, last, first_known=last > 0)
                     if entries:
                         await self.publisher.publish_batch(entries)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from infra.settings import Settings
@@ -117,3 +118,133 @@ def test_a_failed_model_call_without_usage_is_a_call_of_unknown_usage() -> None:
     assert len(calls) == 1 and isinstance(calls[0], ModelUsagePart)
     assert calls[0].status is ModelCallStatus.ERROR
     assert {"input_tokens", "output_tokens"} <= set(calls[0].unknown_fields)
+
+
+# -- a run's end: its trace's root span ------------------------------------------------------
+
+START = 1_765_000_000 * 10**9  # (2025-12-06)
+SECRET = "ghp_" + "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"[:36]
+
+
+def _span(span_id: str, parent: str | None, end_s: int, **fields: Any) -> Any:
+    from streams.importers.otel import Span
+
+    attributes = fields.pop("attributes", {})
+    fields.setdefault("error", False)
+    return Span("t1", span_id, parent, span_id, START, START + end_s * 10**9, attributes, **fields)
+
+
+_CHAT = {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 10}
+_AGENT = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "support"}
+
+
+@pytest.mark.parametrize(
+    ("status", "ended"),
+    [({"ok": True}, "SUCCEEDED"), ({"error": True}, "FAILED"), ({"error": False}, "UNKNOWN")],
+)
+def test_a_root_span_that_ended_ends_its_run(status: dict[str, bool], ended: str) -> None:
+    """Found trying the product: a run received over OTLP stayed RUNNING forever after its
+    root (invoke_agent) span ended, OK or ERROR. Now the root span's end is the run's
+    RUN_FINISHED, after the batch's other entries (the root starts first), at its end time;
+    UNSET (the default status) says the run ended but not how: UNKNOWN, not a success."""
+    from schemas.models import EntryKind
+    from streams.importers.otel import runs_from_spans
+
+    fields = {"error": False, **status}
+    root = _span("root", None, 9, attributes=_AGENT, **fields)
+    [run] = runs_from_spans([root, _span("chat", "root", 2, attributes=_CHAT, error=False)], "f")
+    kinds = [e.kind for e in run.entries]
+    assert kinds[:2] == [EntryKind.RUN_STARTED, EntryKind.MODEL_CALL]
+    assert kinds[-1] is EntryKind.RUN_FINISHED and kinds.count(EntryKind.RUN_FINISHED) == 1
+    finished = run.entries[-1]
+    assert finished.run_status is not None and finished.run_status.value == ended
+    assert finished.occurred_at.timestamp() == (START + 9 * 10**9) / 1e9
+
+
+def test_a_failed_root_span_ends_its_run_failed_with_its_error_redacted() -> None:
+    """ERROR: the run failed, its exception and status message kept (each once) as the error
+    that ended it, in an ERROR_EVENT before RUN_FINISHED (as mini-swe-agent's), classed by the
+    importers' one rule; the publisher's redaction (the one detector) takes the secret out."""
+    from schemas.models import EntryKind, ErrorPart
+    from streams.importers.otel import runs_from_spans
+    from streams.redaction import redact_entry
+
+    said = f"RateLimitError: token {SECRET} over its quota"
+    root = _span(
+        "root", None, 5, attributes=_AGENT, error=True, status_message=said, exceptions=(said,)
+    )
+    [run] = runs_from_spans([root], "f")
+    error, finished = run.entries[-2:]
+    assert error.kind is EntryKind.ERROR_EVENT and finished.run_status is not None
+    assert finished.run_status.value == "FAILED"
+    [part] = error.parts
+    assert isinstance(part, ErrorPart) and part.category == "provider"
+    assert part.message == said  # the exception and the status message say it once
+    [redacted] = redact_entry(error).parts
+    assert isinstance(redacted, ErrorPart) and SECRET not in redacted.message
+    assert "[REDACTED:" in redacted.message and redacted.message.endswith("over its quota")
+
+
+def test_a_run_whose_root_span_has_not_arrived_stays_open_and_ends_when_it_does() -> None:
+    """Unknown is never a made-up end: the children alone leave the run open; the root span
+    in a later export ends it (the receiver's book remembers the batches before)."""
+    from schemas.models import EntryKind
+    from streams.importers.otel import TraceBook, ended_only, runs_from_spans
+
+    book = TraceBook()
+    [run] = runs_from_spans([_span("chat", "root", 2, attributes=_CHAT, error=False)], "f", book)
+    assert EntryKind.RUN_FINISHED not in [e.kind for e in run.entries]
+    [later] = runs_from_spans([_span("root", None, 9, attributes=_AGENT, ok=True)], "f", book)
+    assert [e.kind for e in later.entries][-1] is EntryKind.RUN_FINISHED and ended_only(later)
+    # a span with a parent never ends a run, nor a root span without an end time
+    assert runs_from_spans([_span("x", "y", 3, attributes=_AGENT, ok=True)], "f") == []
+    assert (
+        runs_from_spans([_span("r", None, -START // 10**9, attributes=_AGENT, ok=True)], "f") == []
+    )
+
+
+def test_a_run_named_by_an_attribute_is_not_ended_by_a_root_span() -> None:
+    """Such a run may hold several traces (a conversation's turns): the first turn's root span
+    is not the run's end."""
+    from schemas.models import EntryKind
+    from streams.importers.otel import runs_from_spans
+
+    named = {**_CHAT, "session.id": "s-1"}
+    spans = [_span("root", None, 9, attributes=named, ok=True)]
+    [run] = runs_from_spans(spans, "f", run_attribute="session.id")
+    assert EntryKind.RUN_FINISHED not in [e.kind for e in run.entries]
+
+
+async def test_the_receiver_ends_a_run_the_ledger_holds_and_makes_no_run_of_an_end_alone() -> None:
+    """Over the receiver: a root span whose run's calls came in an earlier export is the run's
+    end, numbered after them; a trace whose root span is all there is (no call, no tool) is
+    no run, as before."""
+
+    def export(*spans: dict[str, Any]) -> bytes:
+        return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": list(spans)}]}]}).encode()
+
+    def span(span_id: str, parent: str, code: int, attrs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "traceId": "0af7651916cd43dd8448eb211c80319c",
+            "spanId": span_id,
+            "parentSpanId": parent,
+            "name": span_id,
+            "startTimeUnixNano": str(START),
+            "endTimeUnixNano": str(START + 10**9),
+            "attributes": [{"key": k, "value": {"stringValue": str(v)}} for k, v in attrs.items()],
+            "status": {"code": code},
+        }
+
+    receiver = Receiver(Settings(), "fleet-01")
+    fake = _Publisher([])
+    receiver.publisher = fake  # type: ignore[assignment]
+    status, _ = await _post(receiver, export(span("c1", "a1", 0, _CHAT)))
+    assert status == 200 and [e.kind.value for e in fake.sent] == ["RUN_STARTED", "MODEL_CALL"]
+    status, _ = await _post(receiver, export(span("a1", "", 1, _AGENT)))
+    assert status == 200
+    assert [(e.kind.value, e.sequence_no) for e in fake.sent[2:]] == [("RUN_FINISHED", 3)]
+    assert fake.sent[-1].run_status is not None and fake.sent[-1].run_status.value == "SUCCEEDED"
+
+    alone = span("b1", "", 1, _AGENT) | {"traceId": "1af7651916cd43dd8448eb211c80319c"}
+    status, _ = await _post(receiver, export(alone))
+    assert status == 200 and len(fake.sent) == 3
