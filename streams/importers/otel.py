@@ -20,7 +20,7 @@ same batch or an earlier one) carries usage adds nothing (Vercel-style parents r
 child's usage; they use ``ai.usage.*``, which is never read). A span's duration is its call's
 latency, known here. Tool spans (``gen_ai.operation.name`` ``execute_tool``, ``gen_ai.tool.name``
 or OpenInference kind ``TOOL``) are a tool call and its result, failed when the span's status is
-an error.
+an error, the result's summary then holding its exceptions and status message.
 
 **A trace's root span ends its run** (``RUN_FINISHED``, after the batch's other entries): status
 OK is ``SUCCEEDED``, ERROR ``FAILED`` (its exception and status message first, as an
@@ -440,11 +440,13 @@ def _tool(run: ImportedRun, s: Span, at: datetime) -> None:
         a.get("gen_ai.tool.call.arguments") or a.get("input.value") or "",
         finished_at=datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns >= s.start_ns else None,
     )
-    result = ToolResultPart(
+    output = str(a.get("gen_ai.tool.call.result") or a.get("output.value") or "")
+    error = error_text(s) if s.error else ""
+    result = ToolResultPart(  # a failed tool's error is its result, as every importer keeps it
         tool_call_id=call_id,
         status=ToolResultStatus.FAILED if s.error else ToolResultStatus.SUCCEEDED,
         timed_out=False,
-        summary=str(a.get("gen_ai.tool.call.result") or a.get("output.value") or "")[:4000],
+        summary="\n".join(t for t in (output, error) if t),  # (long: artifact store)
     )
     end = datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns else at
     run.add(

@@ -5,6 +5,7 @@ its child's usage adds nothing; a bad body is a 400 and nothing is sent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -200,6 +201,7 @@ def test_a_root_span_that_ended_ends_its_run_and_a_missing_one_leaves_it_open(
             "gen_ai.usage.output_tokens": 10,
         }
         agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "support"}
+        tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup_order"}
 
         # the SDK records the exception as an event and sets status ERROR with its text
         with (
@@ -209,6 +211,11 @@ def test_a_root_span_that_ended_ends_its_run_and_a_missing_one_leaves_it_open(
             failed = format(root.get_span_context().trace_id, "032x")
             with tracer.start_as_current_span("chat gpt-4o-mini", attributes=chat):
                 pass
+            with (
+                contextlib.suppress(LookupError),
+                tracer.start_as_current_span("execute_tool lookup_order", attributes=tool),
+            ):
+                raise LookupError(f"order 42 not found (api key {SECRET})")
             raise AgentGaveUpError(f"no answer after 3 tries; token {SECRET} refused")
         with tracer.start_as_current_span("invoke_agent support", attributes=agent) as root:
             succeeded = format(root.get_span_context().trace_id, "032x")
@@ -223,11 +230,12 @@ def test_a_root_span_that_ended_ends_its_run_and_a_missing_one_leaves_it_open(
             pass
         assert provider.force_flush(30_000)
 
-        # RUN_STARTED, the call, the error, RUN_FINISHED
-        ended = _stats(d, stable_id("otel", failed), 4)
+        # RUN_STARTED, the call, the tool's request and result, the error, RUN_FINISHED
+        ended = _stats(d, stable_id("otel", failed), 6)
         assert ended["status"] == "FAILED" and ended["by_kind"]["ERROR_EVENT"] == 1
         timeline = _timeline(d, stable_id("otel", failed))
         assert "AgentGaveUpError: no answer after 3 tries" in timeline
+        assert "LookupError: order 42 not found (api key [REDACTED:" in timeline  # the tool's
         assert SECRET not in timeline and "[REDACTED:" in timeline
         assert _stats(d, stable_id("otel", succeeded), 3)["status"] == "SUCCEEDED"
         stats = _stats(d, stable_id("otel", still_open), 2)

@@ -248,3 +248,98 @@ async def test_the_receiver_ends_a_run_the_ledger_holds_and_makes_no_run_of_an_e
     alone = span("b1", "", 1, _AGENT) | {"traceId": "1af7651916cd43dd8448eb211c80319c"}
     status, _ = await _post(receiver, export(alone))
     assert status == 200 and len(fake.sent) == 3
+
+
+def test_a_failed_tool_span_keeps_its_exception_in_the_result() -> None:
+    """Found trying the product: a tool span that failed kept only FAILED, its exception
+    (events ``exception``: exception.type, exception.message) and status description lost.
+    Now they are the result's text (each once), as every importer keeps a failed tool's error,
+    and redacted on the same path as every other text."""
+    from schemas.models import ToolResultPart, ToolResultStatus
+    from streams.importers.otel import runs_from_spans
+    from streams.redaction import redact_entry
+
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup_order"}
+    said = f"KeyError: order 42 not found (api key {SECRET})"
+    span = _span(
+        "tool", "root", 2, attributes=tool, error=True, exceptions=(said,), status_message=said
+    )
+    [run] = runs_from_spans([span], "f")
+    [part] = run.entries[-1].parts
+    assert isinstance(part, ToolResultPart) and part.status is ToolResultStatus.FAILED
+    assert part.summary == said
+    [redacted] = redact_entry(run.entries[-1]).parts
+    assert isinstance(redacted, ToolResultPart) and SECRET not in redacted.summary
+    assert redacted.summary.startswith("KeyError: order 42 not found") and "[REDACTED:" in (
+        redacted.summary
+    )
+    # its output and its error both; a tool that succeeded keeps its output alone
+    output = {**tool, "gen_ai.tool.call.result": "partial"}
+    both = _span(
+        "t2", "root", 2, attributes=output, error=True, status_message="TimeoutError: 30 s"
+    )
+    [run] = runs_from_spans([both], "f")
+    [part] = run.entries[-1].parts
+    assert isinstance(part, ToolResultPart) and part.summary == "partial\nTimeoutError: 30 s"
+
+
+def test_exception_events_are_decoded_from_every_span_form() -> None:
+    """OTLP/JSON (attribute lists), OTLP protobuf and ReadableSpan-style JSON (attribute
+    objects) give the same exception text and status message."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+    from streams.importers.otel import spans_from_otlp_json, spans_from_otlp_proto
+
+    def kv(key: str, value: str) -> dict[str, Any]:
+        return {"key": key, "value": {"stringValue": value}}
+
+    said = {"exception.type": "E", "exception.message": "m"}
+    event = {"name": "exception", "attributes": [kv(k, v) for k, v in said.items()]}
+    otlp = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "aa",
+                                "spanId": "bb",
+                                "status": {"code": 2, "message": "E: m"},
+                                "events": [{"name": "other"}, event],
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    [from_json] = spans_from_otlp_json(otlp)
+    readable = {
+        "spanContext": {"traceId": "aa", "spanId": "bb"},
+        "status": {"code": 2, "message": "E: m"},
+        "events": [{"name": "exception", "attributes": said}],
+    }
+    [from_list] = spans_from_otlp_json([readable])
+    proto = Span(
+        trace_id=b"\xaa",
+        span_id=b"\xbb",
+        status=Status(code=Status.STATUS_CODE_ERROR, message="E: m"),
+        events=[
+            Span.Event(
+                name="exception",
+                attributes=[
+                    KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in said.items()
+                ],
+            )
+        ],
+    )
+    request = ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[proto])])]
+    )
+    [from_proto] = spans_from_otlp_proto(request.SerializeToString())
+    for span in (from_json, from_list, from_proto):
+        assert (span.error, span.exceptions, span.status_message) == (True, ("E: m",), "E: m")
