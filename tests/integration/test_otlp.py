@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -25,6 +26,7 @@ from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
 from consumers.views import live_states
 from infra.settings import Settings
+from schemas.topics import ledger_topic
 from streams.deployment import PrivateDeployment
 from streams.importers.base import stable_id
 from tests.packs import SHARED
@@ -241,5 +243,61 @@ def test_a_root_span_that_ended_ends_its_run_and_a_missing_one_leaves_it_open(
         stats = _stats(d, stable_id("otel", still_open), 2)
         assert stats["status"] is None and "RUN_FINISHED" not in stats["by_kind"]
         provider.shutdown()
+    finally:
+        d.drop()
+
+
+async def _records_on(settings: Settings, fleet: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_address)
+    await consumer.start()
+    try:
+        topic = ledger_topic(settings.topic_prefix, fleet)
+        tps = [TopicPartition(topic, p) for p in range(settings.topic_partitions)]
+        return sum((await consumer.end_offsets(tps)).values())
+    finally:
+        await consumer.stop()
+
+
+def test_a_run_in_another_fleet_is_refused_over_otlp_and_the_rest_published(
+    services: Settings, tmp_path: Path
+) -> None:
+    """Found by a user trial: `publish` and `import` refuse a run that is on the ledger in
+    another fleet; a receiver of another fleet took its spans (and every worker then
+    dead-lettered them). Now the receiver names the run's fleet in OTLP's partial success and
+    sends nothing of it; the export's other run goes to its fleet."""
+    other = "otel-b"
+    d = PrivateDeployment(services, "otlpfleet", [FLEET, other], tmp_path / "logs")
+    asyncio.run(d.create())
+    port, port_b = _free_port(), _free_port()
+    try:
+        d.start_worker("w")
+        d.wait_partitions("w")
+        for name, at, fleet in (("otlp", port, FLEET), ("otlp-b", port_b, other)):
+            args = ["-m", "infra.main", "otlp", "--port", str(at), "--fleet", fleet]
+            d.start_process(name, args)
+            _wait_port(at)
+        doc = json.loads((SAMPLES / "genai-interlingua-openllmetry-0.62.3-otlp.json").read_text())
+        status, _ = _post(port, json.dumps(doc).encode(), "application/json")
+        assert status == 200
+        run_id = stable_id("otel", doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"])
+        _stats(d, run_id, 3)  # in the live run-stats build: RUN_STARTED, the call, the end
+
+        new = json.loads(
+            (SAMPLES / "genai-interlingua-openinference-openai-0.1.58-otlp.json").read_text()
+        )
+        both = {"resourceSpans": doc["resourceSpans"] + new["resourceSpans"]}
+        status, body = _post(port_b, json.dumps(both).encode(), "application/json")
+        assert status == 200, body
+        partial = json.loads(body)["partialSuccess"]
+        assert partial["rejectedSpans"] == "2"
+        assert (
+            f"run {run_id} is on the ledger in fleet {FLEET}, not {other}"
+            in (partial["errorMessage"])
+        )
+        new_run = stable_id("otel", new["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"])
+        assert _stats(d, new_run, 3)["status"] == "SUCCEEDED"
+        # the other fleet's topic holds the new run's three entries, none of the refused run's
+        assert asyncio.run(_records_on(d.settings, other)) == 3
+        assert live_states(d.settings, "run-stats", [run_id])[run_id]["state"]["entries"] == 3
     finally:
         d.drop()

@@ -1,5 +1,6 @@
-"""The OTLP receiver's answers when publishing fails (a fake publisher; the mapping is real):
-a retryable failure loses no span, a refusal is said as one."""
+"""The OTLP receiver's answers when publishing fails (a fake publisher and a fake fleet check;
+the mapping is real): a retryable failure loses no span, a refusal is said as one; a run's end;
+a failed tool's error; a run of another fleet refused."""
 
 from __future__ import annotations
 
@@ -43,6 +44,32 @@ class _Publisher:
         return entries
 
 
+class _Fleets:
+    """RunFleets' answer without PostgreSQL: the runs the ledger holds in other fleets."""
+
+    def __init__(self, on_ledger: dict[str, str] | None = None) -> None:
+        self.on_ledger = on_ledger or {}
+        self.unanswered = False
+        self.asked: list[list[tuple[str, str]]] = []
+
+    def elsewhere(self, runs: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        self.asked.append(list(runs))
+        return [(r, self.on_ledger[r], f) for r, f in runs if self.on_ledger.get(r, f) != f]
+
+    def close(self) -> None:
+        return None
+
+
+def _receiver(
+    failures: list[Exception] | None = None, on_ledger: dict[str, str] | None = None
+) -> tuple[Receiver, _Publisher]:
+    receiver = Receiver(Settings(), "fleet-01")
+    fake = _Publisher(failures or [])
+    receiver.publisher = fake  # type: ignore[assignment]
+    receiver.fleets = _Fleets(on_ledger)  # type: ignore[assignment]
+    return receiver, fake
+
+
 async def _post(receiver: Receiver, body: bytes) -> tuple[int, str]:
     async with TestClient(TestServer(app(receiver))) as client:
         answer = await client.post(
@@ -55,9 +82,7 @@ async def test_kafka_down_is_503_and_the_retry_publishes_every_span() -> None:
     """Before: the spans were marked done before publishing, so the sender's retry of a 503
     was answered 200 with nothing sent: the spans were lost, with a log warning."""
     body = json.dumps(json.loads(SAMPLE.read_text())).encode()
-    receiver = Receiver(Settings(), "fleet-01")
-    fake = _Publisher([BrokerUnavailableError("Kafka did not answer")])
-    receiver.publisher = fake  # type: ignore[assignment]
+    receiver, fake = _receiver([BrokerUnavailableError("Kafka did not answer")])
     status, _ = await _post(receiver, body)
     assert status == 503 and fake.sent == []
     status, _ = await _post(receiver, body)  # the exporter's retry
@@ -69,8 +94,7 @@ async def test_kafka_down_is_503_and_the_retry_publishes_every_span() -> None:
 
 async def test_spans_the_contract_refuses_are_a_400_the_sender_does_not_retry() -> None:
     body = json.dumps(json.loads(SAMPLE.read_text())).encode()
-    receiver = Receiver(Settings(), "fleet-01")
-    receiver.publisher = _Publisher([LedgerValidationError("run_id", "bad")])  # type: ignore[assignment]
+    receiver, _ = _receiver([LedgerValidationError("run_id", "bad")])
     status, text = await _post(receiver, body)
     assert status == 400 and text.startswith("refused: ") and "run_id" in text
 
@@ -89,9 +113,7 @@ async def test_a_span_the_contract_refuses_leaves_the_rest_of_its_export_publish
         if attribute["key"] == "gen_ai.usage.input_tokens":
             attribute["value"] = {"intValue": "-5"}
     spans.append(bad)
-    receiver = Receiver(Settings(), "fleet-01")
-    fake = _Publisher([])
-    receiver.publisher = fake  # type: ignore[assignment]
+    receiver, fake = _receiver()
     status, text = await _post(receiver, json.dumps(doc).encode())
     assert status == 200, text
     partial = json.loads(text)["partialSuccess"]
@@ -235,9 +257,7 @@ async def test_the_receiver_ends_a_run_the_ledger_holds_and_makes_no_run_of_an_e
             "status": {"code": code},
         }
 
-    receiver = Receiver(Settings(), "fleet-01")
-    fake = _Publisher([])
-    receiver.publisher = fake  # type: ignore[assignment]
+    receiver, fake = _receiver()
     status, _ = await _post(receiver, export(span("c1", "a1", 0, _CHAT)))
     assert status == 200 and [e.kind.value for e in fake.sent] == ["RUN_STARTED", "MODEL_CALL"]
     status, _ = await _post(receiver, export(span("a1", "", 1, _AGENT)))
@@ -343,3 +363,82 @@ def test_exception_events_are_decoded_from_every_span_form() -> None:
     [from_proto] = spans_from_otlp_proto(request.SerializeToString())
     for span in (from_json, from_list, from_proto):
         assert (span.error, span.exceptions, span.status_message) == (True, ("E: m",), "E: m")
+
+
+async def test_a_run_on_the_ledger_in_another_fleet_is_refused_and_the_rest_published() -> None:
+    """Found by a user trial: `publish` and `import` refuse a run already in another fleet,
+    the OTLP receiver took it (every worker then dead-lettered its entries while the exporter
+    was told they were taken). Now its spans are left out, the reason in OTLP's partial
+    success (JSON and protobuf), by the same rule (RunFleets); the other runs are published,
+    and the same export sent again is refused again (not taken as already sent)."""
+    from google.protobuf.json_format import ParseDict  # type: ignore[import-untyped]
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    from streams.importers.base import stable_id
+    from streams.importers.otel import spans_from_otlp_json
+
+    theirs_doc = json.loads(SAMPLE.read_text())
+    ours_doc = json.loads(
+        (SAMPLE.parent / "genai-interlingua-openinference-openai-0.1.58-otlp.json").read_text()
+    )
+    theirs = spans_from_otlp_json(theirs_doc)
+    run_id = stable_id("otel", theirs[0].trace_id)
+    ours = stable_id("otel", spans_from_otlp_json(ours_doc)[0].trace_id)
+    body = json.dumps(
+        {"resourceSpans": theirs_doc["resourceSpans"] + ours_doc["resourceSpans"]}
+    ).encode()
+    receiver, fake = _receiver(on_ledger={run_id: "fleet-02"})
+    for _ in range(2):  # the same export again: refused again, nothing more sent
+        status, text = await _post(receiver, body)
+        assert status == 200, text
+        partial = json.loads(text)["partialSuccess"]
+        assert partial["rejectedSpans"] == str(len(theirs)) == "2"
+        assert (
+            f"run {run_id} is on the ledger in fleet fleet-02, not fleet-01: a run belongs to "
+            "one fleet: its 2 spans not published (send them to a receiver of fleet fleet-02: "
+            "agentledger otlp --fleet fleet-02)"
+        ) == partial["errorMessage"]
+        assert {e.run_id for e in fake.sent} == {ours}
+        assert [e.kind.value for e in fake.sent].count("MODEL_CALL") == 1  # once
+    fleets = receiver.fleets
+    assert isinstance(fleets, _Fleets)
+    assert fleets.asked[0] == sorted([(run_id, "fleet-01"), (ours, "fleet-01")])
+
+    # protobuf: the same reason in ExportTraceServiceResponse.partial_success
+    request = ParseDict(_proto_shaped(theirs_doc), ExportTraceServiceRequest())
+    async with TestClient(TestServer(app(receiver))) as client:
+        answer = await client.post(
+            "/v1/traces",
+            data=request.SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        assert answer.status == 200
+        said = ExportTraceServiceResponse.FromString(await answer.read())
+    assert said.partial_success.rejected_spans == 2
+    assert f"run {run_id} is on the ledger in fleet fleet-02" in said.partial_success.error_message
+
+
+def _proto_shaped(doc: Any) -> Any:
+    """OTLP/JSON's hex ids as protobuf JSON's base64 bytes (ParseDict reads the latter)."""
+    import base64
+
+    if isinstance(doc, list):
+        return [_proto_shaped(x) for x in doc]
+    if not isinstance(doc, dict):
+        return doc
+    out = {}
+    for key, value in doc.items():
+        if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
+            out[key] = base64.b64encode(bytes.fromhex(value)).decode()
+        else:
+            out[key] = _proto_shaped(value)
+    return out
+
+
+async def test_an_export_whose_runs_are_of_this_fleet_answers_no_partial_success() -> None:
+    receiver, fake = _receiver(on_ledger={"otel:someone-else": "fleet-02"})
+    status, text = await _post(receiver, json.dumps(json.loads(SAMPLE.read_text())).encode())
+    assert (status, json.loads(text)) == (200, {}) and fake.sent
