@@ -491,7 +491,9 @@ def otlp_cmd(
 ) -> None:
     """Receive OpenTelemetry GenAI spans over OTLP/HTTP (POST /v1/traces, protobuf or JSON) and
     publish them as ledger entries: a trace is a run, LLM spans model calls (usage taken once,
-    from the span that made the call), tool spans tool calls."""
+    from the span that made the call), tool spans tool calls (a failed one's error its result),
+    the trace's root span the run's end (OK succeeded, ERROR failed, UNSET unknown); a run on
+    the ledger in another fleet is refused, named in OTLP's partial success."""
     from streams.otlp import serve
 
     settings = _settings()

@@ -34,6 +34,7 @@ from schemas.models import (
     Causation,
     DiffFile,
     EntryKind,
+    ErrorPart,
     FileChangeStatus,
     FileClassification,
     JsonPart,
@@ -559,6 +560,34 @@ def mark_unmetered(runs: Iterable[ImportedRun], summary: Summary) -> None:
         summary.runs_unmetered += 1
     if summary.runs_unmetered and not summary.calls:  # no call of the file is known
         summary.calls_known = False
+
+
+# litellm's exception names (mini-swe-agent's exit message starts with one) and the Python
+# clients' (an OpenTelemetry span's exception.type): whose fault it was
+_PROVIDER_ERRORS = (
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "APIConnectionError",
+    "APIError",
+    "RateLimitError",
+    "BadGatewayError",
+)
+
+
+def exit_error(text: str) -> ErrorPart:
+    """The error that ended a run, as ``Type: message`` (mini-swe-agent's ``exit`` message,
+    e.g. ``litellm.InternalServerError: ...``; a failed OpenTelemetry root span's exception or
+    status), by whose fault: one rule for every importer."""
+    head = text.split(":", 1)[0]
+    if "Timeout" in head:
+        category = "timeout.provider"
+    elif any(name in head for name in _PROVIDER_ERRORS):
+        category = "provider"
+    elif "ContextWindow" in head:
+        category = "context"
+    else:
+        category = "agent"
+    return ErrorPart(category=category, message=text[:4000])
 
 
 @contextmanager

@@ -20,13 +20,20 @@ same batch or an earlier one) carries usage adds nothing (Vercel-style parents r
 child's usage; they use ``ai.usage.*``, which is never read). A span's duration is its call's
 latency, known here. Tool spans (``gen_ai.operation.name`` ``execute_tool``, ``gen_ai.tool.name``
 or OpenInference kind ``TOOL``) are a tool call and its result, failed when the span's status is
-an error.
+an error, the result's summary then holding its exceptions and status message.
+
+**A trace's root span ends its run** (``RUN_FINISHED``, after the batch's other entries): status
+OK is ``SUCCEEDED``, ERROR ``FAILED`` (its exception and status message first, as an
+``ERROR_EVENT``), UNSET (the default) ``UNKNOWN``: it ended, how is not said. A run whose root
+span has not arrived stays open; a run named by ``run_attribute`` may span several traces, so
+no root span ends it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +46,7 @@ from schemas.models import (
     LedgerEntry,
     ModelCallStatus,
     ModelUsagePart,
+    RunStatus,
     TextPart,
     ToolResultPart,
     ToolResultStatus,
@@ -49,6 +57,7 @@ from streams.importers.base import (
     ImportFormatError,
     Summary,
     discover_files,
+    exit_error,
     load_json,
     obj,
     stable_id,
@@ -67,6 +76,9 @@ class Span:
     end_ns: int
     attributes: Mapping[str, Any]
     error: bool
+    ok: bool = False  # status OK (set by the application); neither: UNSET, the default
+    status_message: str = ""
+    exceptions: tuple[str, ...] = ()  # its ``exception`` events, each ``type: message``
 
 
 # -- decoding -------------------------------------------------------------------------------
@@ -97,6 +109,12 @@ def spans_from_otlp_json(doc: Any) -> list[Span]:
                         end_ns=int(s.get("endTimeUnixNano") or s.get("end_time_unix_nano") or 0),
                         attributes={**resource, **_attrs(s.get("attributes"))},
                         error=code in (2, "STATUS_CODE_ERROR", "ERROR"),
+                        ok=code in (1, "STATUS_CODE_OK", "OK"),
+                        status_message=str(status.get("message") or ""),
+                        exceptions=_exceptions(
+                            (obj(e).get("name"), _attrs(obj(e).get("attributes")))
+                            for e in s.get("events") or []
+                        ),
                     )
                 )
     return out
@@ -127,6 +145,11 @@ def spans_from_otlp_proto(data: bytes) -> list[Span]:
                         end_ns=s.end_time_unix_nano,
                         attributes={**resource, **attributes},
                         error=s.status.code == 2,
+                        ok=s.status.code == 1,
+                        status_message=s.status.message,
+                        exceptions=_exceptions(
+                            (e.name, _attrs(MessageToDict(e).get("attributes"))) for e in s.events
+                        ),
                     )
                 )
     return out
@@ -137,6 +160,7 @@ def _readable(d: Any) -> Span | None:
     context = obj(doc.get("spanContext"))
     if not context.get("traceId"):
         return None
+    status = obj(doc.get("status"))
     return Span(
         trace_id=str(context["traceId"]),
         span_id=str(context.get("spanId") or ""),
@@ -145,8 +169,34 @@ def _readable(d: Any) -> Span | None:
         start_ns=_hr_ns(doc.get("startTime")),
         end_ns=_hr_ns(doc.get("endTime")),
         attributes=obj(doc.get("attributes")),
-        error=obj(doc.get("status")).get("code") == 2,
+        error=status.get("code") == 2,
+        ok=status.get("code") == 1,
+        status_message=str(status.get("message") or ""),
+        exceptions=_exceptions(
+            (obj(e).get("name"), obj(obj(e).get("attributes"))) for e in doc.get("events") or []
+        ),
     )
+
+
+def _exceptions(events: Iterable[tuple[Any, Mapping[str, Any]]]) -> tuple[str, ...]:
+    """The ``exception`` events' ``exception.type: exception.message`` (OTel's exception
+    conventions; the stack trace is left out)."""
+    out: list[str] = []
+    for name, attributes in events:
+        if name != "exception":
+            continue
+        kind, message = attributes.get("exception.type"), attributes.get("exception.message")
+        text = ": ".join(str(x) for x in (kind, message) if x not in (None, ""))
+        if text:
+            out.append(text)
+    return tuple(out)
+
+
+def error_text(span: Span) -> str:
+    """What a failed span says of its error: its exceptions and its status message, each once
+    (the Python SDK writes the same ``Type: message`` in both)."""
+    said = [*span.exceptions, span.status_message]
+    return "\n".join(dict.fromkeys(t.strip() for t in said if t.strip()))
 
 
 def _hr_ns(value: Any) -> int:
@@ -266,33 +316,64 @@ def runs_from_spans(
             has_usage_below.add(parent)
             parent, hops = book.parents.get(parent), hops + 1
     runs: dict[str, ImportedRun] = {}
+    ends: list[tuple[ImportedRun, Span]] = []
     for s in sorted(spans, key=lambda x: (x.start_ns, x.span_id)):
         if s.span_id in book.done:
             continue
         book.done.add(s.span_id)
-        run_key = (
-            str(s.attributes.get(run_attribute))
-            if run_attribute and run_attribute in s.attributes
-            else None
-        )
-        run_id = stable_id("otel", run_key or s.trace_id)
+        run_id = run_of(s, run_attribute)
         run = runs.get(run_id)
         if run is None:
             run = runs[run_id] = ImportedRun(run_id, fleet_id, s.trace_id, FORMAT)
         at = datetime.fromtimestamp(s.start_ns / 1e9, UTC)
-        try:  # one span the contract refuses is left out, not the export it came in
+        with _refusing(book, s):  # one span the contract refuses is left out, not its export
             if (has_usage(s) or failed_call(s)) and s.span_id not in has_usage_below:
                 _model_call(run, s, at)
             elif is_tool(s):
                 _tool(run, s, at)
-        except ValidationError as exc:
-            errors = exc.errors()
-            where = ".".join(str(x) for x in errors[0]["loc"]) if errors else "?"
-            why = errors[0]["msg"] if errors else "invalid"
-            book.refused.append(f"span {s.span_id}: {where}: {why}")
-        except ValueError as exc:
-            book.refused.append(f"span {s.span_id}: {type(exc).__name__}")
+        if ends_its_run(s, run_attribute):
+            ends.append((run, s))
+    for run, s in ends:  # after the batch's other entries: the root span ends last
+        with _refusing(book, s):
+            _end(run, s)
     return [run for run in runs.values() if run.entries]
+
+
+def run_of(span: Span, run_attribute: str | None = None) -> str:
+    """The run a span is in: its trace, or the value of ``run_attribute`` where it has one."""
+    a = span.attributes
+    run_key = str(a.get(run_attribute)) if run_attribute and run_attribute in a else None
+    return stable_id("otel", run_key or span.trace_id)
+
+
+def ends_its_run(span: Span, run_attribute: str | None = None) -> bool:
+    """A trace's root span (no parent) that ended ends the trace's run: its children ended
+    before it. A run named by ``run_attribute`` may hold several traces (a conversation's
+    turns), so no root span ends it; neither does a span with no end time."""
+    named = run_attribute is not None and run_attribute in span.attributes
+    return span.parent_span_id is None and not named and span.end_ns > 0
+
+
+@contextmanager
+def _refusing(book: TraceBook, s: Span) -> Iterator[None]:
+    try:
+        yield
+    except ValidationError as exc:
+        errors = exc.errors()
+        where = ".".join(str(x) for x in errors[0]["loc"]) if errors else "?"
+        why = errors[0]["msg"] if errors else "invalid"
+        book.refused.append(f"span {s.span_id}: {where}: {why}")
+    except ValueError as exc:
+        book.refused.append(f"span {s.span_id}: {type(exc).__name__}")
+
+
+_END_KINDS = frozenset({EntryKind.RUN_STARTED, EntryKind.ERROR_EVENT, EntryKind.RUN_FINISHED})
+
+
+def ended_only(run: ImportedRun) -> bool:
+    """The run's entries are its root span's end and nothing else: a trace with no call or
+    tool, unless the ledger holds the run already (its earlier spans came before)."""
+    return all(e.kind in _END_KINDS for e in run.entries)
 
 
 def _model_call(run: ImportedRun, s: Span, at: datetime) -> None:
@@ -359,15 +440,37 @@ def _tool(run: ImportedRun, s: Span, at: datetime) -> None:
         a.get("gen_ai.tool.call.arguments") or a.get("input.value") or "",
         finished_at=datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns >= s.start_ns else None,
     )
-    result = ToolResultPart(
+    output = str(a.get("gen_ai.tool.call.result") or a.get("output.value") or "")
+    error = error_text(s) if s.error else ""
+    result = ToolResultPart(  # a failed tool's error is its result, as every importer keeps it
         tool_call_id=call_id,
         status=ToolResultStatus.FAILED if s.error else ToolResultStatus.SUCCEEDED,
         timed_out=False,
-        summary=str(a.get("gen_ai.tool.call.result") or a.get("output.value") or "")[:4000],
+        summary="\n".join(t for t in (output, error) if t),  # (long: artifact store)
     )
     end = datetime.fromtimestamp(s.end_ns / 1e9, UTC) if s.end_ns else at
     run.add(
         EntryKind.TOOL_CALL_RESULT, end, f"span-{s.span_id}-result", [result], tool_call_id=call_id
+    )
+
+
+def _end(run: ImportedRun, s: Span) -> None:
+    """The run's end, as every importer writes it: ``RUN_FINISHED`` with the root span's
+    outcome (OK: succeeded; ERROR: failed, its error first as an ``ERROR_EVENT``; UNSET, the
+    default: it ended, how is not said, so ``UNKNOWN``, never a made-up success)."""
+    at = datetime.fromtimestamp(s.end_ns / 1e9, UTC)
+    _start(run, datetime.fromtimestamp(s.start_ns / 1e9, UTC))
+    status = RunStatus.FAILED if s.error else RunStatus.SUCCEEDED if s.ok else RunStatus.UNKNOWN
+    text = error_text(s) if s.error else ""
+    if text:
+        run.add(EntryKind.ERROR_EVENT, at, f"span-{s.span_id}-error", [exit_error(text)])
+    run.add(
+        EntryKind.RUN_FINISHED,
+        at,
+        f"span-{s.span_id}-end",
+        [TextPart(text=f"finished: {status.value}")],
+        run_status=status,
+        metadata={"otel.span": s.name[:200]},
     )
 
 
@@ -401,7 +504,7 @@ class OtelFiles:
         if not spans:
             raise ImportFormatError(f"{path}: no spans (OTLP/JSON resourceSpans or a span list)")
         summary = Summary(str(path))
-        runs = runs_from_spans(spans, fleet_id)
+        runs = [r for r in runs_from_spans(spans, fleet_id) if not ended_only(r)]
         for run in runs:
             for e in run.entries:
                 for p in e.parts:
@@ -410,7 +513,15 @@ class OtelFiles:
                         summary.input_tokens += p.input_tokens
                         summary.output_tokens += p.output_tokens
         summary.runs, summary.entries = len(runs), sum(len(r.entries) for r in runs)
-        left = len(spans) - sum(1 for s in spans if has_usage(s) or is_tool(s))
+        kept = {r.run_id for r in runs}
+        left = len(spans) - sum(
+            1
+            for s in spans
+            if has_usage(s)
+            or failed_call(s)
+            or is_tool(s)
+            or (ends_its_run(s) and run_of(s) in kept)
+        )
         if left:  # (a count of 0 is no skip)
             summary.skipped["spans without usage or a tool"] = left
         return runs, summary

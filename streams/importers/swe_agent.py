@@ -43,7 +43,6 @@ from projectors.cost_metrics import CALLS_KEY, CALLS_UNKNOWN, RUN_TOTALS_REF
 from schemas.models import (
     DiffPart,
     EntryKind,
-    ErrorPart,
     JsonPart,
     ModelCallStatus,
     RunStatus,
@@ -57,6 +56,7 @@ from streams.importers.base import (
     ImportFormatError,
     Summary,
     count,
+    exit_error,
     load_json,
     model_id,
     obj,
@@ -225,7 +225,7 @@ class MiniSweAgent(FileImporter):
                         tool_call_id=message["tool_call_id"],
                     )
                 elif role == "exit" and not _submitted(doc["info"]) and text.strip():
-                    run.add(EntryKind.ERROR_EVENT, at, f"m{n}", [_exit_error(text)])
+                    run.add(EntryKind.ERROR_EVENT, at, f"m{n}", [exit_error(text)])
                 else:
                     summary.skipped[f"{role} message"] += 1
         _finish(run, doc["info"], at, summary)
@@ -270,32 +270,6 @@ def _text_result(run: ImportedRun, call_id: str, text: str, at: datetime, n: int
 
 def _submitted(info: dict[str, Any]) -> bool:
     return end_status(info.get("exit_status")) is RunStatus.SUBMITTED
-
-
-# litellm's exception names, as mini-swe-agent's exit message starts: whose fault it was
-_PROVIDER_ERRORS = (
-    "InternalServerError",
-    "ServiceUnavailableError",
-    "APIConnectionError",
-    "APIError",
-    "RateLimitError",
-    "BadGatewayError",
-)
-
-
-def _exit_error(text: str) -> ErrorPart:
-    """mini-swe-agent's ``exit`` message of a run that did not submit: the exception that
-    ended it (e.g. ``litellm.InternalServerError: ...``), by whose fault."""
-    head = text.split(":", 1)[0]
-    if "Timeout" in head:
-        category = "timeout.provider"
-    elif any(name in head for name in _PROVIDER_ERRORS):
-        category = "provider"
-    elif "ContextWindow" in head:
-        category = "context"
-    else:
-        category = "agent"
-    return ErrorPart(category=category, message=text[:4000])
 
 
 def _message_time(message: Any) -> datetime | None:
