@@ -38,3 +38,7 @@ class ServiceUnreachableError(InfraError):
     """A configured service did not answer in time; retrying later may succeed."""
 
     retriable = True
+
+
+class DeploymentMismatchError(InfraError):
+    """The database holds another deployment (another topic prefix): not retriable."""

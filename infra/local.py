@@ -39,11 +39,11 @@ def up(settings: Settings, console: Console) -> list[ServiceStatus]:
 def _prepare(settings: Settings, console: Console) -> None:
     """Topics and tables the pipeline needs; idempotent."""
     from infra.admin import create_fleet_topics_sync
-    from infra.migrate import migrate
+    from infra.migrate import migrate_and_claim
 
     created = create_fleet_topics_sync(settings, settings.fleet_ids)
     console.print(f"topics: {len(created)} created for fleets {', '.join(settings.fleet_ids)}")
-    applied = migrate(settings.pg_address)
+    applied = migrate_and_claim(settings.pg_address, settings.topic_prefix)
     console.print(f"migrations: {', '.join(applied) if applied else 'up to date'}")
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from importlib import resources
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from infra.errors import DeploymentMismatchError
 
 _LOCK = 0x41474C44  # "AGLD": one migrator at a time across workers
 
@@ -45,3 +48,32 @@ def migrate(dsn: str) -> list[str]:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
     return applied_now
+
+
+def claim(dsn: str, topic_prefix: str) -> None:
+    """Record that this database holds the deployment of ``topic_prefix`` (the first to ask
+    claims it), or raise DeploymentMismatchError when it holds another's: one deployment per
+    database, so no worker or rebuild mixes two deployments' runs (migration 024)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO al_deployment (topic_prefix) VALUES (%s) ON CONFLICT DO NOTHING",
+            (topic_prefix,),
+        )
+        row = conn.execute("SELECT topic_prefix FROM al_deployment").fetchone()
+    holder = str(row[0]) if row else topic_prefix
+    if holder != topic_prefix:
+        database = conninfo_to_dict(dsn).get("dbname") or "(the default)"
+        raise DeploymentMismatchError(
+            f"database {database} holds the deployment with topic prefix {holder!r}, not "
+            f"{topic_prefix!r}: one database per deployment (a second one in it would mix its "
+            "runs into the first's and a rebuild of either would drop the other's). Give this "
+            f"deployment a database of its own (AGENTLEDGER_PG_DSN), or set "
+            f"AGENTLEDGER_TOPIC_PREFIX={holder} to work on that one"
+        )
+
+
+def migrate_and_claim(dsn: str, topic_prefix: str) -> list[str]:
+    """:func:`migrate`, then :func:`claim`: what anything that writes projections runs first."""
+    applied = migrate(dsn)
+    claim(dsn, topic_prefix)
+    return applied

@@ -23,6 +23,7 @@ from infra.cli_support import (
     print_table,
 )
 from infra.cli_support import settings as _settings
+from infra.settings import Settings
 from schemas.errors import AgentLedgerError
 from schemas.topics import ledger_topic
 
@@ -701,6 +702,19 @@ def dlq_redrive(
     )
 
 
+def _claimed_unless_unreachable(settings: Settings) -> None:
+    """Refuse (DeploymentMismatchError) a database that holds another deployment; a database
+    not answering yet is the faust process's to wait for (it retries, with backoff)."""
+    from infra.errors import is_retriable
+    from infra.migrate import migrate_and_claim
+
+    try:
+        migrate_and_claim(settings.pg_address, settings.topic_prefix)
+    except Exception as exc:
+        if not is_retriable(exc):
+            raise
+
+
 @commands.command("worker")
 def worker(
     loglevel: Annotated[str, typer.Option(help="faust/worker log level")] = "warning",
@@ -728,6 +742,7 @@ def worker(
     if projections is not None:
         settings = settings.model_copy(update={"worker_projections": projections})
     selected(settings.worker_projections, settings)  # an unknown name: exit 2 before starting
+    _claimed_unless_unreachable(settings)  # another deployment's database: exit 1, no restarts
     if no_restart:
         from streams.worker import run_worker
 

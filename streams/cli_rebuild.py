@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from infra.cli_support import Table, print_table
+from infra.migrate import migrate_and_claim
 from infra.settings import Settings, load_settings
 from projectors.cost_metrics import shown_state
 from projectors.registry import NAMES, all_projections, projection
@@ -138,6 +139,8 @@ def register(app: typer.Typer) -> None:
                 else:
                     print_table(_table(list_builds(settings), settings), console)
                 return
+            if what != "list":  # it writes builds: never into another deployment's database
+                migrate_and_claim(settings.pg_address, settings.topic_prefix)
             if what in ("swap", "drop"):
                 if build is None:
                     raise RebuildError(f"rebuild {what} needs a BUILD (see `rebuild list`)")

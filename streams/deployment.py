@@ -16,7 +16,7 @@ from pathlib import Path
 from infra.admin import create_fleet_topics, delete_change_topics, delete_fleet_topics
 from infra.clients import redis_sync_client
 from infra.databases import create_database, drop_database
-from infra.migrate import migrate
+from infra.migrate import migrate_and_claim
 from infra.settings import Settings
 from projectors.stores.redis import delete_matching
 from streams.changes import ensure_change_topics
@@ -50,7 +50,7 @@ class PrivateDeployment:
 
     async def create(self) -> None:
         create_database(self.admin_dsn, self.db)
-        migrate(self.settings.pg_address)
+        migrate_and_claim(self.settings.pg_address, self.settings.topic_prefix)
         await create_fleet_topics(self.settings, self.fleets)
         await ensure_change_topics(self.settings)
 

@@ -37,7 +37,7 @@ from mode import Service
 
 from infra.admin import existing_ledger_topics
 from infra.local import register_worker
-from infra.migrate import migrate
+from infra.migrate import migrate_and_claim
 from infra.settings import Settings
 from infra.topics import TopicLister
 from projectors.registry import selected
@@ -615,7 +615,7 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
     (``EXIT_*``); ``agentledger worker`` (:mod:`streams.supervisor`) starts it again.
     """
     try:
-        migrate(settings.pg_address)
+        migrate_and_claim(settings.pg_address, settings.topic_prefix)
         topics = asyncio.run(existing_ledger_topics(settings))
     except Exception as exc:
         _exit(EXIT_CRASH, f"could not start: {_describe(exc)}")

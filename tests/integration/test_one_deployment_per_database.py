@@ -1,0 +1,67 @@
+"""One deployment per database: a worker, a rebuild or `infra up` of another topic prefix is
+refused on a database that holds a deployment (migration 024), with what to do, and changes
+nothing there."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from infra.errors import DeploymentMismatchError
+from infra.migrate import claim
+from infra.settings import Settings
+from streams.deployment import PrivateDeployment
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def deployment(services: Settings, tmp_path: Path) -> Iterator[PrivateDeployment]:
+    d = PrivateDeployment(services, "onedb", ["fleet-01"], tmp_path)
+    asyncio.run(d.create())  # claims its database for its prefix
+    yield d
+    d.drop()
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_another_prefix_is_refused_on_a_database_that_holds_a_deployment(
+    deployment: PrivateDeployment,
+) -> None:
+    d = deployment
+    mine = d.settings.topic_prefix
+    claim(d.settings.pg_address, mine)  # the holder again: fine, any number of times
+    with pytest.raises(DeploymentMismatchError, match=f"topic prefix '{mine}', not 'other'"):
+        claim(d.settings.pg_address, "other")
+
+    with psycopg.connect(d.settings.pg_address) as conn:
+        builds = conn.execute("SELECT count(*) FROM al_builds").fetchone()
+    other = {**d.env(), "AGENTLEDGER_TOPIC_PREFIX": "other"}
+    for args in (
+        ("worker", "--projections", "run-stats"),  # the supervisor is never started
+        ("worker", "--no-restart", "--projections", "run-stats"),
+        ("rebuild", "run-stats", "--from-beginning"),
+    ):
+        done = _cli(other, *args)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        said = " ".join(done.stderr.split())
+        assert f"holds the deployment with topic prefix '{mine}', not 'other'" in said, said
+        assert "AGENTLEDGER_PG_DSN" in said and f"AGENTLEDGER_TOPIC_PREFIX={mine}" in said
+        assert "postgresql://" not in said  # the database's name only, never its address
+    with psycopg.connect(d.settings.pg_address) as conn:
+        assert conn.execute("SELECT topic_prefix FROM al_deployment").fetchall() == [(mine,)]
+        assert conn.execute("SELECT count(*) FROM al_builds").fetchone() == builds  # no build
