@@ -201,6 +201,7 @@ def test_held_out_kics_as_measured_then_tuned_on() -> None:
         ("kingfisher13", 49, 16, (46, 21, 14), (49, 23, 16)),
         ("leaktk", 182, 46, (163, 60, 44), (181, 63, 46)),
         ("leakyrepo", 104, 15, (98, 28, 13), (101, 30, 15)),
+        ("sarifpm", 106, 18, (82, 18, 18), (95, 19, 18)),
     ],
 )
 def test_held_out_as_measured_then_tuned_on(
@@ -214,7 +215,8 @@ def test_held_out_as_measured_then_tuned_on(
     frozen (trivy at e84bd23; veles4 at d9b19ef, kingfisher5 at abc33b3, veles5 and kingfisher6
     at 42606fb, kingfisher7 at e2f166b, kingfisher8 at f86a433, kingfisher9 at 748178c,
     kingfisher10 at 70c1d15, kingfisher11 at 3f56206, kingfisher12 at bbe799c, kingfisher13 at
-    2f739c0; leaktk at 0cc2d90, the fourteenth round's; leakyrepo at 4dceb01, the sixteenth's; in
+    2f739c0; leaktk at 0cc2d90, the fourteenth round's; leakyrepo at 4dceb01, the sixteenth's;
+    sarifpm at 40f2513, the seventeenth's; in
     context, bare, prefixed bare), then
     looked at and tuned on (kingfisher10:
     nothing to tune, its misses hold ids); they stay at least at the figures after that, and

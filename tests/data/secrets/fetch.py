@@ -98,6 +98,7 @@ SOURCES = (
     "kics",
     "leaktk",
     "leakyrepo",
+    "sarifpm",
 )
 
 # Rules that find something other than a credential (by id; the reason is in the rule's name).
@@ -1209,6 +1210,83 @@ def fetch_leakyrepo() -> None:
             assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
 
 
+# sarif-pattern-matcher (HELD OUT, seventeenth round): the inputs of the secret rules' tests of
+# microsoft/sarif-pattern-matcher (MIT; ``Src/Plugins/Tests.Security/TestData/
+# SecurePlaintextSecrets/Inputs/*``, Microsoft's SEC101 "DoNotExposePlaintextSecrets" rules:
+# HTTP auth headers, Google, Facebook, Slack, GitHub, AWS, Square, Akamai, Stripe, npm, Twilio,
+# Dropbox, Mailgun, Alibaba, HockeyApp, NuGet, MongoDB, Cloudant, MySQL, SQL Server, PostgreSQL,
+# RabbitMQ, Shopify, Postman, crates.io, PSCredential and SqlCredential objects, GPG passphrases,
+# ConvertTo-SecureString, cmdkey, UserPasswordCredential, Azure DevOps PATs). Each line of an
+# input file that plants a value was copied by hand into ``sarifpm-tests.jsonl`` with the value
+# it holds (``want``: the assigned or passed value, quotes stripped; the whole URL for a Slack
+# webhook); an element whose value sits on its own line is copied with its tags. Fixed before
+# measuring: client ids, app ids, key ids and user names are no credential; values the source's
+# own comments say must not be found (``SourceNegative``: "should be ignored, since is
+# localhost", "invalid password example", "This should be missed", the ``NoMatch`` patterns) and
+# values the source's text shows as placeholders (``your-password``, ``{your_password_2}``) are
+# left out; a value that is one unit of up to 8 characters repeated over its whole length
+# (``deadbeefdeadbeef...``) is a placeholder; then duplicates (same line, same value), values
+# another stored corpus holds, and the shared drop rules. Not copied: files whose lines repeat a
+# copied file's (older or renamed copies), the two multi-line private-key files, a file with no
+# value; in the copied files, about 60 lines repeating a copied line's shape whose value the
+# shared rules drop (short, ``password``, ``<password>``, ``{4444}``, repeated digits) and the
+# source's non-matches (commit hashes in GitHub URLs, a CamelCase name).
+SARIFPM_REPO = "microsoft/sarif-pattern-matcher"
+SARIFPM_NOT_SECRET = frozenset(
+    {"ClientID", "AppID", "KeyID", "Username", "NoMatch", "SourceNegative", "Placeholder"}
+)
+SARIFPM_NOT_COPIED = {
+    "files repeating a copied file (older or renamed copies)": 12,
+    "multi-line private-key files (SEC101_013)": 2,
+    "a file with no value (SEC101_015.GoogleGCMServiceAccount)": 1,
+}
+# Documented literals of the formats the kept values have (3+ characters).
+SARIFPM_PREFIXES = (
+    "xoxb-", "sq0csp-", "EAACEdEose0cBA", "EAAA", "AIza", "sk_live_", "rk_live_", "npm_", "oy2",
+    "PMAK-", "cio", "shpat_", "shpca_", "shppa_", "ghp_", "ghr_", "akab-",
+    "https://hooks.slack.com/services/",
+)  # fmt: skip
+_PERIODIC = re.compile(r"^(.{1,8}?)\1{2,}$")
+
+
+def build_sarifpm() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter(SARIFPM_NOT_COPIED)
+    elsewhere = other_sources_secrets("sarifpm")
+    seen: set[tuple[str, str]] = set()
+    for case in copied_cases("sarifpm-tests"):
+        for field, value in case["want"].items():
+            if field in SARIFPM_NOT_SECRET:
+                dropped[
+                    "not-a-secret"
+                    if field not in ("SourceNegative", "Placeholder")
+                    else "source-negative-or-placeholder"
+                ] += 1
+                continue
+            if (case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((case["input"], value))
+            if value in elsewhere:
+                dropped["seen-in-another-source"] += 1
+            elif _PERIODIC.match(value):
+                dropped["placeholder"] += 1
+            elif keep(value, dropped):
+                copy = {**case, "test": field}
+                name = case["path"].rsplit("/", 1)[-1]
+                row = wanted_row("sarifpm", "sarifpm." + name, copy, value, SARIFPM_PREFIXES)
+                rows.append(row)
+    return rows, dropped
+
+
+def fetch_sarifpm() -> None:
+    """Download each input file the copied lines name at its commit and check each line is in it."""
+    cases = copied_cases("sarifpm-tests")
+    texts = fetched_texts(SARIFPM_REPO, cases)
+    for case in cases:
+        assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -1226,6 +1304,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "trufflehog": build_trufflehog,
     "leaktk": build_leaktk,
     "leakyrepo": build_leakyrepo,
+    "sarifpm": build_sarifpm,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1242,6 +1321,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trufflehog": fetch_trufflehog,
     "leaktk": fetch_leaktk,
     "leakyrepo": fetch_leakyrepo,
+    "sarifpm": fetch_sarifpm,
 }
 
 # trufflehog's later slices (trufflehog2 .. trufflehog11): the same builder and check, by name
