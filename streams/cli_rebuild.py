@@ -139,12 +139,11 @@ def register(app: typer.Typer) -> None:
                 else:
                     print_table(_table(list_builds(settings), settings), console)
                 return
-            if what != "list":  # it writes builds: never into another deployment's database
-                migrate_and_claim(settings.pg_address, settings.topic_prefix)
             if what in ("swap", "drop"):
                 if build is None:
                     raise RebuildError(f"rebuild {what} needs a BUILD (see `rebuild list`)")
                 info = find_build(settings, build)
+                migrate_and_claim(settings.pg_address, settings.topic_prefix)  # (see below)
                 if what == "drop":
                     asyncio.run(drop(settings, info.projection, info.build))
                     console.print(f"dropped {info.projection} build {info.build}")
@@ -155,6 +154,8 @@ def register(app: typer.Typer) -> None:
                 return
             p = projection(what, settings)
             start = _start(from_beginning, from_offset, from_time)
+            # it writes builds: never into another deployment's database (arguments first)
+            migrate_and_claim(settings.pg_address, settings.topic_prefix)
             new = asyncio.run(create_build(settings, p, start))
             err.print(f"{p.name}: building {new} from {start.describe()}")
             stats = asyncio.run(run_build(settings, p, new, progress=_progress(new), processes=n))

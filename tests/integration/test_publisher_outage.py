@@ -334,8 +334,9 @@ def test_cli_publish_exits_with_one_clear_error_when_the_broker_dies(
     # 1. killed while the file is being sent
     proc, after_kill = _run_cli(broker, path, tmp_path, kill_when_sending=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    # the failing send (<= timeout) plus closing the publisher (<= timeout) plus exiting
-    assert after_kill < 2 * TIMEOUT_S + 2.0, after_kill
+    # the failing send (<= timeout) plus closing the publisher (<= timeout) plus exiting: less
+    # than a third timeout (10.4 s was seen for the two with the machine at load 10)
+    assert after_kill < 2 * TIMEOUT_S + 3.5, after_kill
     line = _one_error_line(proc)
     assert str(path) in line and "acknowledged" in line, line
     match = re.search(r"(\d+) of the file's (\d+) entries read so far acknowledged", line)
