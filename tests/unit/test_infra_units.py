@@ -39,6 +39,24 @@ def test_set_address_means_external(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.redis_address == "redis://cache:6379/2"
 
 
+@pytest.mark.parametrize(("brokers", "running"), [(0, False), (1, True), (3, True)])
+def test_an_external_kafka_of_any_number_of_brokers_is_running(
+    monkeypatch: pytest.MonkeyPatch, brokers: int, running: bool
+) -> None:
+    """Found on a real 3-broker cluster: only exactly one broker counted as running, so
+    `infra status` showed the cluster stopped and never said that nothing was applying."""
+    import infra.services
+
+    async def count(bootstrap: str) -> int:
+        assert bootstrap == "b1:9092,b2:9092,b3:9092"
+        return brokers
+
+    monkeypatch.setenv("AGENTLEDGER_KAFKA_BOOTSTRAP", "b1:9092,b2:9092,b3:9092")
+    monkeypatch.setattr(infra.services, "_kafka_broker_count", count)
+    status = KafkaService(load_settings(), Console(quiet=True)).status()
+    assert status.running is running and not status.managed
+
+
 def test_taken_port_gives_error_naming_port_and_setting() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
