@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from infra.settings import Settings
-from infra.topics import ensure_topics, fleet_topic_specs, listed_topics
+from infra.topics import ensure_topics, fleet_topic_specs, listed_topics, retried
 from schemas.topics import check_fleet_id, dead_letter_topic, fleets_among, ledger_topic
 
 
@@ -39,7 +39,7 @@ async def delete_fleet_topics(settings: Settings, fleets: list[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_address)
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
+        existing = set(await retried(admin.list_topics))
         gone = [n for n in names if n in existing]
         if gone:
             await admin.delete_topics(gone)
@@ -59,7 +59,7 @@ async def delete_change_topics(settings: Settings) -> None:
     await admin.start()
     try:
         mine = f"{settings.topic_prefix}.changes."
-        gone = [n for n in await admin.list_topics() if n.startswith(mine)]
+        gone = [n for n in await retried(admin.list_topics) if n.startswith(mine)]
         if gone:
             await admin.delete_topics(gone)
     finally:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import for_code
+from aiokafka.errors import InvalidReplicationFactorError, KafkaError, for_code
 from aiokafka.partitioner import murmur2
 
+from infra.errors import InfraError
 from schemas.topics import (
     change_schema_topic,
     change_topic,
@@ -25,6 +27,33 @@ from schemas.topics import (
 
 TOPIC_ALREADY_EXISTS = 36
 METADATA_WAIT_S = 10.0  # how long ensure_topics waits for the metadata to list new topics
+# How long an admin call is tried again while Kafka calls its error retriable: a request sent
+# to a broker just lost fails (NodeNotReadyError) until the controller fences it, ~10 s (found
+# on a 3-broker cluster: `topics list`, `dlq list` and `verify --all` failed in those seconds).
+ADMIN_RETRY_S = 30.0
+
+T = TypeVar("T")
+
+
+class TopicSettingError(InfraError):
+    """The cluster cannot make a topic as configured (e.g. more replicas than brokers)."""
+
+
+async def retried(call: Callable[[], Awaitable[T]], within_s: float = ADMIN_RETRY_S) -> T:
+    """``call()``, made again while it fails with an error Kafka calls retriable, for up to
+    ``within_s`` (then that error)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    delay = 0.2
+    while True:
+        try:
+            return await call()
+        except KafkaError as exc:
+            if not exc.retriable or loop.time() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
 
 LEDGER_TOPIC_CONFIG: Mapping[str, str] = {
     "retention.ms": "-1",
@@ -55,18 +84,20 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
     await admin.start()
     try:
-        response = await admin.create_topics(
-            [
-                NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
-                for s in wanted
-            ]
+        response = await retried(  # (again after a retriable error: made ones already exist)
+            lambda: admin.create_topics(
+                [
+                    NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
+                    for s in wanted
+                ]
+            )
         )
         # The controller answers before every broker's metadata lists a new topic: a publish
         # right after `topics create` could be told the topic does not exist. Return once the
         # metadata lists them all (bounded; the publisher's own check decides after that).
         names = {s.name for s in wanted}
         deadline = asyncio.get_running_loop().time() + METADATA_WAIT_S
-        while not names <= set(await admin.list_topics()):
+        while not names <= set(await retried(admin.list_topics)):
             if asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.1)
@@ -78,6 +109,12 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]
             created.append(topic)
         elif code != TOPIC_ALREADY_EXISTS:
             message = rest[0] if rest else ""
+            if code == InvalidReplicationFactorError.errno:
+                replicas = {s.name: s.replication for s in wanted}.get(topic)
+                raise TopicSettingError(
+                    f"creating topic {topic}: {message} (AGENTLEDGER_TOPIC_REPLICATION is "
+                    f"{replicas}: at most the cluster's brokers)"
+                )
             raise for_code(code)(f"creating topic {topic}: {message}")
     return created
 
@@ -182,6 +219,6 @@ async def listed_topics(bootstrap: str) -> list[str]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
     await admin.start()
     try:
-        return list(await admin.list_topics())
+        return list(await retried(admin.list_topics))
     finally:
         await admin.close()

@@ -106,6 +106,20 @@ def test_a_first_publish_to_a_fleet_without_topics_is_a_clear_error_and_sends_no
         assert "no ledger topic for fleet newco" in sent.stderr
         assert "topics create --fleet newco" in sent.stderr and len(sent.stderr.splitlines()) == 1
 
+        # More replicas than the cluster has brokers: a setting to change, said as one line
+        # naming it (it was "unexpected InvalidReplicationFactorError"), nothing made.
+        wide = subprocess.run(
+            [*cli, "topics", "create", "--fleet", "newco"],
+            env={**d.env(), "AGENTLEDGER_TOPIC_REPLICATION": "3"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert wide.returncode == 1, wide.stdout + wide.stderr
+        said = " ".join(wide.stderr.split())
+        assert said.startswith("error: creating topic ") and "unexpected" not in said, said
+        assert "AGENTLEDGER_TOPIC_REPLICATION is 3: at most the cluster's brokers" in said, said
+
         # The deliberate step, then the same file goes.
         d.fleets.append("newco")  # (dropped with the deployment)
         made = subprocess.run(

@@ -197,3 +197,41 @@ def test_a_local_stack_that_fails_half_way_stops_what_it_started(
     with pytest.raises(InfraError), provision.provisioned(Console(quiet=True)):
         raise AssertionError("the block ran without services")
     assert stopped == ["redis", "postgres", "kafka"]
+
+
+def test_an_admin_call_is_made_again_while_kafka_calls_its_error_retriable() -> None:
+    """Found on a 3-broker cluster: for ~10 s after a broker died, `topics list`, `dlq list`
+    and `verify --all` failed with NodeNotReadyError (a request sent to the dead node)."""
+    import asyncio
+
+    from aiokafka.errors import InvalidReplicationFactorError, NodeNotReadyError
+
+    from infra.topics import retried
+
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise NodeNotReadyError("node 3")
+        return "topics"
+
+    assert asyncio.run(retried(flaky, within_s=5)) == "topics" and len(calls) == 3
+
+    async def refused() -> str:
+        calls.append(1)
+        raise InvalidReplicationFactorError("4 replicas, 3 brokers")
+
+    calls.clear()
+    with pytest.raises(InvalidReplicationFactorError):
+        asyncio.run(retried(refused, within_s=5))
+    assert len(calls) == 1  # not retriable: at once
+
+    async def down() -> str:
+        calls.append(1)
+        raise NodeNotReadyError("node 3")
+
+    calls.clear()
+    with pytest.raises(NodeNotReadyError):
+        asyncio.run(retried(down, within_s=0.5))
+    assert 2 <= len(calls) <= 4  # then its error, once the time is up
