@@ -467,7 +467,10 @@ def create_app(settings: Settings, existing: Sequence[str] = ()) -> faust.App:
         try:
             names = await lister.names()
         except Exception as exc:
-            logger.warning("listing topics for new fleets failed; trying again", exc_info=True)
+            # (one line: a retried, expected failure while a broker is lost; not a traceback)
+            logger.warning(
+                "listing topics for new fleets failed (%s); trying again", _describe(exc)
+            )
             if not _silent(exc):  # Kafka answered, with a refusal: it is there
                 health.answered(KAFKA)
             return
@@ -641,12 +644,17 @@ class RepeatFilter(logging.Filter):
     cannot reach in a tight loop (a user found 11,694 ERROR lines a minute, ~2,000 a second
     here): the reason is kept, the flood is not."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 10.0, level: int = logging.NOTSET) -> None:
         super().__init__()
         self.window_s = window_s
+        self.level = level  # records below it pass untouched, to the handlers that drop them
         self._seen: dict[tuple[str, object], tuple[float, int]] = {}  # kind -> (since, held)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.level:
+            # never counted: their summaries, said at WARNING, were the log of an idle worker
+            # ("56 more records like 'Sending (key=%s ...'", found on a real cluster)
+            return True
         key = (record.name, record.msg)
         now = record.created
         since, held = self._seen.get(key, (float("-inf"), 0))
@@ -692,7 +700,7 @@ def execute(app: faust.App, loglevel: str, stop_timeout_s: float, watchdog_s: fl
     (``EXIT_STOP_TIMEOUT``), an event loop silent for ``watchdog_s`` ends it (``EXIT_STALLED``).
     """
     _crash_only()
-    repeats = RepeatFilter()
+    repeats = RepeatFilter(level=logging.getLevelNamesMapping().get(loglevel.upper(), 0))
     for name in KAFKA_LOGGERS:
         logging.getLogger(name).addFilter(repeats)
     STOP.timeout_s = stop_timeout_s

@@ -257,6 +257,16 @@ def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_cou
     assert f3.held_back(30.0) == []
     later = record(31.0)
     assert f3.filter(later) and "more like it" not in later.getMessage()  # counted once only
+    # below the level in force: passed on untouched (the handlers drop them), never counted,
+    # so never summarised at WARNING (an idle worker's heartbeats were, on a real cluster)
+    f4 = RepeatFilter(window_s=10, level=logging.WARNING)
+    debug = [
+        logging.LogRecord("aiokafka", logging.DEBUG, "x", 1, "Sending %s", (n,), None)
+        for n in range(50)
+    ]
+    assert all(f4.filter(r) for r in debug)
+    assert f4.held_back(1e12) == [] and debug[0].getMessage() == "Sending 0"
+    assert [f4.filter(record(t)) for t in (0.0, 1.0)] == [True, False]  # errors still held
 
 
 def test_a_faust_process_is_silent_from_when_its_sign_of_life_last_changed() -> None:
