@@ -33,6 +33,7 @@ from schemas.models import ContextItem, ContextItemsPart, EntryKind, LedgerEntry
 from schemas.topics import ledger_topic
 from streams.artifacts import ArtifactStore, FileArtifactStore, offload
 from streams.contract import MAX_CLOCK_AHEAD
+from streams.kafka_logs import PRODUCE_REFUSALS, hold_back_kafka_floods
 from streams.ledger_position import LedgerPositions
 from streams.redaction import redact_entry
 
@@ -308,6 +309,7 @@ class AsyncPublisher:
                 raise  # else the error that ended the block says more; this one adds nothing
 
     async def start(self) -> None:
+        hold_back_kafka_floods()  # (and remember what the brokers refuse, for the error)
         timeout_ms = int(self.settings.publish_timeout_s * 1000)
         producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.kafka_address,
@@ -451,7 +453,12 @@ class AsyncPublisher:
         errors = [f.exception() for f in futures if f.done() and not f.cancelled()]
         failure = failure or next((e for e in errors if e is not None), None)
         raise _unacknowledged(
-            staged, acked, failure, time.monotonic() - started, self.settings.kafka_address
+            staged,
+            acked,
+            failure,
+            time.monotonic() - started,
+            self.settings.kafka_address,
+            PRODUCE_REFUSALS.since(started),  # what Kafka answered while its client retried
         )
 
     async def flush(self) -> None:
@@ -511,8 +518,10 @@ def _unacknowledged(
     failure: BaseException | None,
     elapsed_s: float,
     address: str,
+    refusals: str | None = None,
 ) -> BrokerUnavailableError:
-    """The error for a partly acknowledged send: how many, which runs from where, and why."""
+    """The error for a partly acknowledged send: how many, which runs from where, and why
+    (with ``refusals``, what the brokers answered to the retried requests)."""
     ids = [_identity(p) for p in staged]
     confirmed = [*acked, *[False] * (len(ids) - len(acked))]  # the rest never reached send()
     yes = [i for i, ok in zip(ids, confirmed, strict=True) if ok]
@@ -522,13 +531,14 @@ def _unacknowledged(
         first_missing[run_id] = min(first_missing.get(run_id, seq), seq)
     runs = ", ".join(f"{r} from seq {s}" for r, s in sorted(first_missing.items())[:5])
     more = f" and {len(first_missing) - 5} more runs" if len(first_missing) > 5 else ""
+    why = _why(failure) + (f"; {refusals}" if refusals else "")
     return BrokerUnavailableError(
         f"waiting for Kafka acks at {address}: {len(yes)} of {len(ids)} entries acknowledged, "
-        f"{len(no)} not ({runs}{more}) after {elapsed_s:.1f}s: {_why(failure)}; send the "
+        f"{len(no)} not ({runs}{more}) after {elapsed_s:.1f}s: {why}; send the "
         "unacknowledged entries again (any that did arrive are skipped as duplicates)",
         acknowledged=yes,
         unacknowledged=no,
-        cause=f"{_why(failure)} after {elapsed_s:.1f}s",
+        cause=f"{_why(failure)} after {elapsed_s:.1f}s" + (f"; {refusals}" if refusals else ""),
     )
 
 

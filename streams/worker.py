@@ -58,6 +58,7 @@ from streams.health import (
     report,
     stall,
 )
+from streams.kafka_logs import hold_back_kafka_floods
 from streams.telemetry import telemetry_from_setting
 
 logger = logging.getLogger(__name__)
@@ -638,71 +639,13 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
             note.unlink(missing_ok=True)
 
 
-class RepeatFilter(logging.Filter):
-    """Lets one record of a kind (logger and message format) through per ``window_s``; the next
-    one after the window says how many like it were held back. aiokafka logs a broker it
-    cannot reach in a tight loop (a user found 11,694 ERROR lines a minute, ~2,000 a second
-    here): the reason is kept, the flood is not."""
-
-    def __init__(self, window_s: float = 10.0, level: int = logging.NOTSET) -> None:
-        super().__init__()
-        self.window_s = window_s
-        self.level = level  # records below it pass untouched, to the handlers that drop them
-        self._seen: dict[tuple[str, object], tuple[float, int]] = {}  # kind -> (since, held)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < self.level:
-            # never counted: their summaries, said at WARNING, were the log of an idle worker
-            # ("56 more records like 'Sending (key=%s ...'", found on a real cluster)
-            return True
-        key = (record.name, record.msg)
-        now = record.created
-        since, held = self._seen.get(key, (float("-inf"), 0))
-        if now - since < self.window_s:
-            self._seen[key] = (since, held + 1)
-            return False
-        if len(self._seen) > 1000:  # (kinds are few; a bound all the same)
-            self._seen.clear()
-        self._seen[key] = (now, 0)
-        if held:
-            record.msg = f"{record.msg} (and {held} more like it in the {self.window_s:g}s before)"
-        return True
-
-    def held_back(self, now: float) -> list[tuple[str, str, int]]:
-        """``(logger, message format, count)`` of the kinds whose window has ended with records
-        held back and none let through since: a burst that stops would otherwise never say how
-        many it held. Each count is given once."""
-        out: list[tuple[str, str, int]] = []
-        for key, (since, held) in list(self._seen.items()):
-            if held and now - since >= self.window_s:
-                out.append((key[0], str(key[1]), held))
-                self._seen[key] = (since, 0)
-        return out
-
-
-# the loggers of the Kafka client, whose connection errors repeat in a tight loop
-KAFKA_LOGGERS = (
-    "aiokafka",
-    "aiokafka.conn",
-    "aiokafka.cluster",
-    "aiokafka.consumer.consumer",
-    "aiokafka.consumer.fetcher",
-    "aiokafka.consumer.group_coordinator",
-    "aiokafka.producer.producer",
-    "aiokafka.producer.sender",
-    "aiokafka.admin.client",
-)
-
-
 def execute(app: faust.App, loglevel: str, stop_timeout_s: float, watchdog_s: float) -> NoReturn:
     """Run a faust app crash-only: a crashed service ends the process (``EXIT_CRASH``), a
     stop request (a signal, :data:`STOP`) is bounded by ``stop_timeout_s``
     (``EXIT_STOP_TIMEOUT``), an event loop silent for ``watchdog_s`` ends it (``EXIT_STALLED``).
     """
     _crash_only()
-    repeats = RepeatFilter(level=logging.getLevelNamesMapping().get(loglevel.upper(), 0))
-    for name in KAFKA_LOGGERS:
-        logging.getLogger(name).addFilter(repeats)
+    repeats = hold_back_kafka_floods(logging.getLevelNamesMapping().get(loglevel.upper(), 0))
     STOP.timeout_s = stop_timeout_s
 
     @app.timer(interval=1.0)  # type: ignore[untyped-decorator]

@@ -231,7 +231,7 @@ def test_a_worker_shows_the_fleets_whose_partitions_it_holds_not_the_configured_
 def test_a_repeated_kafka_client_error_is_let_through_once_per_window_with_a_count() -> None:
     import logging
 
-    from streams.worker import RepeatFilter
+    from streams.kafka_logs import RepeatFilter
 
     f = RepeatFilter(window_s=10)
 
