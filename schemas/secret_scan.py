@@ -245,18 +245,26 @@ class SecretDetector:
 
     def _matches(self, rule: Rule, text: str) -> list[Finding]:
         out: list[Finding] = []
+        taken: set[int] = set()  # where a match of this rule was taken: its chain is known
         for m in rule.regex.finditer(text):
+            if m.start(0) in taken:
+                continue  # (a link of a chain walked below: each match is taken once)
+            taken.add(m.start(0))
             end = self._take(rule, m, text, out)
             # A rule's trailing boundary character (the newline after a token) is the leading
             # boundary of the next token, which finditer has consumed: two keys on adjacent
             # lines would hide the second. Match again where the secret ends, on a slice (a
-            # search with a position re-encodes the whole text for RE2 on every call).
+            # search with a position re-encodes the whole text for RE2 on every call). A chain
+            # reaching a start already taken stops: from there on it was walked, and walking it
+            # again from every finditer match made a text of k chained tokens cost k² (100,000
+            # characters of `-u user -p pw` took 187 s; found by a review).
             offset = 0
-            while m.end(0) + offset > end:
+            while m.end(0) + offset > end and end not in taken:
                 offset = end
                 m = rule.regex.search(text[end : end + _NEXT_WINDOW])
                 if m is None or m.start(0) != 0:
                     break
+                taken.add(end)
                 end = self._take(rule, m, text, out, offset)
                 if end <= offset:  # no progress (an empty secret): stop
                     break

@@ -164,7 +164,9 @@ def _readable(d: Any) -> Span | None:
     return Span(
         trace_id=str(context["traceId"]),
         span_id=str(context.get("spanId") or ""),
-        parent_span_id=str(doc["parentSpanId"]) if doc.get("parentSpanId") else None,
+        # the JS SDK 1.x wrote parentSpanId, 2.x writes parentSpanContext.spanId (read alone,
+        # every 2.x span was a root and ended the run, the last end winning; found by a review)
+        parent_span_id=_parent_of(doc),
         name=str(doc.get("name") or "span"),
         start_ns=_hr_ns(doc.get("startTime")),
         end_ns=_hr_ns(doc.get("endTime")),
@@ -176,6 +178,11 @@ def _readable(d: Any) -> Span | None:
             (obj(e).get("name"), obj(obj(e).get("attributes"))) for e in doc.get("events") or []
         ),
     )
+
+
+def _parent_of(doc: Mapping[str, Any]) -> str | None:
+    parent = doc.get("parentSpanId") or obj(doc.get("parentSpanContext")).get("spanId")
+    return str(parent) if parent else None
 
 
 def _exceptions(events: Iterable[tuple[Any, Mapping[str, Any]]]) -> tuple[str, ...]:
@@ -333,7 +340,11 @@ def runs_from_spans(
                 _tool(run, s, at)
         if ends_its_run(s, run_attribute):
             ends.append((run, s))
+    ended: set[str] = set()
     for run, s in ends:  # after the batch's other entries: the root span ends last
+        if run.run_id in ended:
+            continue  # (one end for a run: a second root span of its trace is no second end)
+        ended.add(run.run_id)
         with _refusing(book, s):
             _end(run, s)
     return [run for run in runs.values() if run.entries]

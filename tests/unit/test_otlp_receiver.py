@@ -225,6 +225,39 @@ def test_a_run_whose_root_span_has_not_arrived_stays_open_and_ends_when_it_does(
     )
 
 
+def test_a_js_sdk_2_span_list_has_one_root_and_its_run_one_end() -> None:
+    """Found by a review: the OpenTelemetry JS SDK 2.x writes a span's parent as
+    parentSpanContext.spanId (1.x: parentSpanId); read as 1.x, every span was a root and ended
+    the run, the last end winning (a successful run shown UNKNOWN)."""
+    from schemas.models import EntryKind
+    from streams.importers.otel import runs_from_spans, spans_from_otlp_json
+
+    def readable(span_id: str, parent: str | None, **doc: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "spanContext": {"traceId": "ab" * 16, "spanId": span_id},
+            "name": doc.pop("name", span_id),
+            "startTime": [1_765_000_000, 0],
+            "endTime": [1_765_000_009, 0],
+            **doc,
+        }
+        if parent is not None:
+            out["parentSpanContext"] = {"traceId": "ab" * 16, "spanId": parent}
+        return out
+
+    spans = spans_from_otlp_json(
+        [
+            readable("c1", "r1", attributes=_CHAT),
+            readable("t1", "r1", attributes={"gen_ai.operation.name": "execute_tool"}),
+            readable("r1", None, attributes=_AGENT, status={"code": 1}),
+        ]
+    )
+    assert [s.parent_span_id for s in spans] == ["r1", "r1", None]
+    [run] = runs_from_spans(spans, "f")
+    ends = [e for e in run.entries if e.kind is EntryKind.RUN_FINISHED]
+    assert len(ends) == 1 and ends[0].run_status is not None
+    assert ends[0].run_status.value == "SUCCEEDED"
+
+
 def test_a_run_named_by_an_attribute_is_not_ended_by_a_root_span() -> None:
     """Such a run may hold several traces (a conversation's turns): the first turn's root span
     is not the run's end."""

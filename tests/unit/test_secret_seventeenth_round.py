@@ -11,6 +11,8 @@ Values are made up here (none is a corpus's).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from schemas.secret_scan import default_detector
@@ -75,6 +77,18 @@ LEFT = [
     "ssh -p 2222 -u deploy host",
     "git diff -U3 -p HEAD~1",
     "sort -u -p $PASSWORD_FILE",
+    # found by a review of the round: ordinary commands, functions and pattern settings
+    "docker run -d -u 1000:1000 -p 127.0.0.1:8080:80 nginx:latest",
+    "docker run --rm -u root -p 0.0.0.0:9090:9090/tcp prom/prometheus",
+    "mysql -u root -p mydatabase",
+    "mysqldump -u root -p shopdb > backup.sql",
+    "python -u main.py -p configs/base.yaml",
+    "htop -u www-data -p 1234,5678,9012",
+    'load_credentials("aws", "default_profile")',
+    "get_credentials('github', 'repo_scope_token')",
+    'set_credentials("service-name", "ProductionDatabase")',
+    '<add key="DefaultFilePat" value="C:\\logs\\*.txt"/>',
+    '<add key="LogPAT" value="app-%date%.log"/>',
     # 52 lower-case characters that are no token: words, too few digits, a Nix hash, in a path
     "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz",
     "thequickbrownfoxjumpsoverthelazydogthequickbrownfoxj",
@@ -100,3 +114,23 @@ def test_the_element_tags_stay_when_the_value_is_on_its_own_line() -> None:
     redacted, _ = default_detector().redact(f"<GithubToken>\n\t{HEX40}\n</GithubToken>")
     assert redacted.startswith("<GithubToken>\n\t[REDACTED:")
     assert redacted.endswith("</GithubToken>")
+
+
+def test_a_long_chain_of_matches_is_found_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: each finditer match walked the rest of its chain again, so 100,000
+    characters of `-u user -p pw` took 187 s (k chained tokens cost k² matches taken). Each
+    match is now taken once: counted, not timed."""
+    detector = default_detector()
+    taken = 0
+    take = type(detector)._take
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> int:
+        nonlocal taken
+        taken += 1
+        return take(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(detector), "_take", counting)
+    copies = 2_000
+    found = detector.find(" -u user -p pAssw0rd9" * copies)
+    assert len(found) == copies  # every copy still found
+    assert taken <= 3 * copies  # (k² before: ~2,000,000)
