@@ -8,6 +8,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from infra.errors import DeploymentMismatchError
+from schemas.topics import prefix_of_ledger_topic
 
 _LOCK = 0x41474C44  # "AGLD": one migrator at a time across workers
 
@@ -55,21 +56,37 @@ def claim(dsn: str, topic_prefix: str) -> None:
     claims it), or raise DeploymentMismatchError when it holds another's: one deployment per
     database, so no worker or rebuild mixes two deployments' runs (migration 024)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO al_deployment (topic_prefix) VALUES (%s) ON CONFLICT DO NOTHING",
-            (topic_prefix,),
-        )
         row = conn.execute("SELECT topic_prefix FROM al_deployment").fetchone()
+        if row is None:
+            # a database used before claims existed: held by the deployment whose positions
+            # its live builds keep (not by whatever starts first after the upgrade; found by a
+            # review)
+            topics = conn.execute(
+                "SELECT DISTINCT o.topic FROM al_offsets o JOIN al_live l USING (projection, build)"
+            ).fetchall()
+            used = sorted({p for (t,) in topics if (p := prefix_of_ledger_topic(str(t)))})
+            if used and topic_prefix not in used:
+                raise _mismatch(dsn, " or ".join(repr(p) for p in used), topic_prefix)
+            conn.execute(
+                "INSERT INTO al_deployment (topic_prefix) VALUES (%s) ON CONFLICT DO NOTHING",
+                (topic_prefix,),
+            )
+            row = conn.execute("SELECT topic_prefix FROM al_deployment").fetchone()
     holder = str(row[0]) if row else topic_prefix
     if holder != topic_prefix:
-        database = conninfo_to_dict(dsn).get("dbname") or "(the default)"
-        raise DeploymentMismatchError(
-            f"database {database} holds the deployment with topic prefix {holder!r}, not "
-            f"{topic_prefix!r}: one database per deployment (a second one in it would mix its "
-            "runs into the first's and a rebuild of either would drop the other's). Give this "
-            f"deployment a database of its own (AGENTLEDGER_PG_DSN), or set "
-            f"AGENTLEDGER_TOPIC_PREFIX={holder} to work on that one"
-        )
+        raise _mismatch(dsn, repr(holder), topic_prefix)
+
+
+def _mismatch(dsn: str, holder: str, topic_prefix: str) -> DeploymentMismatchError:
+    database = conninfo_to_dict(dsn).get("dbname") or "(the default)"
+    settable = holder.split(" or ")[0].strip("'")
+    return DeploymentMismatchError(
+        f"database {database} holds the deployment with topic prefix {holder}, not "
+        f"{topic_prefix!r}: one database per deployment (a second one in it would mix its "
+        "runs into the first's and a rebuild of either would drop the other's). Give this "
+        f"deployment a database of its own (AGENTLEDGER_PG_DSN), or set "
+        f"AGENTLEDGER_TOPIC_PREFIX={settable} to work on that one"
+    )
 
 
 def migrate_and_claim(dsn: str, topic_prefix: str) -> list[str]:

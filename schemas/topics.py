@@ -18,6 +18,7 @@ __all__ = [
     "fleet_of_ledger_topic",
     "fleets_among",
     "ledger_topic",
+    "prefix_of_ledger_topic",
 ]
 
 
@@ -34,7 +35,13 @@ def fleet_in_ledger_topic(topic: str) -> str | None:
     record contract, dead letters, worker health keys). Knowing the prefix:
     :func:`fleet_of_ledger_topic`."""
     head, sep, fleet = topic.rpartition(LEDGER_INFIX)
-    return fleet if sep and head else None
+    return fleet if sep and head and FLEET_ID_RE.fullmatch(fleet) else None
+
+
+def prefix_of_ledger_topic(topic: str) -> str | None:
+    """The topic prefix of a ledger topic ``<prefix>.ledger.<fleet>`` (None for other topics)."""
+    head, sep, fleet = topic.rpartition(LEDGER_INFIX)
+    return head if sep and head and FLEET_ID_RE.fullmatch(fleet) else None
 
 
 def dead_letter_topic(prefix: str, fleet_id: str) -> str:

@@ -704,12 +704,18 @@ def dlq_redrive(
 
 def _claimed_unless_unreachable(settings: Settings) -> None:
     """Refuse (DeploymentMismatchError) a database that holds another deployment; a database
-    not answering yet is the faust process's to wait for (it retries, with backoff)."""
-    from infra.errors import is_retriable
+    not answering yet is the faust process's to wait for (it retries, with backoff; it exits
+    78 too if the database then holds another deployment, and is not started again)."""
+    from infra.errors import DeploymentMismatchError, is_retriable
     from infra.migrate import migrate_and_claim
+    from streams.supervisor import EXIT_CONFIG
 
     try:
         migrate_and_claim(settings.pg_address, settings.topic_prefix)
+    except DeploymentMismatchError as exc:
+        # exit 78 (misconfigured), which a supervisor does not restart
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(code=EXIT_CONFIG) from None
     except Exception as exc:
         if not is_retriable(exc):
             raise

@@ -188,6 +188,8 @@ def register(app: typer.Typer) -> None:
             err.print("[red]give one PROJECTION or --all[/]")
             raise typer.Exit(code=2)
         chosen = all_projections(settings) if every else [projection(str(name), settings)]
+        # it writes scratch builds and verdicts: never into another deployment's database
+        migrate_and_claim(settings.pg_address, settings.topic_prefix)
         verdicts = []
         for p in chosen:
             try:

@@ -32,6 +32,7 @@ from projectors.working_memory import SHARED_FOLDS
 from schemas.codec import LedgerCodec
 from schemas.errors import LedgerDecodeError
 from schemas.models import LedgerEntry
+from schemas.topics import ledger_topic
 from streams.contract import RecordContractError, check_record
 from streams.telemetry import Telemetry
 
@@ -898,7 +899,7 @@ def _fold_failure(
 ) -> Poison:
     """A dead letter for an entry a projection's fold rejected; the run moves on without it."""
     source = record or SourceRecord(
-        f"held.ledger.{entry.fleet_id}", -1, -1, entry.run_id.encode(), payload
+        ledger_topic("held", entry.fleet_id), -1, -1, entry.run_id.encode(), payload
     )
     message = (
         f"projection {projection} failed on run {entry.run_id} seq {entry.sequence_no}: "

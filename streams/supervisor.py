@@ -28,6 +28,9 @@ from infra.settings import Settings
 from streams.health import forget_worker, restarting
 
 EXIT_RESTART = 75  # streams.worker.EXIT_RESTART (not imported: faust stays out of this process)
+# streams.worker.EXIT_CONFIG: a setting no restart can mend (the database holds another
+# deployment): the supervisor ends with it instead of starting the process again forever
+EXIT_CONFIG = 78
 HEALTHY_RUN_S = 60.0  # a child that ran this long resets the backoff
 PR_SET_PDEATHSIG = 1
 
@@ -152,6 +155,9 @@ class Supervisor:
                 if self.stopping is not None:
                     return stopped_code(code)
                 reason = self.frozen or _read(exit_file)
+                if code == EXIT_CONFIG:
+                    _say(f"agentledger worker: not started again: {describe_exit(code, reason)}")
+                    return code
                 self.restarts += 1
                 self.last_exit = describe_exit(code, reason)
                 restarting(self.settings.pg_address, os.getpid(), self.restarts, self.last_exit)

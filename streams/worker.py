@@ -36,6 +36,7 @@ from faust.types import TP
 from mode import Service
 
 from infra.admin import existing_ledger_topics
+from infra.errors import DeploymentMismatchError
 from infra.local import register_worker
 from infra.migrate import migrate_and_claim
 from infra.settings import Settings
@@ -201,6 +202,7 @@ EXIT_CRASH = 71  # a faust service or agent crashed
 EXIT_STALLED = 72  # partitions with lag and nothing applied for worker_stall_s
 EXIT_STOP_TIMEOUT = 73  # asked to stop, and not stopped within stop_timeout_s
 EXIT_RESTART = 75  # new fleet topics: start again onto them
+EXIT_CONFIG = 78  # a setting no restart mends (another deployment's database): not restarted
 
 EXIT_NAMES = {
     EXIT_FATAL: "fatal",
@@ -208,6 +210,7 @@ EXIT_NAMES = {
     EXIT_STALLED: "stalled",
     EXIT_STOP_TIMEOUT: "stop timed out",
     EXIT_RESTART: "restart requested",
+    EXIT_CONFIG: "misconfigured",
 }
 
 
@@ -621,6 +624,8 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
     try:
         migrate_and_claim(settings.pg_address, settings.topic_prefix)
         topics = asyncio.run(existing_ledger_topics(settings))
+    except DeploymentMismatchError as exc:
+        _exit(EXIT_CONFIG, str(exc))
     except Exception as exc:
         _exit(EXIT_CRASH, f"could not start: {_describe(exc)}")
     app = create_app(settings, topics)

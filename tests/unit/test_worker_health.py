@@ -120,6 +120,10 @@ def test_supervision_comes_from_the_supervisor_environment() -> None:
 
 def test_restart_backoff_doubles_resets_after_a_healthy_run_and_skips_asked_restarts() -> None:
     assert WORKER_EXIT_RESTART == EXIT_RESTART  # one code, two processes
+    from streams.supervisor import EXIT_CONFIG
+    from streams.worker import EXIT_CONFIG as WORKER_EXIT_CONFIG
+
+    assert WORKER_EXIT_CONFIG == EXIT_CONFIG
     assert next_delay(EXIT_RESTART, 1, 8, 30) == 0
     assert next_delay(71, 1, 0, 30) == 1
     assert next_delay(71, 1, 1, 30) == 2
