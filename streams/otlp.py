@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -48,6 +49,7 @@ class Receiver:
         self.book = TraceBook()
         self.publisher = AsyncPublisher(settings)
         self.fleets = RunFleets(settings)
+        self._unanswered_said_until = 0.0  # (the warning that fleets go unchecked: once a window)
         self.lock = asyncio.Lock()
         self.entries = 0
 
@@ -66,10 +68,14 @@ class Receiver:
         runs = {s.span_id: run_of(s, self.run_attribute) for s in spans}
         asked = [(run_id, self.fleet_id) for run_id in sorted(set(runs.values()))]
         clashes = await asyncio.to_thread(self.fleets.elsewhere, asked)
-        if self.fleets.unanswered:
+        if self.fleets.unanswered and time.monotonic() >= self._unanswered_said_until:
+            # once per window without PostgreSQL, not once per export (found by a review)
+            self._unanswered_said_until = time.monotonic() + self.fleets.RETRY_S
             log.warning(
-                "otlp: PostgreSQL did not answer: the runs' fleets on the ledger were not "
-                "checked (a worker dead-letters entries of a run from another fleet)"
+                "otlp: PostgreSQL did not answer: the runs' fleets on the ledger are not "
+                "checked for the next %gs (a worker dead-letters entries of a run from another "
+                "fleet)",
+                self.fleets.RETRY_S,
             )
         if not clashes:
             return spans, 0, []

@@ -574,13 +574,20 @@ _PROVIDER_ERRORS = (
 )
 
 
+_CLIENTS = ("litellm.", "openai.", "anthropic.", "httpx.", "google.", "mistralai.", "groq.")
+
+
 def exit_error(text: str) -> ErrorPart:
     """The error that ended a run, as ``Type: message`` (mini-swe-agent's ``exit`` message,
     e.g. ``litellm.InternalServerError: ...``; a failed OpenTelemetry root span's exception or
     status), by whose fault: one rule for every importer."""
     head = text.split(":", 1)[0]
     if "Timeout" in head:
-        category = "timeout.provider"
+        # a model call's (mini-swe-agent's `Timeout` status, a provider client's timeout class)
+        # or else one of the agent's own (Python's TimeoutError of a tool or sandbox: found by
+        # a review once OpenTelemetry root spans came to this rule)
+        provider = head == "Timeout" or "APITimeout" in head or head.startswith(_CLIENTS)
+        category = "timeout.provider" if provider else "timeout"
     elif any(name in head for name in _PROVIDER_ERRORS):
         category = "provider"
     elif "ContextWindow" in head:

@@ -710,3 +710,19 @@ def test_a_run_with_model_output_and_no_call_has_its_calls_unknown() -> None:
     mixed = Summary("y", calls=3)
     mark_unmetered([run(EntryKind.ASSISTANT_RESPONSE)], mixed)
     assert mixed.as_json()["calls"] == 3 and mixed.as_json()["runs_calls_unknown"] == 1
+
+
+def test_a_timeout_is_the_providers_only_when_a_model_call_timed_out() -> None:
+    """Found by a review: with OpenTelemetry root spans read by the same rule, an agent's own
+    TimeoutError (a tool sandbox) was called the provider's fault."""
+    from streams.importers.base import exit_error
+
+    for text in (
+        "Timeout",  # mini-swe-agent's exit status (its model call's connection timed out)
+        "litellm.Timeout: Connection timed out after 600.0 seconds",
+        "openai.APITimeoutError: Request timed out.",
+        "httpx.ReadTimeout: timed out",
+    ):
+        assert exit_error(text).category == "timeout.provider", text
+    for text in ("TimeoutError: tool sandbox timed out", "subprocess.TimeoutExpired: pytest"):
+        assert exit_error(text).category == "timeout", text
