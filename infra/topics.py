@@ -126,14 +126,32 @@ DEAD_LETTER_TOPIC_CONFIG: Mapping[str, str] = {
 }
 
 
+def durable(config: Mapping[str, str], replication: int) -> dict[str, str]:
+    """``config`` with ``min.insync.replicas=2`` where there are 3 replicas or more: the
+    publisher sends with ``acks=all``, and all is the in-sync replicas, which Kafka lets shrink
+    to 1 by default, so an acknowledged entry of the ledger (kept forever, the only truth) could
+    live on one broker. With 2, a partition with one replica in sync refuses sends
+    (NotEnoughReplicasError, said by publish) rather than keep them once. Found by a user trial
+    on a 3-broker cluster: the topics inherited the broker's setting, Kafka's default 1."""
+    return {**config, "min.insync.replicas": "2"} if replication >= 3 else dict(config)
+
+
 def fleet_topic_specs(
     prefix: str, fleet_id: str, partitions: int, replication: int
 ) -> list[TopicSpec]:
     """A fleet's ledger topic and its dead-letter topic."""
     return [
-        TopicSpec(ledger_topic(prefix, fleet_id), partitions, replication, LEDGER_TOPIC_CONFIG),
         TopicSpec(
-            dead_letter_topic(prefix, fleet_id), partitions, replication, DEAD_LETTER_TOPIC_CONFIG
+            ledger_topic(prefix, fleet_id),
+            partitions,
+            replication,
+            durable(LEDGER_TOPIC_CONFIG, replication),
+        ),
+        TopicSpec(
+            dead_letter_topic(prefix, fleet_id),
+            partitions,
+            replication,
+            durable(DEAD_LETTER_TOPIC_CONFIG, replication),
         ),
     ]
 

@@ -235,3 +235,14 @@ def test_an_admin_call_is_made_again_while_kafka_calls_its_error_retriable() -> 
     with pytest.raises(NodeNotReadyError):
         asyncio.run(retried(down, within_s=0.5))
     assert 2 <= len(calls) <= 4  # then its error, once the time is up
+
+
+def test_ledger_and_dead_letter_topics_keep_an_acknowledged_entry_on_two_brokers() -> None:
+    """Found on a 3-broker cluster: the ledger inherited Kafka's min.insync.replicas of 1, so
+    acks=all could be one broker's. With 3 replicas or more, topics we make ask for 2."""
+    from infra.topics import fleet_topic_specs
+
+    for replication, wanted in ((1, None), (2, None), (3, "2"), (5, "2")):
+        for spec in fleet_topic_specs("p", "f", 8, replication):
+            assert spec.config.get("min.insync.replicas") == wanted, (spec.name, replication)
+            assert spec.config["retention.ms"] == "-1"  # kept forever, as before
