@@ -66,7 +66,10 @@ async def shares_of(
 ) -> list[Share]:
     """``processes`` shares of a replay of ``topics``: their partitions split once, here, by
     the entries each holds (:func:`streams.source.balanced`), so the processes finish together
-    and no partition is in two shares or none, whatever is appended meanwhile."""
+    and no partition is in two shares or none, whatever records are appended meanwhile. The
+    sizes count from each partition's start, not from a build's stored positions (a rebuild
+    from an offset or a time may split less evenly); a partition added after the split is in
+    no share (partitions are added by hand: `kafka-topics --alter`, then rebuild again)."""
     sizes = await partition_sizes(settings.kafka_address, topics, until)
     split = balanced(sizes, processes)
     return [
