@@ -22,6 +22,7 @@ from streams.rebuild import (
     BuildInfo,
     RebuildError,
     Start,
+    Verdict,
     builds_json,
     create_build,
     drop,
@@ -197,6 +198,8 @@ def register(app: typer.Typer) -> None:
             except RebuildError as exc:
                 err.print(f"[red]error:[/] {p.name}: {escape(str(exc))}")
                 raise typer.Exit(code=2) from None
+            if not as_json:  # each verdict as it is reached: one that fails later loses none
+                _say_verdict(verdicts[-1])
         if as_json:
             print(
                 json.dumps(
@@ -215,15 +218,6 @@ def register(app: typer.Typer) -> None:
                     indent=2,
                 )
             )
-        else:
-            for v in verdicts:
-                mark = "[green]equal[/]" if v.equal else "[red]DIFFERENT[/]"
-                console.print(
-                    f"{v.projection} ({v.live_build}, {v.runs:,} runs): {mark}  "
-                    f"live {v.live_digest[:12]} replay {v.scratch_digest[:12]}"
-                )
-                for line in v.differences:
-                    console.print(f"  {line}")
         if not all(v.equal for v in verdicts):
             raise typer.Exit(code=1)
 
@@ -276,6 +270,16 @@ def register(app: typer.Typer) -> None:
         except rp.ReplayPackageError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(code=1) from None
+
+
+def _say_verdict(v: Verdict) -> None:
+    mark = "[green]equal[/]" if v.equal else "[red]DIFFERENT[/]"
+    console.print(
+        f"{v.projection} ({v.live_build}, {v.runs:,} runs): {mark}  "
+        f"live {v.live_digest[:12]} replay {v.scratch_digest[:12]}"
+    )
+    for line in v.differences:
+        console.print(f"  {line}")
 
 
 def _artifact_note(package: Path) -> str:

@@ -441,6 +441,16 @@ async def verify(
     limit: int = 50,
 ) -> Verdict:
     """Replay into a scratch build up to the live build's offsets and compare digests."""
+    live, _ = live_offsets(settings, projection.name)
+    made_by = build_info(settings, projection.name, live).version
+    if made_by != projection.version:
+        # (a replay with this code cannot equal it: each run would be said to differ, as a
+        # deployment upgraded across a version showed; found trying the product)
+        raise RebuildError(
+            f"the live build {live} of {projection.name} was made by version {made_by} of its "
+            f"code, this is version {projection.version}: a replay cannot equal it. Rebuild it "
+            f"with this code first: agentledger rebuild {projection.name} --from-beginning --swap"
+        )
     scratch = await create_build(settings, projection, Start(), origin="verify")
     try:
         for _ in range(max_rounds):

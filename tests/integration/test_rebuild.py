@@ -492,3 +492,27 @@ def test_rebuild_list_swap_drop_verify_and_replay_package_commands(
     for name in NAMES:  # offline, the same views as the live builds (costs as shown)
         live = d.states(name)[runs[1][0].run_id][1]
         assert views[name] == (shown_state(live) if name == "cost-metrics" else live), name
+
+
+def test_verify_of_a_live_build_made_by_another_version_says_rebuild_not_differ(
+    deployment: Deployment,
+) -> None:
+    """Found trying the product: on a deployment upgraded across run-stats 1 -> 2, `verify`
+    replayed with version 2 and called every run of the version 1 live build different (exit
+    1); the worker refuses such a build and says to rebuild. verify says so too (exit 2), and
+    makes no scratch build."""
+    d = deployment
+    now = projection("run-stats").version
+    old = f"v{now - 1}-1"  # a build of the version before this code's
+    with psycopg.connect(d.settings.pg_address, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO al_builds (projection, build, version) VALUES ('run-stats', %s, %s)",
+            (old, now - 1),
+        )
+        conn.execute("INSERT INTO al_live (projection, build) VALUES ('run-stats', %s)", (old,))
+    done = _cli(d, "verify", "run-stats")
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"made by version {now - 1} of its code, this is version {now}" in said, said
+    assert "agentledger rebuild run-stats --from-beginning --swap" in said, said
+    assert [b.build for b in list_builds(d.settings, "run-stats")] == [old]
