@@ -32,6 +32,7 @@ from infra.settings import Settings
 from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
 from streams import cli as write_commands
 from streams.cli_rebuild import register as register_rebuild
+from streams.kafka_logs import hold_back_kafka_floods
 
 app = typer.Typer(
     no_args_is_help=True, help="AgentLedger: the event-sourced ledger for agent fleets."
@@ -487,6 +488,9 @@ def main() -> None:
     """Every error is one line on stderr: exit 2 for a bad argument, 1 for anything else (set
     AGENTLEDGER_DEBUG=1 to get an unexpected error's traceback)."""
 
+    # the Kafka client's retry floods held back for every command (a user trial: `dlq list` printed
+    # 77-148 retry lines in the seconds after a broker died); the worker sets its own level
+    hold_back_kafka_floods()
     # typer carries its own copy of click: its usage errors are BadParameter's bases
     bases = typer.BadParameter.__mro__
     usage_error: type[Exception] = next(c for c in bases if c.__name__ == "UsageError")

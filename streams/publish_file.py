@@ -159,8 +159,10 @@ def _stopped(
     acked = report.sent + len(exc.acknowledged)
     not_acked = progress.sending - len(exc.acknowledged)
     rest = "" if progress.eof else f", the lines after line {progress.line} not sent"
+    # what Kafka did: refused the sends (and said why), or did not answer
+    did = "refused the sends" if "kept refusing" in (exc.cause or "") else "stopped answering"
     return BrokerUnavailableError(
-        f"publishing {path}: Kafka at {settings.kafka_address} stopped answering "
+        f"publishing {path}: Kafka at {settings.kafka_address} {did} "
         f"({exc.cause}): {acked} of the file's {progress.read} entries read so far "
         f"acknowledged, {not_acked} not{rest}; publish the whole file again (entries that did "
         "arrive are skipped as duplicates)",

@@ -49,3 +49,28 @@ def test_other_records_pass_and_are_not_taken_for_refusals() -> None:
     )
     assert refusals.filter(other) and refusals.filter(odd)
     assert refusals.since(0.0) is None
+
+
+def test_a_file_cut_short_by_refusals_says_kafka_refused_not_that_it_stopped_answering() -> None:
+    """A re-trial on the cluster: the account named the refusal but still began 'stopped
+    answering'; a broker that does not answer at all is still said so."""
+    from pathlib import Path
+
+    from infra.settings import Settings
+    from streams.publish_file import PublishReport, _Progress, _stopped
+    from streams.publisher import BrokerUnavailableError
+
+    settings = Settings()
+    progress = _Progress(read=189, line=189, sending=94, eof=True)
+    refused = BrokerUnavailableError(
+        "x",
+        acknowledged=[],
+        unacknowledged=[],
+        cause="timed out after 15.0s; Kafka kept refusing the sends: NotEnoughReplicasError",
+    )
+    said = str(_stopped(Path("f.jsonl"), settings, PublishReport(sent=95), progress, refused))
+    assert f"Kafka at {settings.kafka_address} refused the sends (timed out" in said, said
+    assert "95 of the file's 189 entries read so far acknowledged, 94 not" in said, said
+    silent = BrokerUnavailableError("x", acknowledged=[], unacknowledged=[], cause="timed out")
+    said = str(_stopped(Path("f.jsonl"), settings, PublishReport(sent=95), progress, silent))
+    assert "stopped answering (timed out)" in said, said
