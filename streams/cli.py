@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -203,6 +204,22 @@ def publish_cmd(
         raise typer.Exit(code=2)
 
 
+def _verdict_reports(paths: Iterable[Path]) -> list[Path]:
+    """The files among ``paths`` that read as SWE-bench reports (found by a user trial: `import
+    auto` left them out without saying what they were or how their verdicts go in)."""
+    from streams.importers import verdicts
+    from streams.importers.base import ImportFormatError
+
+    found = []
+    for path in paths:
+        try:
+            if path.suffix == ".json" and verdicts.read_report(path):
+                found.append(path)
+        except (ImportFormatError, OSError, ValueError):
+            continue
+    return found
+
+
 def _import_verdicts(paths: list[Path], fleet: str | None, as_json: bool) -> None:
     """``import swebench-report``: each report's verdicts appended to the runs they judge."""
     from streams.importers import verdicts
@@ -333,9 +350,16 @@ def import_cmd(
     if not files:
         raise typer.BadParameter(f"no {source_format} logs under {', '.join(map(str, paths))}")
     if isinstance(module, AutoImporter) and module.ignored and not as_json:
+        reports_among = _verdict_reports(module.ignored)
         err.print(
             f"{len(module.ignored)} files under the folders are no log of a known format "
-            "(left out)",
+            "(left out)"
+            + (
+                f"; {len(reports_among)} of them SWE-bench reports: their verdicts go in by "
+                "agentledger import swebench-report PATH, once the runs are imported"
+                if reports_among
+                else ""
+            ),
             soft_wrap=True,
         )
     from projectors.base import fold_all

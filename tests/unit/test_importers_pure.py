@@ -726,3 +726,24 @@ def test_a_timeout_is_the_providers_only_when_a_model_call_timed_out() -> None:
         assert exit_error(text).category == "timeout.provider", text
     for text in ("TimeoutError: tool sandbox timed out", "subprocess.TimeoutExpired: pytest"):
         assert exit_error(text).category == "timeout", text
+
+
+def test_import_auto_names_the_swebench_reports_it_leaves_out() -> None:
+    """Found by a user trial: `import auto ../shared/samples2` said only that 10 files were no
+    log of a known format; five of them are SWE-bench reports, whose verdicts go in by
+    `import swebench-report`, which it now says."""
+    from streams.cli import _verdict_reports
+    from streams.importers.detect import AutoImporter
+    from tests.packs import SAMPLES2
+
+    auto = AutoImporter()
+    auto.discover([SAMPLES2])
+    reports = _verdict_reports(auto.ignored)
+    assert sorted(p.name for p in reports) == [
+        "pr814-django__django-11039.report.json",
+        "pr814-django__django-13660.report.json",
+        "swesmith-pandas-dev__pandas.95280573.pr_53856.report.json",
+        "swesmith-pydantic__pydantic.acb0f10f.pr_8316.report.json",
+        "swesmith-run-report.json",
+    ]
+    assert len(auto.ignored) > len(reports)  # the others (READMEs, predictions) are not named
