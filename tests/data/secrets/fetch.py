@@ -1287,6 +1287,71 @@ def fetch_sarifpm() -> None:
         assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
 
 
+# checkov (HELD OUT, eighteenth round): the secret fixtures of bridgecrewio/checkov's secret
+# scanner tests (Apache-2.0; ``tests/secrets/**``: AWS keys in CloudFormation, Python,
+# TypeScript and Dockerfiles, passwords in JSON and JavaScript, a MongoDB URL, Kubernetes-style
+# ``name``/``value`` pairs in YAML, Terraform (``jsonencode``, ``kubernetes_pod`` env blocks, a
+# CloudFormation heredoc) and JSON, a docker-compose environment of pomerium, custom-regex
+# fixtures, a user_data script embedded in a JSON report). Each line that plants a value was
+# copied by hand into ``checkov-tests.jsonl`` with the value it holds (``want``); where the name
+# that says what a value is sits on other lines of the same element (``name: TEST_PASSWORD_3``
+# then ``value: ...``), the element's lines from the name to the value are the input. Fixed
+# before measuring: AWS access key ids (also one under ``AWS_SECRET_ACCESS_KEY``: the source
+# swaps the names), user names and client ids are no credential; the value under
+# ``TEST_PASSWORD_no_password`` is one the source's own name says is not a password
+# (``SourceNegative``); a value that is one unit of up to 8 characters repeated is a placeholder;
+# then duplicates (same line, same value), values another stored
+# corpus holds and the shared drop rules. Not copied: values over 300 characters (as for
+# leaktk), multi-line keys and multi-line placeholders; not read: the other key-file fixtures
+# (``build_log_with_private_key.log``, ``bracket_log_with_private_key.log``,
+# ``build_log_with_putty_key.log``, ``plain_private_key.txt``), the git-history pickles and
+# objects, and the false-positive fixtures (``sanity/*_fp``, ``secret-no-false-positive*``).
+CHECKOV_REPO = "bridgecrewio/checkov"
+CHECKOV_NOT_SECRET = frozenset({"KeyID", "Username", "ClientID", "SourceNegative"})
+CHECKOV_NOT_COPIED = {
+    "values over 300 characters (TEST_PASSWORD_LONG_1 in 5 files; pomerium's PEM key, base64 "
+    "key, base64 service account and base64 signing key; a repeated custom-regex value)": 10,
+    "a multi-line private key (build_log_with_mixed_secrets.log)": 1,
+    "multi-line placeholder findings (multiline_finding/Dockerfile.two_secrets)": 2,
+}
+# Documented literals of the formats the kept values have (3+ characters).
+CHECKOV_PREFIXES = ("ghp_", "rk_live_")
+
+
+def build_checkov() -> tuple[list[dict[str, Any]], Counter[str]]:
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter(CHECKOV_NOT_COPIED)
+    elsewhere = other_sources_secrets("checkov")
+    seen: set[tuple[str, str]] = set()
+    for case in copied_cases("checkov-tests"):
+        for field, value in case["want"].items():
+            if field in CHECKOV_NOT_SECRET:
+                dropped["source-negative" if field == "SourceNegative" else "not-a-secret"] += 1
+                continue
+            if (case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((case["input"], value))
+            if value in elsewhere:
+                dropped["seen-in-another-source"] += 1
+            elif _PERIODIC.match(value):
+                dropped["placeholder"] += 1
+            elif keep(value, dropped):
+                copy = {**case, "test": field}
+                name = case["path"].removeprefix("tests/secrets/")
+                row = wanted_row("checkov", "checkov." + name, copy, value, CHECKOV_PREFIXES)
+                rows.append(row)
+    return rows, dropped
+
+
+def fetch_checkov() -> None:
+    """Download each fixture the copied lines name at its commit and check each line is in it."""
+    cases = copied_cases("checkov-tests")
+    texts = fetched_texts(CHECKOV_REPO, cases)
+    for case in cases:
+        assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -1305,6 +1370,7 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "leaktk": build_leaktk,
     "leakyrepo": build_leakyrepo,
     "sarifpm": build_sarifpm,
+    "checkov": build_checkov,
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1322,6 +1388,7 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "leaktk": fetch_leaktk,
     "leakyrepo": fetch_leakyrepo,
     "sarifpm": fetch_sarifpm,
+    "checkov": fetch_checkov,
 }
 
 # trufflehog's later slices (trufflehog2 .. trufflehog11): the same builder and check, by name
