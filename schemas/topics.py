@@ -34,14 +34,20 @@ def fleet_in_ledger_topic(topic: str) -> str | None:
     other topics): for what reads a record's topic without the deployment's settings (the
     record contract, dead letters, worker health keys). Knowing the prefix:
     :func:`fleet_of_ledger_topic`."""
-    head, sep, fleet = topic.rpartition(LEDGER_INFIX)
-    return fleet if sep and head and FLEET_ID_RE.fullmatch(fleet) else None
+    split = _ledger_parts(topic)
+    return split[1] if split else None
 
 
 def prefix_of_ledger_topic(topic: str) -> str | None:
     """The topic prefix of a ledger topic ``<prefix>.ledger.<fleet>`` (None for other topics)."""
+    split = _ledger_parts(topic)
+    return split[0] if split else None
+
+
+def _ledger_parts(topic: str) -> tuple[str, str] | None:
+    """(prefix, fleet) of a ledger topic, the fleet a valid id; None for any other topic."""
     head, sep, fleet = topic.rpartition(LEDGER_INFIX)
-    return head if sep and head and FLEET_ID_RE.fullmatch(fleet) else None
+    return (head, fleet) if sep and head and FLEET_ID_RE.fullmatch(fleet) else None
 
 
 def dead_letter_topic(prefix: str, fleet_id: str) -> str:

@@ -160,7 +160,7 @@ def _stopped(
     not_acked = progress.sending - len(exc.acknowledged)
     rest = "" if progress.eof else f", the lines after line {progress.line} not sent"
     # what Kafka did: refused the sends (and said why), or did not answer
-    did = "refused the sends" if "kept refusing" in (exc.cause or "") else "stopped answering"
+    did = "refused the sends" if exc.refusals else "stopped answering"
     return BrokerUnavailableError(
         f"publishing {path}: Kafka at {settings.kafka_address} {did} "
         f"({exc.cause}): {acked} of the file's {progress.read} entries read so far "
@@ -169,4 +169,5 @@ def _stopped(
         acknowledged=exc.acknowledged,
         unacknowledged=exc.unacknowledged,
         cause=exc.cause,
+        refusals=exc.refusals,
     )

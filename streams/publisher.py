@@ -63,7 +63,8 @@ class BrokerUnavailableError(AgentLedgerError):
     ``acknowledged`` and ``unacknowledged`` list the (run id, sequence number) of the entries
     the broker did and did not confirm. Resending the unacknowledged ones (or the whole batch)
     is safe: an entry that did arrive is skipped downstream as a duplicate. ``cause`` is the
-    why alone (e.g. "timed out after 4.0s"), for callers that word their own account.
+    why alone (e.g. "timed out after 4.0s"), for callers that word their own account;
+    ``refusals`` what the brokers answered to the retried sends, when they refused them.
     """
 
     retriable = True
@@ -74,11 +75,13 @@ class BrokerUnavailableError(AgentLedgerError):
         acknowledged: Sequence[tuple[str, int]] = (),
         unacknowledged: Sequence[tuple[str, int]] = (),
         cause: str | None = None,
+        refusals: str | None = None,
     ) -> None:
         super().__init__(message)
         self.acknowledged = list(acknowledged)
         self.unacknowledged = list(unacknowledged)
         self.cause = cause or message
+        self.refusals = refusals
 
 
 @dataclass
@@ -539,6 +542,7 @@ def _unacknowledged(
         acknowledged=yes,
         unacknowledged=no,
         cause=f"{_why(failure)} after {elapsed_s:.1f}s" + (f"; {refusals}" if refusals else ""),
+        refusals=refusals,
     )
 
 

@@ -36,7 +36,7 @@ def test_a_refused_send_says_what_kafka_answered_not_only_that_it_timed_out() ->
     assert "timed out after 15.2s; Kafka kept refusing the sends: NotEnoughReplicasError" in str(
         error.cause
     )
-    assert "min.insync.replicas" in str(error)
+    assert "min.insync.replicas" in str(error) and error.refusals == said
 
 
 def test_other_records_pass_and_are_not_taken_for_refusals() -> None:
@@ -67,6 +67,7 @@ def test_a_file_cut_short_by_refusals_says_kafka_refused_not_that_it_stopped_ans
         acknowledged=[],
         unacknowledged=[],
         cause="timed out after 15.0s; Kafka kept refusing the sends: NotEnoughReplicasError",
+        refusals="Kafka kept refusing the sends: NotEnoughReplicasError",
     )
     said = str(_stopped(Path("f.jsonl"), settings, PublishReport(sent=95), progress, refused))
     assert f"Kafka at {settings.kafka_address} refused the sends (timed out" in said, said

@@ -11,11 +11,11 @@ before (the CloudFormation tag and the JSON name-first pair were found by config
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
 from schemas.secret_scan import default_detector
+from tests.unit.secret_support import TakeCounter
 
 TOKEN = "Qm7vRt2xKp9LwZ4nHs8dFj3c"  # 24 letters and digits, all three classes
 PW = "Wint3r-Is-Coming.2031"  # a password: no token rule takes it alone
@@ -83,23 +83,15 @@ def test_chains_of_pairs_are_found_in_linear_time(monkeypatch: pytest.MonkeyPatc
     """100,000 characters of alternating value/name lines: every pair found, each match taken
     a bounded number of times (counted), and twice the text costs about twice the time."""
     detector = default_detector()
-    taken = 0
-    take = type(detector)._take
-
-    def counting(self: Any, *args: Any, **kwargs: Any) -> int:
-        nonlocal taken
-        taken += 1
-        return take(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(detector), "_take", counting)
+    taken = TakeCounter(monkeypatch)
     unit = f"value: {TOKEN}\nname: DB_PASSWORD\n"
     copies = 100_000 // len(unit)
     counts = []
     for n in (copies, 2 * copies):
-        taken = 0
+        taken.count = 0
         found = detector.find(unit * n)
         assert len(found) == n  # every copy found
-        counts.append(taken)
+        counts.append(taken.count)
     # each copy is taken by a fixed number of rules (both pair rules and the token rules), once
     assert counts[0] <= 6 * copies and counts[1] <= 2 * counts[0] + 10, counts
     monkeypatch.undo()

@@ -11,11 +11,10 @@ Values are made up here (none is a corpus's).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from schemas.secret_scan import default_detector
+from tests.unit.secret_support import TakeCounter
 
 TOKEN = "Qm7vRt2xKp9LwZ4nHs8dFj3c"  # 24 letters and digits, all three classes
 HEX40 = "3f9c2a7e81b4d06c5e9f1a2b7c8d4e6f0a1b2c3d"
@@ -120,17 +119,8 @@ def test_a_long_chain_of_matches_is_found_in_linear_time(monkeypatch: pytest.Mon
     """Found by a review: each finditer match walked the rest of its chain again, so 100,000
     characters of `-u user -p pw` took 187 s (k chained tokens cost k² matches taken). Each
     match is now taken once: counted, not timed."""
-    detector = default_detector()
-    taken = 0
-    take = type(detector)._take
-
-    def counting(self: Any, *args: Any, **kwargs: Any) -> int:
-        nonlocal taken
-        taken += 1
-        return take(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(detector), "_take", counting)
+    taken = TakeCounter(monkeypatch)
     copies = 2_000
-    found = detector.find(" -u user -p pAssw0rd9" * copies)
+    found = default_detector().find(" -u user -p pAssw0rd9" * copies)
     assert len(found) == copies  # every copy still found
-    assert taken <= 3 * copies  # (k² before: ~2,000,000)
+    assert taken.count <= 3 * copies  # (k² before: ~2,000,000)
