@@ -10,8 +10,6 @@ before (the CloudFormation tag and the JSON name-first pair were found by config
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from schemas.secret_scan import default_detector
@@ -81,7 +79,8 @@ def test_only_the_value_is_replaced() -> None:
 
 def test_chains_of_pairs_are_found_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """100,000 characters of alternating value/name lines: every pair found, each match taken
-    a bounded number of times (counted), and twice the text costs about twice the time."""
+    a bounded number of times (counted, not timed: speed belongs to the bench), twice the text
+    twice the takes."""
     detector = default_detector()
     taken = TakeCounter(monkeypatch)
     unit = f"value: {TOKEN}\nname: DB_PASSWORD\n"
@@ -94,10 +93,3 @@ def test_chains_of_pairs_are_found_in_linear_time(monkeypatch: pytest.MonkeyPatc
         counts.append(taken.count)
     # each copy is taken by a fixed number of rules (both pair rules and the token rules), once
     assert counts[0] <= 6 * copies and counts[1] <= 2 * counts[0] + 10, counts
-    monkeypatch.undo()
-    timings = []
-    for n in (copies, 2 * copies):
-        started = time.perf_counter()
-        detector.find(unit * n)
-        timings.append(time.perf_counter() - started)
-    assert timings[1] < 4 * timings[0] + 0.05, timings  # quadratic would be 4x
