@@ -1352,6 +1352,74 @@ def fetch_checkov() -> None:
         assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
 
 
+# horusec and gosec (HELD OUT, nineteenth round): two static analysers' own samples of leaked
+# credentials, both Apache-2.0. horusec: the vulnerable samples of ZupIT/horusec's leaks engine
+# (``internal/services/engines/leaks/samples.go``, rules HS-LEAKS-1 .. HS-LEAKS-28: AWS, MWS,
+# Facebook, Twitter, GitHub, LinkedIn, Slack, GCP, Heroku, Mailchimp, Mailgun, PayPal/Braintree,
+# Picatic, SendGrid, Stripe, Square, Twilio keys in a docker-compose ``environment:`` block, a
+# Go gorm DSN and URL, WordPress ``define``s). gosec: the positive samples of securego/gosec's
+# G101 (hard-coded credentials) tests (``testutils/g101_samples.go``: Go declarations,
+# assignments and comparisons under credential names, and values by format). Each line that
+# plants a value was copied by hand into ``<source>-tests.jsonl`` with the value it holds
+# (``want``: the quoted literal as the line has it; for ``Bearer: <token>`` the token, for a
+# URL its password). Fixed before measuring: AWS access key ids and client ids (``KeyID``,
+# ``ClientID``; Google's ``...apps.googleusercontent.com`` is a client id) are no credential;
+# WordPress's own ``put your unique phrase here`` is a placeholder the source names as such
+# (``SourcePlaceholder``); then duplicates (same line, same value: gosec tests each line as a
+# ``const`` and a ``var``), values another stored corpus holds and the shared drop rules.
+# Not copied: horusec's HS-LEAKS-12 private key (one line over 300 characters, with ``...``
+# inside); the negative samples (``SampleSafe*``, gosec's samples expecting 0 findings).
+HORUSEC_REPO = "ZupIT/horusec"
+GOSEC_REPO = "securego/gosec"
+COPIED_NOT_SECRET = frozenset({"KeyID", "ClientID", "SourcePlaceholder"})
+COPIED_NOT_COPIED: dict[str, dict[str, int]] = {
+    "horusec": {"a private key over 300 characters (HS-LEAKS-12)": 1},
+    "gosec": {},
+}
+# Documented literals of the formats the kept values have (3+ characters).
+COPIED_PREFIXES: dict[str, tuple[str, ...]] = {
+    "horusec": (
+        "amzn.mws.", "AIza", "key-", "access_token$production$", "sk_live_", "rk_live_", "SG.",
+        "sq0atp-", "sq0csp-", "https://hooks.slack.com/services/",
+    ),
+    "gosec": ("ghp_", "AIza"),
+}  # fmt: skip
+
+
+def build_copied(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """horusec's and gosec's copied lines: each ``want`` value, by the rules above."""
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter(COPIED_NOT_COPIED[source])
+    elsewhere = other_sources_secrets(source)
+    seen: set[tuple[str, str]] = set()
+    for case in copied_cases(f"{source}-tests"):
+        for field, value in case["want"].items():
+            if field in COPIED_NOT_SECRET:
+                dropped["source-placeholder" if field == "SourcePlaceholder" else "not-a-secret"] += 1
+                continue
+            if (case["input"], value) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((case["input"], value))
+            if value in elsewhere:
+                dropped["seen-in-another-source"] += 1
+            elif _PERIODIC.match(value):
+                dropped["placeholder"] += 1
+            elif keep(value, dropped):
+                copy = {**case, "test": field}
+                rule = f"{source}.{case['sample']}"
+                rows.append(wanted_row(source, rule, copy, value, COPIED_PREFIXES[source]))
+    return rows, dropped
+
+
+def fetch_copied(repo: str, source: str) -> None:
+    """Download each file the copied lines name at its commit and check each line is in it."""
+    cases = copied_cases(f"{source}-tests")
+    texts = fetched_texts(repo, cases)
+    for case in cases:
+        assert case["input"] in texts[(case["path"], case["commit"])], case["sample"]
+
+
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
 # sources (Nosey Parker, the Kingfisher thirds) use ``write`` and ``fetch``.
 BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
@@ -1371,6 +1439,8 @@ BUILDERS: dict[str, Callable[[], tuple[list[dict[str, Any]], Counter[str]]]] = {
     "leakyrepo": build_leakyrepo,
     "sarifpm": build_sarifpm,
     "checkov": build_checkov,
+    "horusec": partial(build_copied, "horusec"),
+    "gosec": partial(build_copied, "gosec"),
 }
 FETCHERS: dict[str, Callable[[], None]] = {
     "secretlint": fetch_secretlint,
@@ -1389,6 +1459,8 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "leakyrepo": fetch_leakyrepo,
     "sarifpm": fetch_sarifpm,
     "checkov": fetch_checkov,
+    "horusec": partial(fetch_copied, HORUSEC_REPO, "horusec"),
+    "gosec": partial(fetch_copied, GOSEC_REPO, "gosec"),
 }
 
 # trufflehog's later slices (trufflehog2 .. trufflehog11): the same builder and check, by name
