@@ -1395,7 +1395,8 @@ def build_copied(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
     for case in copied_cases(f"{source}-tests"):
         for field, value in case["want"].items():
             if field in COPIED_NOT_SECRET:
-                dropped["source-placeholder" if field == "SourcePlaceholder" else "not-a-secret"] += 1
+                reason = "source-placeholder" if field == "SourcePlaceholder" else "not-a-secret"
+                dropped[reason] += 1
                 continue
             if (case["input"], value) in seen:
                 dropped["duplicate"] += 1
