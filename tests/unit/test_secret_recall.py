@@ -203,6 +203,8 @@ def test_held_out_kics_as_measured_then_tuned_on() -> None:
         ("leakyrepo", 104, 15, (98, 28, 13), (101, 30, 15)),
         ("sarifpm", 106, 18, (82, 18, 18), (95, 19, 18)),
         ("checkov", 39, 1, (17, 6, 1), (30, 6, 1)),
+        ("horusec", 20, 10, (20, 11, 8), (20, 12, 9)),
+        ("gosec", 15, 2, (13, 4, 2), (15, 4, 2)),
     ],
 )
 def test_held_out_as_measured_then_tuned_on(
@@ -217,8 +219,8 @@ def test_held_out_as_measured_then_tuned_on(
     at 42606fb, kingfisher7 at e2f166b, kingfisher8 at f86a433, kingfisher9 at 748178c,
     kingfisher10 at 70c1d15, kingfisher11 at 3f56206, kingfisher12 at bbe799c, kingfisher13 at
     2f739c0; leaktk at 0cc2d90, the fourteenth round's; leakyrepo at 4dceb01, the sixteenth's;
-    sarifpm at 40f2513, the seventeenth's; checkov at fe25a34, the eighteenth's; in
-    context, bare, prefixed bare), then
+    sarifpm at 40f2513, the seventeenth's; checkov at fe25a34, the eighteenth's; horusec and
+    gosec at 1636f51, the nineteenth's; in context, bare, prefixed bare), then
     looked at and tuned on (kingfisher10:
     nothing to tune, its misses hold ids); they stay at least at the figures after that, and
     each value is in its example. Counts only in the messages."""
