@@ -6,7 +6,13 @@ import asyncio
 
 from infra.settings import Settings
 from infra.topics import ensure_topics, fleet_topic_specs, listed_topics, retried
-from schemas.topics import check_fleet_id, dead_letter_topic, fleets_among, ledger_topic
+from schemas.topics import (
+    check_fleet_id,
+    dead_letter_topic,
+    fleets_among,
+    ledger_topic,
+    projection_of_change_topic,
+)
 
 
 async def create_fleet_topics(settings: Settings, fleets: list[str]) -> list[str]:
@@ -58,8 +64,9 @@ async def delete_change_topics(settings: Settings) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_address)
     await admin.start()
     try:
-        mine = f"{settings.topic_prefix}.changes."
-        gone = [n for n in await retried(admin.list_topics) if n.startswith(mine)]
+        prefix = settings.topic_prefix
+        listed = await retried(admin.list_topics)
+        gone = [n for n in listed if projection_of_change_topic(prefix, n) is not None]
         if gone:
             await admin.delete_topics(gone)
     finally:

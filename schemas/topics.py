@@ -23,6 +23,7 @@ __all__ = [
 
 
 LEDGER_INFIX = ".ledger."
+CHANGES_INFIX = ".changes."
 
 
 def ledger_topic(prefix: str, fleet_id: str) -> str:
@@ -65,11 +66,18 @@ def check_fleet_id(fleet_id: str) -> str:
 
 
 def change_topic(prefix: str, projection: str) -> str:
-    return f"{prefix}.changes.{projection}"
+    return f"{prefix}{CHANGES_INFIX}{projection}"
 
 
 def change_schema_topic(prefix: str) -> str:
-    return f"{prefix}.changes._schemas"
+    return change_topic(prefix, "_schemas")
+
+
+def projection_of_change_topic(prefix: str, topic: str) -> str | None:
+    """What follows ``<prefix>.changes.`` in ``topic`` (a projection, or ``_schemas``), or None
+    for a topic of no deployment's change streams under ``prefix``."""
+    head = f"{prefix}{CHANGES_INFIX}"
+    return topic[len(head) :] if topic.startswith(head) else None
 
 
 def fleet_of_ledger_topic(prefix: str, topic: str) -> str | None:

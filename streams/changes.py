@@ -43,7 +43,7 @@ from projectors.stores import outbox
 from projectors.stores.outbox import OutboxRow
 from projectors.stores.postgres import from_jsonb_text, use_documents
 from schemas.changes import ChangeCodec, ChangeKind, ProjectionChange, change_key
-from schemas.topics import change_schema_topic, change_topic
+from schemas.topics import change_schema_topic, change_topic, projection_of_change_topic
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class ChangeRelay:
                 spec
                 for spec in change_topic_specs(
                     prefix,
-                    [t.removeprefix(f"{prefix}.changes.") for t in topics],
+                    [projection_of_change_topic(prefix, t) or t for t in topics],
                     self.settings.topic_partitions,
                     self.settings.topic_replication,
                 )

@@ -6,10 +6,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from schemas.topics import (
+    change_schema_topic,
+    change_topic,
     fleet_in_ledger_topic,
     fleet_of_ledger_topic,
     fleets_among,
     ledger_topic,
+    projection_of_change_topic,
 )
 from streams.health import (
     KAFKA,
@@ -160,6 +163,15 @@ def test_the_fleets_that_exist_are_those_with_a_ledger_topic_under_the_prefix() 
     assert fleet_in_ledger_topic(ledger_topic("q.r", "acme_1")) == "acme_1"
     for other in ("p.dlq.c", "ledger.a", ".ledger.a", "p.changes.run-stats"):
         assert fleet_in_ledger_topic(other) is None
+
+
+def test_a_change_topic_names_its_projection_under_its_prefix_only() -> None:
+    assert change_topic("p", "run-stats") == "p.changes.run-stats"
+    assert projection_of_change_topic("p", change_topic("p", "cost-metrics")) == "cost-metrics"
+    assert projection_of_change_topic("p", change_schema_topic("p")) == "_schemas"
+    # another deployment's (a prefix that begins the same), a ledger topic, a bare name
+    for other in ("pq.changes.run-stats", "q.changes.run-stats", "p.ledger.a", "changes.x"):
+        assert projection_of_change_topic("p", other) is None
 
 
 def test_entry_ids_are_stored_as_spans_of_consecutive_sequence_numbers() -> None:
