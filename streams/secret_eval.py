@@ -48,7 +48,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -302,11 +302,95 @@ def false_positives(
     return out
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out source: as measured once with the detector frozen, and as it stands now."""
+
+    source: str
+    frozen_at: str  # the commit whose detector measured it
+    frozen: Recall
+    now: Recall  # measured now; as last recorded when the cases are not stored (their licence)
+    stored: bool = True
+
+
+def held_out(detector: SecretDetector | None = None) -> list[HeldOut]:
+    """Every held-out source (a ``<source>.measured.json`` whose note says held-out; the tuning
+    sources measured the same way are not), by name."""
+    out = []
+    for path in sorted(CORPORA.glob("*.measured.json")):
+        doc = json.loads(path.read_text())
+        if "held-out" not in doc.get("note", "").lower()[:40]:
+            continue  # (a tuning source, measured the same way)
+        source = path.name.removesuffix(".measured.json")
+        frozen = Recall(
+            source,
+            cases=doc["cases"],
+            in_context=doc["in_context"],
+            bare=doc["bare"],
+            prefixed=doc["prefixed"],
+            prefixed_bare=doc["prefixed_bare"],
+        )
+        if (CORPORA / f"{source}.jsonl").exists():
+            now = recall(load(source), detector)
+            out.append(HeldOut(source, doc["detector_commit"], frozen, now))
+            continue
+        last = (doc.get("remeasured") or [doc])[-1]  # measured on local copies, not stored
+        now = replace(frozen, **{k: last[k] for k in ("in_context", "bare", "prefixed_bare")})
+        out.append(HeldOut(source, doc["detector_commit"], frozen, now, stored=False))
+    return out
+
+
+def held_out_table(rows: list[HeldOut]) -> str:
+    """The held-out sources as a Markdown table: each measured once, frozen, and now; the goal
+    (95 % in context, 99 % prefixed bare) marked where a frozen figure meets it; totals."""
+
+    def share(hit: int, of: int, goal: float | None = None) -> str:
+        if not of:
+            return "none"
+        text = f"{hit:,}/{of:,} ({100 * hit / of:.1f} %)"
+        return f"**{text}**" if goal is not None and hit / of >= goal else text
+
+    lines = [
+        "| held-out source | frozen at | in context, frozen | prefixed bare, frozen "
+        "| bare, frozen | in context, now | prefixed bare, now |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        f, n = r.frozen, r.now
+        lines.append(
+            f"| {r.source} | `{r.frozen_at}` | {share(f.in_context, f.cases, 0.95)} "
+            f"| {share(f.prefixed_bare, f.prefixed, 0.99)} | {share(f.bare, f.cases)} "
+            f"| {share(n.in_context, n.cases)}{'' if r.stored else ' †'} "
+            f"| {share(n.prefixed_bare, n.prefixed)}{'' if r.stored else ' †'} |"
+        )
+    total = [sum(getattr(r.frozen, k) for r in rows) for k in FIGURES]
+    now = [sum(getattr(r.now, k) for r in rows) for k in FIGURES]
+    met = sum(r.frozen.in_context >= 0.95 * r.frozen.cases for r in rows)
+    lines.append(
+        f"| all {len(rows)} ({met} meet 95 % in context, frozen) | | "
+        f"{share(total[1], total[0])} | {share(total[4], total[3])} | {share(total[2], total[0])} "
+        f"| {share(now[1], now[0])} | {share(now[4], now[3])} |"
+    )
+    if not all(r.stored for r in rows):
+        lines.append(
+            "\n† as last measured on local copies of cases whose licence keeps them out of "
+            "the repository (their `.measured.json` records each measurement)"
+        )
+    return "\n".join(lines)
+
+
+FIGURES = ("cases", "in_context", "bare", "prefixed", "prefixed_bare")
+
+
 def main() -> None:
-    """``python -m streams.secret_eval [source ...]``: recall per source and the FP figure."""
+    """``python -m streams.secret_eval [source ...]``: recall per source and the FP figure;
+    ``--held-out``: the held-out sources' table (frozen and now), as the README gives it."""
     import sys
     import time
 
+    if sys.argv[1:] == ["--held-out"]:
+        print(held_out_table(held_out()))
+        return
     started = time.perf_counter()
     for source in sys.argv[1:] or ["noseyparker", "ours"]:
         cases = ours() if source == "ours" else load(source)

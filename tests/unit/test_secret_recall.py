@@ -325,3 +325,25 @@ def test_the_false_positive_measure_fails_for_a_detector_that_flags_long_words()
 def test_cases_are_plain_data(source: str) -> None:
     case = load(source)[0]
     assert isinstance(case, Case) and case.source == source
+
+
+def test_the_held_out_table_is_each_sources_single_measurement_beside_now() -> None:
+    from streams.secret_eval import held_out, held_out_table
+
+    nothing = SecretDetector([])  # finds nothing: "now" must come from measuring, not a file
+    rows = held_out(nothing)
+    names = {r.source for r in rows}
+    assert "whispers" not in names  # a tuning source, measured the same way
+    assert {"checkov", "gosec", "horusec", "semgrep", "veles3", "kingfisher"} <= names
+    for r in rows:
+        doc = json.loads((CORPORA / f"{r.source}.measured.json").read_text())
+        frozen = (r.frozen.cases, r.frozen.in_context, r.frozen.bare, r.frozen.prefixed_bare)
+        assert frozen == (doc["cases"], doc["in_context"], doc["bare"], doc["prefixed_bare"])
+        if r.stored:
+            assert r.now.cases == r.frozen.cases and r.now.in_context == 0
+        else:  # cases kept out of the repository: the last measurement recorded
+            assert r.now.in_context == doc["remeasured"][-1]["in_context"]
+    table = held_out_table(rows)
+    assert f"| all {len(rows)} (" in table and table.count("\n| ") == len(rows) + 1
+    assert "| gosec | `1636f51` | 13/15 (86.7 %) |" in table  # not met: not bold
+    assert "| horusec | `1636f51` | **20/20 (100.0 %)** |" in table  # met: bold
