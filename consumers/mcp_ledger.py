@@ -47,6 +47,7 @@ from projectors.stores import postgres_ops as ops
 from projectors.stores.artifact_files import ArtifactError, read_artifact
 from projectors.stores.redis import live_key, view_key
 from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
+from schemas.shown import asked
 
 MODEL_VISIBLE = "MODEL_VISIBLE"
 HIDDEN = "hidden"  # the working memory index's outcome of an entry that is not MODEL_VISIBLE
@@ -734,7 +735,14 @@ class Ledger:
         with self._conn() as conn:
             if LAZY_COMMIT:
                 store.commit_without_flush(conn)
-            store.record_read(conn, who.token_id, via, run_id, seq, refused)
+            store.record_read(conn, who.token_id, via, audit_key(run_id), seq, refused)
+
+
+def audit_key(run_id: str) -> str:
+    """The run a read is counted under: the id asked for, or, when it can be no run's id (a NUL
+    PostgreSQL refuses, a megabyte past the index's row size), what an error says back of it
+    (such a read is refused, and was not counted at all)."""
+    return run_id if not run_id or ops.ID_RE.fullmatch(run_id) else asked(run_id)
 
 
 def audit(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from consumers.mcp_ledger import (
     MAX_CHARS,
@@ -22,6 +23,7 @@ from consumers.mcp_ledger import (
     _sweep,
     artifact_sha,
     artifact_source,
+    audit_key,
     cut_text,
 )
 from consumers.mcp_server import PROMPTS, TOOLS, _query, _read_uri
@@ -152,3 +154,58 @@ def test_the_readme_and_docs_list_exactly_the_tools() -> None:
     table = root.joinpath("docs", "mcp.md").read_text().split("## Tools", 1)[1]
     table = table.split("\n## ", 1)[0]
     assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == {t.name for t in TOOLS}
+
+
+@pytest.mark.parametrize(
+    ("tool", "field", "value"),
+    [
+        ("get_working_memory", "run_id", "run\x00"),
+        ("get_working_memory", "run_id", "r" * 1_000_000),
+        ("get_next_turn", "call", "call\x00"),
+        ("get_next_turn", "call", "c" * 100_000),
+        ("get_artifact", "call", "\x00"),
+        ("get_artifact", "artifact", "sha256:" + "a" * 64 + "\x00"),
+        ("find_runs", "search", "a\x00b"),
+        ("find_runs", "search", "x" * 1_000_000),
+        ("find_runs", "failure_class", "\x00"),
+        ("find_runs", "fleet", "fleet\x00"),
+        ("find_runs", "run_id", "\x00"),
+    ],
+)
+def test_text_a_database_cannot_take_is_a_bad_argument(tool: str, field: str, value: str) -> None:
+    """A NUL (PostgreSQL refuses it in text) or a megabyte where an id goes (past its index's
+    row size) is refused by the argument's schema, before any read: it reached PostgreSQL and
+    came back as a JSON-RPC internal error with the database's words and a traceback."""
+    spec = next(t for t in TOOLS if t.name == tool)
+    args: dict[str, Any] = {"run_id": "r1"} if tool != "find_runs" else {}
+    if tool == "get_artifact":
+        args["artifact"] = "sha256:" + "a" * 64
+    args[field] = value
+    with pytest.raises(ValidationError) as caught:
+        spec.args.model_validate(args)
+    assert {e["loc"][0] for e in caught.value.errors()} == {field}
+
+
+def test_a_resource_query_s_bad_argument_is_named_as_a_tool_s_is() -> None:
+    """A resource's bad argument says which, in one line, as a tool's does (it was pydantic's
+    multi-line report with its documentation link)."""
+    for uri, field in (
+        ("ledger://runs/r1/working-memory?min_seq=-1", "min_seq"),
+        ("ledger://runs/r1/timeline?limit=0", "limit"),
+        ("ledger://runs/r1/costs?min_seq=abc", "min_seq"),
+        ("ledger://runs/r%00/costs", "run_id"),
+        ("ledger://runs?limit=-1", "limit"),
+        ("ledger://runs?search=%00", "search"),
+    ):
+        with pytest.raises(BadArgumentError) as caught:
+            _read_uri(None, uri)  # type: ignore[arg-type]
+        assert str(caught.value) == f"bad arguments: {field}", uri
+
+
+def test_a_refused_read_of_what_no_run_id_can_be_is_counted_under_what_it_said() -> None:
+    """The audit counts a refused read under the run id asked for; a NUL or a megabyte made
+    that count fail in PostgreSQL (the read was not counted). Now it is counted under the
+    text its error shows."""
+    assert audit_key("run-1") == "run-1" and audit_key("") == ""
+    assert audit_key("run\x00") == "run\\x00"
+    assert len(audit_key("r" * 1_000_000)) < 120
