@@ -93,7 +93,10 @@ class Answer:
     text: str | None = None
 
     def json(self) -> str:
-        return json.dumps(self.doc, indent=2)
+        """The document as served (a tool's text block, a resource's contents): the compact
+        JSON its size bound (:data:`MAX_CHARS`) is measured on. (Indented, a bounded answer
+        was ~1.5x the bound, and the indentation was tokens a model paid for.)"""
+        return json.dumps(self.doc)
 
 
 @dataclass(frozen=True)

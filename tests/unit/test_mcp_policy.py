@@ -15,6 +15,7 @@ from consumers.mcp_ledger import (
     MAX_CHARS,
     OFFERED_LEVELS,
     WITHHELD,
+    Answer,
     _artifact_page,
     _drop_hidden_evidence,
     _drop_hidden_index,
@@ -209,3 +210,20 @@ def test_a_refused_read_of_what_no_run_id_can_be_is_counted_under_what_it_said()
     assert audit_key("run-1") == "run-1" and audit_key("") == ""
     assert audit_key("run\x00") == "run\\x00"
     assert len(audit_key("r" * 1_000_000)) < 120
+
+
+def test_the_json_an_answer_serves_is_the_json_its_bound_was_measured_on() -> None:
+    """The size bound was measured on compact JSON but the text block was served indented: a
+    real codex run's next turn (1,325 entries) came to 309,922 characters of text and its
+    memory to 208,630, over the documented 200,000. A fitted document's served text is now
+    within the bound, and is the same JSON."""
+    items = [
+        {"section": "recent", "item_kind": "TOOL_OUTPUT", "flags": [], "sha256": f"{i:064x}"}
+        | {"source_entry_id": f"e{i}", "text": "t" * 40, "tokens": 12}
+        for i in range(750)
+    ]
+    items[0]["text"] = "x" * (MAX_CHARS // 2)
+    doc: dict[str, Any] = {"items": items}
+    _fit_items(doc)
+    served = Answer(doc, {}).json()
+    assert len(served) <= MAX_CHARS and json.loads(served) == doc
