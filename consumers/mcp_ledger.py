@@ -33,7 +33,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
-from psycopg import Connection
+from psycopg import Connection, OperationalError
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -72,6 +72,26 @@ WITHHELD = "[withheld: not model-visible]"
 
 class Unauthorized(AgentLedgerError):
     """No token, or one that is unknown, revoked or expired."""
+
+
+class Unreachable(AgentLedgerError):
+    """PostgreSQL, which every read and the token's check need, is not there."""
+
+
+def reach_database(settings: Settings) -> None:
+    """Unreachable, in one line, when PostgreSQL does not answer a plain connection (refused
+    at once; at most the connect timeout). Asked before the server keeps its pool: the pool
+    retried for 30 s, logging each retry, and then said "unexpected PoolTimeout"."""
+    try:
+        with ops.connect(settings.pg_address):
+            pass
+    except OperationalError as exc:
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        raise Unreachable(
+            f"PostgreSQL is not reachable ({said}): set AGENTLEDGER_PG_DSN, or the local "
+            "stack's AGENTLEDGER_PG_PORT, in the server's environment (an MCP client passes "
+            "only the environment it is given), or start the stack: agentledger infra up"
+        ) from None
 
 
 @functools.cache

@@ -43,6 +43,7 @@ from consumers.mcp_ledger import (
     Answer,
     Ledger,
     Unauthorized,
+    reach_database,
     server_version,
 )
 from consumers.queries import MAX_SEARCH
@@ -918,7 +919,9 @@ async def serve_stdio(settings: Settings, token: str | None) -> None:
 
 
 def check_token(settings: Settings, token: str | None) -> str:
-    """Fail fast at start-up: the token's id and fleets, in words (Unauthorized if invalid)."""
+    """Fail fast at start-up: the token's id and fleets, in words (Unauthorized if invalid,
+    Unreachable if PostgreSQL is not there)."""
+    reach_database(settings)
     ledger = Ledger(settings, token)
     try:
         who = ledger.principal()

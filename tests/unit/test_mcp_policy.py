@@ -227,3 +227,27 @@ def test_the_json_an_answer_serves_is_the_json_its_bound_was_measured_on() -> No
     _fit_items(doc)
     served = Answer(doc, {}).json()
     assert len(served) <= MAX_CHARS and json.loads(served) == doc
+
+
+def test_the_server_says_at_once_when_postgresql_is_not_there() -> None:
+    """``agentledger mcp`` with PostgreSQL not reachable (a runtime that passed only
+    AGENTLEDGER_TOKEN, so the server looked at the default port) waited 30 s for its pool,
+    printed 24 lines of the pool's retries, then "unexpected PoolTimeout". Now it refuses at
+    start in one line naming PostgreSQL and the settings that find it."""
+    import socket
+    import time
+
+    from consumers.mcp_server import check_token
+    from infra.settings import load_settings
+    from schemas.errors import AgentLedgerError
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings = load_settings(pg_dsn=f"postgresql://postgres@127.0.0.1:{port}/agentledger")
+    started = time.monotonic()
+    with pytest.raises(AgentLedgerError) as caught:
+        check_token(settings, "alt_x_y")
+    assert time.monotonic() - started < 5
+    said = str(caught.value)
+    assert "PostgreSQL" in said and "AGENTLEDGER_PG_DSN" in said and "\n" not in said
