@@ -86,12 +86,17 @@ def reach_database(settings: Settings) -> None:
         with ops.connect(settings.pg_address):
             pass
     except OperationalError as exc:
-        said = " ".join(str(exc).split()) or type(exc).__name__
         raise Unreachable(
-            f"PostgreSQL is not reachable ({said}): set AGENTLEDGER_PG_DSN, or the local "
-            "stack's AGENTLEDGER_PG_PORT, in the server's environment (an MCP client passes "
-            "only the environment it is given), or start the stack: agentledger infra up"
+            f"{away(exc)}: set AGENTLEDGER_PG_DSN, or the local stack's AGENTLEDGER_PG_PORT, in "
+            "the server's environment (an MCP client passes only the environment it is "
+            "given), or start the stack: agentledger infra up"
         ) from None
+
+
+def away(exc: OperationalError) -> str:
+    """PostgreSQL not answering (refused, gone, the pool timed out), in one line."""
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    return f"PostgreSQL is not reachable ({said})"
 
 
 @functools.cache

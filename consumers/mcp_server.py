@@ -32,6 +32,7 @@ from mcp.server.subscriptions import (
     ServerEvent,
 )
 from mcp.shared.exceptions import MCPError
+from psycopg import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from consumers.mcp_ledger import (
@@ -43,6 +44,7 @@ from consumers.mcp_ledger import (
     Answer,
     Ledger,
     Unauthorized,
+    away,
     reach_database,
     server_version,
 )
@@ -608,6 +610,8 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             return _tool_error(str(bad_arguments(exc)))
         except (NotFoundError, BadArgumentError, Unauthorized) as exc:
             return _tool_error(str(exc))
+        except OperationalError as exc:  # PostgreSQL stopped or not there (the pool's too)
+            return _tool_error(f"{away(exc)}; the read can be asked again once it is back")
         # the server's own time for the call, from its handler to the answer (the wait for
         # min_seq included: less _meta.waited_ms, what the server itself took)
         answer.meta["served_ms"] = round((time.perf_counter() - asked) * 1000, 1)
@@ -663,6 +667,10 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": uri}) from None
         except (BadArgumentError, Unauthorized, ValidationError) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc), data={"uri": uri}) from None
+        except OperationalError as exc:
+            raise MCPError(
+                code=types.INTERNAL_ERROR, message=away(exc), data={"uri": uri}
+            ) from None
         contents: list[types.TextResourceContents | types.BlobResourceContents] = []
         if answer.text is not None:
             contents.append(
@@ -702,6 +710,8 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             )
         except (NotFoundError, BadArgumentError, Unauthorized) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
+        except OperationalError as exc:
+            raise MCPError(code=types.INTERNAL_ERROR, message=away(exc)) from None
         return types.GetPromptResult(description=PROMPTS[params.name], messages=messages)
 
     bus = InMemorySubscriptionBus()

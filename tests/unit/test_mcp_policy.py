@@ -251,3 +251,33 @@ def test_the_server_says_at_once_when_postgresql_is_not_there() -> None:
     assert time.monotonic() - started < 5
     said = str(caught.value)
     assert "PostgreSQL" in said and "AGENTLEDGER_PG_DSN" in said and "\n" not in said
+
+
+async def test_a_read_while_postgresql_is_away_is_a_tool_error_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL stopped under a running server: a read came back as a JSON-RPC internal
+    error in the pool's words ("terminating connection due to administrator command"), with
+    a traceback on stderr. Now it is a tool result with is_error, saying PostgreSQL is not
+    reachable and that the read can be asked again (in process: the SDK's client on the
+    server object, the read made to fail as psycopg fails)."""
+    import dataclasses
+
+    from mcp import Client
+    from psycopg import OperationalError
+
+    from consumers.mcp_server import TOOL_BY_NAME, create_server
+    from infra.settings import load_settings
+
+    def away(*_: Any) -> Any:
+        raise OperationalError("terminating connection due to administrator command")
+
+    for name in ("get_costs", "find_runs"):
+        monkeypatch.setitem(TOOL_BY_NAME, name, dataclasses.replace(TOOL_BY_NAME[name], read=away))
+    server = create_server(load_settings(), "alt_x_y")
+    async with Client(server) as client:
+        for name, args in (("get_costs", {"run_id": "r1"}), ("find_runs", {})):
+            result = await client.call_tool(name, args)
+            said = result.content[0].text  # type: ignore[union-attr]
+            assert result.is_error and said.startswith("PostgreSQL is not reachable"), said
+            assert "administrator command" in said and "again" in said
