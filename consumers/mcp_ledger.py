@@ -33,7 +33,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
-from psycopg import Connection
+from psycopg import Connection, OperationalError
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -47,6 +47,7 @@ from projectors.stores import postgres_ops as ops
 from projectors.stores.artifact_files import ArtifactError, read_artifact
 from projectors.stores.redis import live_key, view_key
 from schemas.errors import AgentLedgerError, BadArgumentError, NotFoundError
+from schemas.shown import asked
 
 MODEL_VISIBLE = "MODEL_VISIBLE"
 HIDDEN = "hidden"  # the working memory index's outcome of an entry that is not MODEL_VISIBLE
@@ -73,6 +74,31 @@ class Unauthorized(AgentLedgerError):
     """No token, or one that is unknown, revoked or expired."""
 
 
+class Unreachable(AgentLedgerError):
+    """PostgreSQL, which every read and the token's check need, is not there."""
+
+
+def reach_database(settings: Settings) -> None:
+    """Unreachable, in one line, when PostgreSQL does not answer a plain connection (refused
+    at once; at most the connect timeout). Asked before the server keeps its pool: the pool
+    retried for 30 s, logging each retry, and then said "unexpected PoolTimeout"."""
+    try:
+        with ops.connect(settings.pg_address):
+            pass
+    except OperationalError as exc:
+        raise Unreachable(
+            f"{away(exc)}: set AGENTLEDGER_PG_DSN, or the local stack's AGENTLEDGER_PG_PORT, in "
+            "the server's environment (an MCP client passes only the environment it is "
+            "given), or start the stack: agentledger infra up"
+        ) from None
+
+
+def away(exc: OperationalError) -> str:
+    """PostgreSQL not answering (refused, gone, the pool timed out), in one line."""
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    return f"PostgreSQL is not reachable ({said})"
+
+
 @functools.cache
 def server_version() -> str:
     try:
@@ -92,7 +118,10 @@ class Answer:
     text: str | None = None
 
     def json(self) -> str:
-        return json.dumps(self.doc, indent=2)
+        """The document as served (a tool's text block, a resource's contents): the compact
+        JSON its size bound (:data:`MAX_CHARS`) is measured on. (Indented, a bounded answer
+        was ~1.5x the bound, and the indentation was tokens a model paid for.)"""
+        return json.dumps(self.doc)
 
 
 @dataclass(frozen=True)
@@ -734,7 +763,14 @@ class Ledger:
         with self._conn() as conn:
             if LAZY_COMMIT:
                 store.commit_without_flush(conn)
-            store.record_read(conn, who.token_id, via, run_id, seq, refused)
+            store.record_read(conn, who.token_id, via, audit_key(run_id), seq, refused)
+
+
+def audit_key(run_id: str) -> str:
+    """The run a read is counted under: the id asked for, or, when it can be no run's id (a NUL
+    PostgreSQL refuses, a megabyte past the index's row size), what an error says back of it
+    (such a read is refused, and was not counted at all)."""
+    return run_id if not run_id or ops.ID_RE.fullmatch(run_id) else asked(run_id)
 
 
 def audit(

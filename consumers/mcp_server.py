@@ -32,6 +32,7 @@ from mcp.server.subscriptions import (
     ServerEvent,
 )
 from mcp.shared.exceptions import MCPError
+from psycopg import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from consumers.mcp_ledger import (
@@ -43,8 +44,11 @@ from consumers.mcp_ledger import (
     Answer,
     Ledger,
     Unauthorized,
+    away,
+    reach_database,
     server_version,
 )
+from consumers.queries import MAX_SEARCH
 from consumers.subscribe import Subscriber
 from infra.settings import Settings
 from schemas.changes import ProjectionChange
@@ -71,8 +75,19 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Text arguments are bounded and hold no control characters: a NUL is refused by PostgreSQL and
+# a megabyte where an id goes is past its index's row size (each reached the database and came
+# back as an internal error with a traceback); a "bad arguments: NAME" answer names them.
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+ID_CHARS = 256  # a ledger id's longest (schemas.models.Id)
+
+
+def _text(limit: int, description: str, **kwargs: Any) -> Any:
+    return Field(max_length=limit, pattern=NO_CONTROL, description=description, **kwargs)
+
+
 class _RunRead(_Args):
-    run_id: str = Field(description="the run's id")
+    run_id: str = _text(ID_CHARS, "the run's id")
     min_seq: int | None = Field(
         default=None,
         ge=0,
@@ -91,9 +106,10 @@ class MemoryArgs(_RunRead):
 
 
 class NextTurnArgs(_RunRead):
-    call: str | None = Field(
+    call: str | None = _text(
+        ID_CHARS,
+        "an entry id of a model call: what that call saw, instead of the next turn",
         default=None,
-        description="an entry id of a model call: what that call saw, instead of the next turn",
     )
 
 
@@ -109,30 +125,31 @@ class FailureArgs(_RunRead):
 
 
 class ArtifactArgs(_RunRead):
-    artifact: str = Field(
-        description="the handle an answer names: sha256:<hex> (an item's text cut for size, "
-        "or an artifact an item of the next turn carries)"
+    artifact: str = _text(
+        ID_CHARS,
+        "the handle an answer names: sha256:<hex> (an item's text cut for size, "
+        "or an artifact an item of the next turn carries)",
     )
     offset: int = Field(default=0, ge=0, description="the first character to answer")
     limit: int = Field(
         default=ARTIFACT_PAGE, ge=1, le=ARTIFACT_PAGE, description="characters to answer"
     )
-    call: str | None = Field(
+    call: str | None = _text(
+        ID_CHARS,
+        "an entry id of a model call: an artifact of what that call saw, instead of the next turn",
         default=None,
-        description="an entry id of a model call: an artifact of what that call saw, instead "
-        "of the next turn",
     )
 
 
 class FindRunsArgs(_Args):
-    fleet: str | None = Field(default=None, description="one of the token's fleets")
-    status: str | None = Field(default=None, description="RUNNING or a final status")
-    failure_class: str | None = Field(default=None, description="e.g. none, test_failure")
-    search: str | None = Field(default=None, description="text in the task or explanation")
-    sort: str | None = Field(default=None, description="last, first, cost, entries or id")
+    fleet: str | None = _text(ID_CHARS, "one of the token's fleets", default=None)
+    status: str | None = _text(ID_CHARS, "RUNNING or a final status", default=None)
+    failure_class: str | None = _text(ID_CHARS, "e.g. none, test_failure", default=None)
+    search: str | None = _text(MAX_SEARCH, "text in the task or explanation", default=None)
+    sort: str | None = _text(ID_CHARS, "last, first, cost, entries or id", default=None)
     limit: int = Field(default=50, ge=1, le=MAX_RUNS)
-    run_id: str | None = Field(
-        default=None, description="with min_seq: the run whose sequence number min_seq is"
+    run_id: str | None = _text(
+        ID_CHARS, "with min_seq: the run whose sequence number min_seq is", default=None
     )
     min_seq: int | None = Field(
         default=None,
@@ -590,10 +607,11 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             reader = of(ctx)
             answer = await _in_thread(lambda: spec.read(reader, args, spec.name))
         except ValidationError as exc:
-            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
-            return _tool_error(f"bad arguments: {', '.join(fields)}")
+            return _tool_error(str(bad_arguments(exc)))
         except (NotFoundError, BadArgumentError, Unauthorized) as exc:
             return _tool_error(str(exc))
+        except OperationalError as exc:  # PostgreSQL stopped or not there (the pool's too)
+            return _tool_error(f"{away(exc)}; the read can be asked again once it is back")
         # the server's own time for the call, from its handler to the answer (the wait for
         # min_seq included: less _meta.waited_ms, what the server itself took)
         answer.meta["served_ms"] = round((time.perf_counter() - asked) * 1000, 1)
@@ -649,6 +667,10 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": uri}) from None
         except (BadArgumentError, Unauthorized, ValidationError) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc), data={"uri": uri}) from None
+        except OperationalError as exc:
+            raise MCPError(
+                code=types.INTERNAL_ERROR, message=away(exc), data={"uri": uri}
+            ) from None
         contents: list[types.TextResourceContents | types.BlobResourceContents] = []
         if answer.text is not None:
             contents.append(
@@ -688,6 +710,8 @@ def create_server(settings: Settings, token: str | None) -> Server[Any]:
             )
         except (NotFoundError, BadArgumentError, Unauthorized) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
+        except OperationalError as exc:
+            raise MCPError(code=types.INTERNAL_ERROR, message=away(exc)) from None
         return types.GetPromptResult(description=PROMPTS[params.name], messages=messages)
 
     bus = InMemorySubscriptionBus()
@@ -864,14 +888,28 @@ def _read_uri(ledger: Ledger, uri: str) -> Answer:
     found = _RUNS_URI.match(uri)
     if found:
         query = _query(found["q"], _RUNS_QUERY)
-        return _find_runs(ledger, FindRunsArgs.model_validate(query), "resource:runs")
+        return _find_runs(ledger, _validated(FindRunsArgs, query), "resource:runs")
     found = _RUN_URI.match(uri)
     if not found or found["what"] not in RUN_RESOURCES:
         raise NotFoundError(f"no resource {uri}")
     spec = TOOL_BY_NAME[RUN_RESOURCES[found["what"]][0]]
     query = _query(found["q"], tuple(_QUERY_ARGS))
-    args = spec.args.model_validate({"run_id": uri_run(found["run"]), **query})
+    args = _validated(spec.args, {"run_id": uri_run(found["run"]), **query})
     return spec.read(ledger, args, f"resource:{found['what']}")
+
+
+def bad_arguments(exc: ValidationError) -> BadArgumentError:
+    """``bad arguments: NAME, ...``: the arguments a call or a resource's query got wrong, in
+    one line (a tool's error and a resource's alike)."""
+    fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+    return BadArgumentError(f"bad arguments: {', '.join(fields)}")
+
+
+def _validated(model: type[_Args], values: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise bad_arguments(exc) from None
 
 
 def _query(text: str | None, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -891,7 +929,9 @@ async def serve_stdio(settings: Settings, token: str | None) -> None:
 
 
 def check_token(settings: Settings, token: str | None) -> str:
-    """Fail fast at start-up: the token's id and fleets, in words (Unauthorized if invalid)."""
+    """Fail fast at start-up: the token's id and fleets, in words (Unauthorized if invalid,
+    Unreachable if PostgreSQL is not there)."""
+    reach_database(settings)
     ledger = Ledger(settings, token)
     try:
         who = ledger.principal()

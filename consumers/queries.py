@@ -6,6 +6,7 @@ one way both turn it into JSON (Decimals and times as strings, as the CLI has al
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -425,6 +426,8 @@ def entry(settings: Settings, run_id: str, seq: int) -> dict[str, Any]:
 
 RUN_STATUSES = ("RUNNING", *(status.value for status in RunStatus))
 OUTCOMES = VIEW_OUTCOMES  # the outcome filter's words (the runs' outcome column)
+MAX_SEARCH = 1_000  # a text search's longest (a megabyte's ILIKE over every run took ~10 s)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # PostgreSQL refuses a NUL in text
 
 
 def parse_run_filters(
@@ -443,6 +446,12 @@ def parse_run_filters(
 ) -> RunFilters:
     """:class:`RunFilters` from text (a query string's values; empty means not given), checked
     as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
+    texts = {"fleet": fleet, "failure_class": failure_class, "search": search, "model": model}
+    for name, text in {**texts, "repository": repository}.items():
+        if text and _CONTROL.search(text):
+            raise BadArgumentError(f"{name}: text without control characters")
+    if search and len(search) > MAX_SEARCH:
+        raise BadArgumentError(f"search: at most {MAX_SEARCH:,} characters")
     if status and status.upper() not in RUN_STATUSES:
         raise BadArgumentError(f"status: one of {', '.join(RUN_STATUSES)}")
     if sort and sort not in ops.RUN_SORTS:

@@ -25,3 +25,14 @@ _NEUTRAL = {code: shown_char(code) for code in BIDI_CODES}
 def neutral_bidi(text: str) -> str:
     """``text`` with each bidi control (:data:`BIDI_CODES`) shown as its marker."""
     return text.translate(_NEUTRAL)
+
+
+_CONTROLS = {code: shown_char(code) for code in (*range(0x20), 0x7F)}
+
+
+def asked(text: str, limit: int = 80) -> str:
+    """What someone asked for, fit to be said back in one line of an error: each control
+    character shown as its marker (a NUL cannot go into PostgreSQL text, a newline would forge
+    a log line), cut to ``limit`` characters with the length it had."""
+    shown = text.translate(_CONTROLS)
+    return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(text):,} characters)"

@@ -7,10 +7,16 @@ next turn starts from memory that holds the reply (read-your-writes). The model 
 publisher are the caller's: a real runtime passes its model client and its ledger publisher; the
 test passes a scripted model and :class:`streams.publisher.AsyncPublisher`.
 
+    settings = {k: v for k, v in os.environ.items() if k.startswith("AGENTLEDGER_")}
     params = StdioServerParameters(command="agentledger", args=["mcp"],
-                                   env={"AGENTLEDGER_TOKEN": token})
+                                   env={**settings, "AGENTLEDGER_TOKEN": token})
     async with Client(params) as client:
         turns = await resume(client, run, model, publish, turns=3)
+
+The SDK's stdio client starts the server with HOME, PATH, SHELL and TERM and the ``env`` given,
+nothing else of the caller's environment: the settings that find PostgreSQL, Redis and Kafka
+(``AGENTLEDGER_PG_DSN``, ..., or the local stack's ``AGENTLEDGER_*_PORT``) go in ``env`` too,
+or the server looks at the default local stack (and says at once that PostgreSQL is not there).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ table.)
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -22,6 +23,8 @@ from psycopg_pool import ConnectionPool
 
 from projectors.stores.postgres import LIVE_BUILD, POINT_LIVE, RECORD_BUILD, use_documents
 from schemas.errors import AmbiguousRunError, BadArgumentError, NotFoundError
+from schemas.models import ID_PATTERN
+from schemas.shown import asked
 
 TopicPartition = tuple[str, int]
 
@@ -59,6 +62,7 @@ def connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 CONNECT_TIMEOUT_S = 10
+ID_RE = re.compile(ID_PATTERN)  # a ledger id (run, entry): schemas.models.Id
 
 
 def _timeout(dsn: str) -> dict[str, Any]:
@@ -1034,6 +1038,8 @@ def run_of_fleets(conn: psycopg.Connection[Any], run_id: str, fleets: Sequence[s
     of theirs start with it. The one rule of the web API, its pages and the MCP server."""
     if not run_id:
         raise NotFoundError("no run (a run id is needed)")
+    if not ID_RE.fullmatch(run_id):  # no run's id nor the start of one: not asked (a NUL stops
+        raise NotFoundError(f"no run {asked(run_id)}")  # PostgreSQL; a megabyte, its index)
     if live_fleet_of(conn, run_id) in fleets:
         return run_id
     try:

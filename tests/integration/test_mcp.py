@@ -880,6 +880,37 @@ async def test_a_run_resource_takes_an_encoded_run_id(web: Web) -> None:
         assert (read.contents[-1].meta or {})["run_id"] == SLASHED
 
 
+async def test_text_no_database_takes_is_a_clear_error_and_counted(web: Web) -> None:
+    """A NUL in a run id, a call or a search, and a megabyte where a run id goes, reached
+    PostgreSQL: a JSON-RPC internal error in the database's words ("PostgreSQL text fields
+    cannot contain NUL", "index row requires 11496 bytes"), a traceback on the server's
+    stderr holding the whole megabyte, and the read not counted. Now each is a one-line
+    error naming the argument (or "no run" for a prompt), the server stays up, and a refused
+    prompt read is counted."""
+    made = create_token(web.settings, [FLEETS[0]])
+    run_id = web.runs_of(FLEETS[0])[0]
+    huge = "r" * 1_000_000
+    async with _client(web, made["token"]) as client:
+        for name, args, field in (
+            ("get_working_memory", {"run_id": "run\x00"}, "run_id"),
+            ("get_costs", {"run_id": huge}, "run_id"),
+            ("get_next_turn", {"run_id": run_id, "call": "\x00"}, "call"),
+            ("find_runs", {"search": "a\x00b"}, "search"),
+            ("find_runs", {"failure_class": "\x00"}, "failure_class"),
+        ):
+            result = await client.call_tool(name, args)
+            assert result.is_error and _text(result.content[0]) == f"bad arguments: {field}"
+        for uri in ("ledger://runs/run%00/costs", "ledger://runs?search=%00"):
+            with pytest.raises(MCPError, match=r"^bad arguments: (run_id|search)$"):
+                await client.read_resource(uri)
+        with pytest.raises(MCPError, match=r"^no run run\\x00$"):
+            await client.get_prompt("resume_run", {"run_id": "run\x00"})
+        await _tool(client, "get_costs", run_id=run_id)  # the server is still up
+    rows = _cli(web, "mcp-audit", "--token", made["token_id"], "--json")
+    counts = {(r["tool"], r["run_id"]): (r["reads"], r["refused"]) for r in rows}
+    assert counts == {("prompt:resume_run", "run\\x00"): (1, 1), ("get_costs", run_id): (1, 0)}
+
+
 async def test_a_subscription_ends_when_its_token_is_revoked(web: Web) -> None:
     """Before: over HTTP, after ``tokens revoke`` the reads failed but an open
     ``subscriptions/listen`` stream still delivered ``notifications/resources/updated`` for new

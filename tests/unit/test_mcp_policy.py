@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from consumers.mcp_ledger import (
     MAX_CHARS,
     OFFERED_LEVELS,
     WITHHELD,
+    Answer,
     _artifact_page,
     _drop_hidden_evidence,
     _drop_hidden_index,
@@ -22,6 +24,7 @@ from consumers.mcp_ledger import (
     _sweep,
     artifact_sha,
     artifact_source,
+    audit_key,
     cut_text,
 )
 from consumers.mcp_server import PROMPTS, TOOLS, _query, _read_uri
@@ -152,3 +155,129 @@ def test_the_readme_and_docs_list_exactly_the_tools() -> None:
     table = root.joinpath("docs", "mcp.md").read_text().split("## Tools", 1)[1]
     table = table.split("\n## ", 1)[0]
     assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == {t.name for t in TOOLS}
+
+
+@pytest.mark.parametrize(
+    ("tool", "field", "value"),
+    [
+        ("get_working_memory", "run_id", "run\x00"),
+        ("get_working_memory", "run_id", "r" * 1_000_000),
+        ("get_next_turn", "call", "call\x00"),
+        ("get_next_turn", "call", "c" * 100_000),
+        ("get_artifact", "call", "\x00"),
+        ("get_artifact", "artifact", "sha256:" + "a" * 64 + "\x00"),
+        ("find_runs", "search", "a\x00b"),
+        ("find_runs", "search", "x" * 1_000_000),
+        ("find_runs", "failure_class", "\x00"),
+        ("find_runs", "fleet", "fleet\x00"),
+        ("find_runs", "run_id", "\x00"),
+    ],
+)
+def test_text_a_database_cannot_take_is_a_bad_argument(tool: str, field: str, value: str) -> None:
+    """A NUL (PostgreSQL refuses it in text) or a megabyte where an id goes (past its index's
+    row size) is refused by the argument's schema, before any read: it reached PostgreSQL and
+    came back as a JSON-RPC internal error with the database's words and a traceback."""
+    spec = next(t for t in TOOLS if t.name == tool)
+    args: dict[str, Any] = {"run_id": "r1"} if tool != "find_runs" else {}
+    if tool == "get_artifact":
+        args["artifact"] = "sha256:" + "a" * 64
+    args[field] = value
+    with pytest.raises(ValidationError) as caught:
+        spec.args.model_validate(args)
+    assert {e["loc"][0] for e in caught.value.errors()} == {field}
+
+
+def test_a_resource_query_s_bad_argument_is_named_as_a_tool_s_is() -> None:
+    """A resource's bad argument says which, in one line, as a tool's does (it was pydantic's
+    multi-line report with its documentation link)."""
+    for uri, field in (
+        ("ledger://runs/r1/working-memory?min_seq=-1", "min_seq"),
+        ("ledger://runs/r1/timeline?limit=0", "limit"),
+        ("ledger://runs/r1/costs?min_seq=abc", "min_seq"),
+        ("ledger://runs/r%00/costs", "run_id"),
+        ("ledger://runs?limit=-1", "limit"),
+        ("ledger://runs?search=%00", "search"),
+    ):
+        with pytest.raises(BadArgumentError) as caught:
+            _read_uri(None, uri)  # type: ignore[arg-type]
+        assert str(caught.value) == f"bad arguments: {field}", uri
+
+
+def test_a_refused_read_of_what_no_run_id_can_be_is_counted_under_what_it_said() -> None:
+    """The audit counts a refused read under the run id asked for; a NUL or a megabyte made
+    that count fail in PostgreSQL (the read was not counted). Now it is counted under the
+    text its error shows."""
+    assert audit_key("run-1") == "run-1" and audit_key("") == ""
+    assert audit_key("run\x00") == "run\\x00"
+    assert len(audit_key("r" * 1_000_000)) < 120
+
+
+def test_the_json_an_answer_serves_is_the_json_its_bound_was_measured_on() -> None:
+    """The size bound was measured on compact JSON but the text block was served indented: a
+    real codex run's next turn (1,325 entries) came to 309,922 characters of text and its
+    memory to 208,630, over the documented 200,000. A fitted document's served text is now
+    within the bound, and is the same JSON."""
+    items = [
+        {"section": "recent", "item_kind": "TOOL_OUTPUT", "flags": [], "sha256": f"{i:064x}"}
+        | {"source_entry_id": f"e{i}", "text": "t" * 40, "tokens": 12}
+        for i in range(750)
+    ]
+    items[0]["text"] = "x" * (MAX_CHARS // 2)
+    doc: dict[str, Any] = {"items": items}
+    _fit_items(doc)
+    served = Answer(doc, {}).json()
+    assert len(served) <= MAX_CHARS and json.loads(served) == doc
+
+
+def test_the_server_says_at_once_when_postgresql_is_not_there() -> None:
+    """``agentledger mcp`` with PostgreSQL not reachable (a runtime that passed only
+    AGENTLEDGER_TOKEN, so the server looked at the default port) waited 30 s for its pool,
+    printed 24 lines of the pool's retries, then "unexpected PoolTimeout". Now it refuses at
+    start in one line naming PostgreSQL and the settings that find it."""
+    import socket
+    import time
+
+    from consumers.mcp_server import check_token
+    from infra.settings import load_settings
+    from schemas.errors import AgentLedgerError
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings = load_settings(pg_dsn=f"postgresql://postgres@127.0.0.1:{port}/agentledger")
+    started = time.monotonic()
+    with pytest.raises(AgentLedgerError) as caught:
+        check_token(settings, "alt_x_y")
+    assert time.monotonic() - started < 5
+    said = str(caught.value)
+    assert "PostgreSQL" in said and "AGENTLEDGER_PG_DSN" in said and "\n" not in said
+
+
+async def test_a_read_while_postgresql_is_away_is_a_tool_error_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL stopped under a running server: a read came back as a JSON-RPC internal
+    error in the pool's words ("terminating connection due to administrator command"), with
+    a traceback on stderr. Now it is a tool result with is_error, saying PostgreSQL is not
+    reachable and that the read can be asked again (in process: the SDK's client on the
+    server object, the read made to fail as psycopg fails)."""
+    import dataclasses
+
+    from mcp import Client
+    from psycopg import OperationalError
+
+    from consumers.mcp_server import TOOL_BY_NAME, create_server
+    from infra.settings import load_settings
+
+    def away(*_: Any) -> Any:
+        raise OperationalError("terminating connection due to administrator command")
+
+    for name in ("get_costs", "find_runs"):
+        monkeypatch.setitem(TOOL_BY_NAME, name, dataclasses.replace(TOOL_BY_NAME[name], read=away))
+    server = create_server(load_settings(), "alt_x_y")
+    async with Client(server) as client:
+        for name, args in (("get_costs", {"run_id": "r1"}), ("find_runs", {})):
+            result = await client.call_tool(name, args)
+            said = result.content[0].text  # type: ignore[union-attr]
+            assert result.is_error and said.startswith("PostgreSQL is not reachable"), said
+            assert "administrator command" in said and "again" in said

@@ -73,6 +73,17 @@ def test_filters_are_checked_as_the_cli_checks_them() -> None:
             parse_run_filters(**bad)
 
 
+def test_a_text_filter_postgresql_cannot_take_is_a_bad_argument() -> None:
+    """A NUL in a text filter was a 500 from the web API and an internal error from MCP (the
+    database refuses it); a search of a megabyte took ~10 s of ILIKE. Both are refused, named."""
+    for field in ("fleet", "failure_class", "search", "model", "repository"):
+        with pytest.raises(BadArgumentError, match=field):
+            parse_run_filters(**{field: "a\x00b"})
+    with pytest.raises(BadArgumentError, match="search"):
+        parse_run_filters(search="x" * 1_000_000)
+    assert parse_run_filters(search="x" * 1_000).text == "x" * 1_000
+
+
 def test_expiry_and_hash() -> None:
     now = datetime(2026, 12, 2, tzinfo=UTC)
     assert parse_expiry("30", now) == parse_expiry("30d", now) == now + timedelta(days=30)
