@@ -32,7 +32,9 @@ def mcp() -> None:
 @commands.command("mcp-audit")
 def mcp_audit(
     token_id: Annotated[str | None, typer.Option("--token", help="one token's id")] = None,
-    run_id: Annotated[str | None, typer.Option("--run", help="one run")] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run", help="the runs whose id is or starts with this")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Reads through `agentledger mcp`, counted per token, tool (or resource) and run: how many,

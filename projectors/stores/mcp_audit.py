@@ -41,11 +41,14 @@ def commit_without_flush(conn: Connection[Any]) -> None:
 def read_counts(
     conn: Connection[Any], token_id: str | None = None, run_id: str | None = None
 ) -> list[dict[str, Any]]:
-    """Every counted (token, tool, run), newest read first; optionally of one token or run."""
+    """Every counted (token, tool, run), newest read first; optionally of one token, or of the
+    runs whose id is or starts with ``run_id`` (as other commands take a run: a read counted
+    under an id no run has, refused, is found the same way)."""
     rows = conn.execute(
         "SELECT token_id, tool, run_id, reads, refused, last_seq, max_seq, first_at, last_at "
         "FROM al_mcp_reads "
-        "WHERE (%s::text IS NULL OR token_id = %s) AND (%s::text IS NULL OR run_id = %s) "
+        "WHERE (%s::text IS NULL OR token_id = %s) "
+        "AND (%s::text IS NULL OR starts_with(run_id, %s)) "
         "ORDER BY last_at DESC, token_id, tool, run_id",
         (token_id, token_id, run_id, run_id),
     ).fetchall()

@@ -627,6 +627,10 @@ async def test_prompts_and_the_audit_of_reads(web: Web) -> None:
         env={"AGENTLEDGER_PG_DSN": web.settings.pg_address, "COLUMNS": "250"},
     )
     assert table.exit_code == 0 and "get_costs" in table.stdout
+    # a run's reads by the start of its id, as other commands take a run
+    start = _cli(web, "mcp-audit", "--token", made["token_id"], "--run", run_id[:10], "--json")
+    assert all(r["run_id"].startswith(run_id[:10]) for r in start)
+    assert {k for k in counts if k[1] == run_id} <= {(r["tool"], r["run_id"]) for r in start}
 
 
 async def test_a_subscription_hears_of_a_new_entry_within_a_second(web: Web) -> None:
