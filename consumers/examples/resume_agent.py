@@ -82,7 +82,9 @@ async def resume(
         context = _text(turn.content[0])
         last = max(meta["applied_seqs"].values())  # the run's last entry the ledger applied
         reply = await model(context)
-        seq = last + 1
+        # after what the ledger applied, and after this loop's own last reply, which the
+        # worker may not have applied yet (a read that timed out): a number is never reused
+        seq = max(last, done[-1].seq if done else 0) + 1
         await publish([_reply(run, seq, reply)])
         memory = await _call(
             client, "get_working_memory", run_id=run.run_id, min_seq=seq, timeout_s=5
