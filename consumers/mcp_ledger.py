@@ -333,10 +333,14 @@ class Ledger:
         call: str | None = None,
         timeout_s: float | None = None,
         via: str = "get_next_turn",
+        item_from: int = 0,
     ) -> Answer:
         """The run's next-turn context manifest (``agentledger context RUN --json``) or what
         model call ``call`` saw (``--call``), and its text as the model gets it, trust
-        wrappers included (``--render``)."""
+        wrappers included (``--render``); from item ``item_from`` on, as many items as fit
+        the size bound (``_meta.items_page`` says which, when not all)."""
+        if item_from < 0:
+            raise BadArgumentError("item_from: 0 or more")
         rendered: list[str] = []
 
         def build(
@@ -350,13 +354,28 @@ class Ledger:
             doc = queries.jsonable(found)
             kept = [i for i in doc["items"] if i["visibility"] == MODEL_VISIBLE]
             withheld = len(doc["items"]) - len(kept)
-            if withheld:
-                doc["items"] = kept
+            if item_from and item_from >= len(kept):
+                raise BadArgumentError(f"item_from: below {len(kept)}, the items served")
+            doc["items"] = kept[item_from:]
+            whole = [dict(i) for i in doc["items"]]  # (cutting replaces an item's text)
+            truncated = _fit_items(doc)  # the render holds no more text than the JSON
+            page = _page_items(doc, item_from, len(kept))
+            if page is not None and len(doc["items"]) < len(whole):
+                # a page of the items: their texts whole again, cut only as far as it needs
+                doc["items"] = whole[: len(doc["items"])]
+                truncated = _fit_items(doc)
             meta: dict[str, Any] = {
                 "withheld": {"items": withheld},
-                "items": [_item_meta(n, i) for n, i in enumerate(doc["items"])],
+                "items": [_item_meta(item_from + n, i) for n, i in enumerate(doc["items"])],
             }
-            truncated = _fit_items(doc)  # the render holds no more text than the JSON
+            if page is not None:
+                meta["items_page"] = page
+            served = item_from + len(doc["items"])
+            truncated = [
+                {**t, "index": item_from + t["index"]}
+                for t in truncated
+                if item_from + t["index"] < served
+            ]
             if truncated:
                 meta["truncated"] = truncated
             # as the model gets it, less the ids of hidden entries (the last sweep's rule)
@@ -809,6 +828,36 @@ def cut_text(chars: int, sha256: str | None) -> str:
         f"[cut for size: {chars:,} characters; read them with get_artifact, "
         f"artifact={ARTIFACT_PREFIX}{sha256}]"
     )
+
+
+def _page_items(
+    doc: dict[str, Any], item_from: int, total: int, limit: int = MAX_CHARS
+) -> dict[str, Any] | None:
+    """Keep the longest run of ``doc``'s items (those from ``item_from`` of ``total``) whose
+    JSON fits ``limit``, at least one; which were served, and where the next page begins
+    (None: the last), or None when every item from the first was served. A next turn of many
+    small items was over the bound after its texts were cut: the items' own fields (trust,
+    visibility, sha256, source entry) are never cut, so its items are paged, as the
+    timeline's rows are."""
+    items = doc["items"]
+    if len(json.dumps(doc)) > limit:
+        fits, over = 1, len(items)  # the longest prefix that fits, by halves
+        while fits + 1 < over:
+            middle = (fits + over) // 2
+            if len(json.dumps({**doc, "items": items[:middle]})) <= limit:
+                fits = middle
+            else:
+                over = middle
+        doc["items"] = items = items[:fits]
+    if item_from == 0 and len(items) == total:
+        return None
+    end = item_from + len(items)
+    return {
+        "from": item_from,
+        "served": len(items),
+        "of": total,
+        "next_item_from": end if end < total else None,
+    }
 
 
 def _fit_items(doc: dict[str, Any], limit: int = MAX_CHARS) -> list[dict[str, Any]]:

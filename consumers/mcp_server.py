@@ -111,6 +111,12 @@ class NextTurnArgs(_RunRead):
         "an entry id of a model call: what that call saw, instead of the next turn",
         default=None,
     )
+    item_from: int = Field(
+        default=0,
+        ge=0,
+        description="the first item to answer (0-based): a next turn too big for one answer "
+        "comes a page of items at a time (_meta.items_page.next_item_from)",
+    )
 
 
 class TimelineArgs(_RunRead):
@@ -176,7 +182,9 @@ def _memory(ledger: Ledger, a: MemoryArgs, via: str) -> Answer:
 
 
 def _next_turn(ledger: Ledger, a: NextTurnArgs, via: str) -> Answer:
-    return ledger.next_turn(a.run_id, a.min_seq, a.call, a.timeout_s, via=via)
+    return ledger.next_turn(
+        a.run_id, a.min_seq, a.call, a.timeout_s, via=via, item_from=a.item_from
+    )
 
 
 def _timeline(ledger: Ledger, a: TimelineArgs, via: str) -> Answer:
@@ -232,7 +240,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "The context the run's next model call gets: first as the model gets it (sectioned, "
         "untrusted text inside its data wrapper with its flags), then its manifest (as "
         "`agentledger context RUN --json`), each item's trust, visibility, source entry and "
-        "sha256 in _meta.items. With call: what that model call saw.",
+        "sha256 in _meta.items. With call: what that model call saw. Too big for one answer, "
+        "it comes a page of items at a time (_meta.items_page; item_from for the next).",
         NextTurnArgs,
         _next_turn,
     ),
@@ -311,6 +320,7 @@ _QUERY_ARGS = {
     "limit": int,
     "timeout_s": float,
     "call": str,
+    "item_from": int,
     "stalled_after_minutes": float,
 }
 _RUNS_QUERY = (

@@ -21,6 +21,7 @@ from consumers.mcp_ledger import (
     _drop_hidden_index,
     _fit_items,
     _hidden_of,
+    _page_items,
     _sweep,
     artifact_sha,
     artifact_source,
@@ -227,6 +228,85 @@ def test_the_json_an_answer_serves_is_the_json_its_bound_was_measured_on() -> No
     _fit_items(doc)
     served = Answer(doc, {}).json()
     assert len(served) <= MAX_CHARS and json.loads(served) == doc
+
+
+def _small_items(count: int) -> list[dict[str, Any]]:
+    """Items whose texts are shorter than a handle: cutting them saves nothing."""
+    return [
+        {"section": "recent", "item_kind": "TOOL_OUTPUT", "flags": ["instruction-like"]}
+        | {"sha256": f"{i:064x}", "source_entry_id": f"{i:08x}-0000-4000-8000-000000000000"}
+        | {"trust_level": "TOOL_OUTPUT", "visibility": "MODEL_VISIBLE", "tokens": 12}
+        | {"text": f"ok {i}", "sequence_no": i}
+        for i in range(count)
+    ]
+
+
+def test_a_next_turn_of_many_small_items_comes_a_page_of_items_at_a_time() -> None:
+    """A real codex run's next turn (369 items) was 256,724 characters after its texts were
+    cut: the items' own fields are never cut. Its items are now paged: each page fits, the
+    pages together are every item once, in order, and each says where the next begins."""
+    items = _small_items(2_000)
+    assert len(json.dumps({"items": items})) > MAX_CHARS  # over, with nothing to cut
+    served: list[dict[str, Any]] = []
+    start: int | None = 0
+    pages = 0
+    while start is not None:
+        doc: dict[str, Any] = {"id": "m1", "items": [dict(i) for i in items[start:]]}
+        assert _fit_items(doc) == []  # nothing worth cutting
+        page = _page_items(doc, start, len(items))
+        assert page is not None and page["from"] == start and page["of"] == len(items)
+        assert len(json.dumps(doc)) <= MAX_CHARS and page["served"] == len(doc["items"]) >= 1
+        served += doc["items"]
+        start, pages = page["next_item_from"], pages + 1
+        # as many as fit: one more would not (the last page excepted)
+        if start is not None:
+            more = {**doc, "items": doc["items"] + [items[start]]}
+            assert len(json.dumps(more)) > MAX_CHARS
+    assert served == items and pages >= 2
+
+
+def test_get_next_turn_pages_its_items_and_numbers_them_as_the_whole_turn_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ledger.next_turn's own steps (the stores stubbed: the real stack's reads are
+    tests/integration/test_mcp.py): the page's items, their _meta indexes and the cut texts
+    named by their index in the whole next turn, and item_from past the end refused."""
+    from consumers import mcp_ledger, queries
+    from consumers.mcp_ledger import Ledger
+
+    items = _small_items(2_000)
+    items[1_500]["text"] = "y" * 150_000  # on a later page: cut there, not on the first
+    monkeypatch.setattr(queries, "manifest", lambda *_a: {"id": "m", "items": items})
+    monkeypatch.setattr(queries, "render_manifest", lambda doc: f"{len(doc['items'])} items")
+
+    def read(self: Any, via: str, run_id: str, proj: str, *_a: Any) -> Answer:
+        doc, meta = _a[-1](run_id, set(), None)  # the build step, as _read_one calls it
+        return Answer(doc, meta)
+
+    monkeypatch.setattr(Ledger, "_read", read)
+    ledger = object.__new__(Ledger)
+    ledger.settings = None  # type: ignore[assignment]
+    first = ledger.next_turn("r1")
+    page = first.meta["items_page"]
+    assert page["from"] == 0 and page["next_item_from"] == page["served"] < 2_000
+    assert "truncated" not in first.meta and first.text == f"{page['served']} items"
+    assert [m["index"] for m in first.meta["items"]] == list(range(page["served"]))
+    start = page["next_item_from"]
+    while start is not None and start <= 1_500:
+        later = ledger.next_turn("r1", item_from=start)
+        assert later.meta["items"][0]["index"] == start
+        start = later.meta["items_page"]["next_item_from"]
+    assert [t["index"] for t in later.meta["truncated"]] == [1_500]  # its index in the turn
+    with pytest.raises(BadArgumentError, match="item_from"):
+        ledger.next_turn("r1", item_from=2_000)
+    assert mcp_ledger.MAX_CHARS == MAX_CHARS
+
+
+def test_a_next_turn_that_fits_is_served_whole_and_says_nothing_of_pages() -> None:
+    doc: dict[str, Any] = {"items": _small_items(10)}
+    assert _page_items(doc, 0, 10) is None and len(doc["items"]) == 10
+    rest: dict[str, Any] = {"items": _small_items(10)[4:]}  # from item 4: the last page
+    assert _page_items(rest, 4, 10) == {"from": 4, "served": 6, "of": 10, "next_item_from": None}
 
 
 def test_the_server_says_at_once_when_postgresql_is_not_there() -> None:
