@@ -34,8 +34,8 @@ from streams.importers.otel import (
     spans_from_otlp_json,
     spans_from_otlp_proto,
 )
-from streams.importers.publish import RunFleets, elsewhere_text
 from streams.publisher import AsyncPublisher
+from streams.run_fleets import RunFleets, elsewhere_text
 
 log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"

@@ -13,8 +13,8 @@ from pathlib import Path
 from infra.settings import Settings
 from schemas.errors import LedgerValidationError
 from schemas.json_form import from_json_text
-from streams.importers.publish import RunFleets, elsewhere_text
 from streams.publisher import AsyncPublisher, BrokerUnavailableError, Prepared
+from streams.run_fleets import RunFleets, elsewhere_text
 
 BATCH = 500
 
