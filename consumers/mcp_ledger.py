@@ -94,9 +94,14 @@ def reach_database(settings: Settings) -> None:
 
 
 def away(exc: OperationalError) -> str:
-    """PostgreSQL not answering (refused, gone, the pool timed out), in one line."""
+    """PostgreSQL not answering (refused, gone, the pool timed out), in one line; or, for the
+    other operational errors psycopg raises (a deadlock, a cancelled statement, a full disk),
+    that it could not answer this read."""
     said = " ".join(str(exc).split()) or type(exc).__name__
-    return f"PostgreSQL is not reachable ({said})"
+    state = exc.sqlstate or ""
+    if not state or state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+        return f"PostgreSQL is not reachable ({said})"  # (no state: the client's own, a pool's)
+    return f"PostgreSQL could not answer this read ({said})"
 
 
 @functools.cache
@@ -355,11 +360,18 @@ class Ledger:
             kept = [i for i in doc["items"] if i["visibility"] == MODEL_VISIBLE]
             withheld = len(doc["items"]) - len(kept)
             if item_from and item_from >= len(kept):
-                raise BadArgumentError(f"item_from: below {len(kept)}, the items served")
+                raise BadArgumentError(
+                    f"item_from: 0 to {len(kept) - 1}, the items this next turn serves"
+                    if kept
+                    else "item_from: this next turn serves no items"
+                )
             doc["items"] = kept[item_from:]
             whole = [dict(i) for i in doc["items"]]  # (cutting replaces an item's text)
             truncated = _fit_items(doc)  # the render holds no more text than the JSON
             page = _page_items(doc, item_from, len(kept))
+            if page is not None:  # which next turn: a running run's moves on between pages
+                mark = {k: doc.get(k) for k in ("manifest_id", "as_of_sequence_no")}
+                page = {**mark, **page}
             if page is not None and len(doc["items"]) < len(whole):
                 # a page of the items: their texts whole again, cut only as far as it needs
                 doc["items"] = whole[: len(doc["items"])]
@@ -370,12 +382,7 @@ class Ledger:
             }
             if page is not None:
                 meta["items_page"] = page
-            served = item_from + len(doc["items"])
-            truncated = [
-                {**t, "index": item_from + t["index"]}
-                for t in truncated
-                if item_from + t["index"] < served
-            ]
+            truncated = [{**t, "index": item_from + t["index"]} for t in truncated]
             if truncated:
                 meta["truncated"] = truncated
             # as the model gets it, less the ids of hidden entries (the last sweep's rule)

@@ -356,6 +356,20 @@ DATA_RULE = (
 )
 
 
+def _more_items(run_id: str, meta: dict[str, Any]) -> str:
+    """What a prompt says after a next turn too big for one answer: which items it holds and
+    how to read the rest (empty when it holds them all)."""
+    page = meta.get("items_page")
+    if not page or page["next_item_from"] is None:
+        return ""
+    served = page["from"] + page["served"]
+    return (
+        f"\n\n(This is items {page['from']}-{served - 1} of the {page['of']} of the next turn "
+        f"{page['manifest_id']}; read the rest with get_next_turn run_id={run_id} "
+        f"item_from={served}.)"
+    )
+
+
 def _prompt_messages(ledger: Ledger, name: str, run_id: str) -> list[types.PromptMessage]:
     via = f"prompt:{name}"
     if name == "resume_run":
@@ -363,7 +377,8 @@ def _prompt_messages(ledger: Ledger, name: str, run_id: str) -> list[types.Promp
         memory = ledger.working_memory(run_id, via=via)
         text = (
             f"Resume run {run_id} from its next turn (as of seq {turn.meta['applied_seq']}). "
-            f"{DATA_RULE}\n\n{turn.text}\n\nIts working memory:\n{memory.json()}"
+            f"{DATA_RULE}\n\n{turn.text}{_more_items(run_id, turn.meta)}\n\n"
+            f"Its working memory:\n{memory.json()}"
         )
     elif name == "explain_failure":
         failure = ledger.failure(run_id, via=via)

@@ -27,12 +27,14 @@ def neutral_bidi(text: str) -> str:
     return text.translate(_NEUTRAL)
 
 
-_CONTROLS = {code: shown_char(code) for code in (*range(0x20), 0x7F)}
+# C0, DEL, C1 (NEL among them) and the Unicode line and paragraph separators: each breaks a line
+_CONTROLS = {code: shown_char(code) for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
 
 
 def asked(text: str, limit: int = 80) -> str:
     """What someone asked for, fit to be said back in one line of an error: each control
-    character shown as its marker (a NUL cannot go into PostgreSQL text, a newline would forge
-    a log line), cut to ``limit`` characters with the length it had."""
-    shown = text.translate(_CONTROLS)
+    character and bidi control shown as its marker (a NUL cannot go into PostgreSQL text, a
+    line break would forge a log line, a bidi control reorder what is shown), cut to ``limit``
+    characters with the length it had."""
+    shown = neutral_bidi(text).translate(_CONTROLS)
     return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(text):,} characters)"

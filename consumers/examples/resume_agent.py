@@ -13,10 +13,13 @@ test passes a scripted model and :class:`streams.publisher.AsyncPublisher`.
     async with Client(params) as client:
         turns = await resume(client, run, model, publish, turns=3)
 
-The SDK's stdio client starts the server with HOME, PATH, SHELL and TERM and the ``env`` given,
-nothing else of the caller's environment: the settings that find PostgreSQL, Redis and Kafka
-(``AGENTLEDGER_PG_DSN``, ..., or the local stack's ``AGENTLEDGER_*_PORT``) go in ``env`` too,
-or the server looks at the default local stack (and says at once that PostgreSQL is not there).
+The SDK's stdio client starts the server with HOME, LOGNAME, PATH, SHELL, TERM and USER and the
+``env`` given, nothing else of the caller's environment: the settings that find PostgreSQL,
+Redis and Kafka (``AGENTLEDGER_PG_DSN``, ..., or the local stack's ``AGENTLEDGER_*_PORT``) go in
+``env`` too, or the server looks at the default local stack (and says at once that PostgreSQL
+is not there). A next turn too big for one answer is read a page of items at a time and given
+to the model whole; a runtime calling ``resume`` once per turn passes its last reply's
+sequence number as ``after_seq``.
 """
 
 from __future__ import annotations
@@ -70,21 +73,30 @@ class ResumeError(RuntimeError):
 
 
 async def resume(
-    client: Client, run: RunIdentity, model: Model, publish: Publish, turns: int = 1
+    client: Client,
+    run: RunIdentity,
+    model: Model,
+    publish: Publish,
+    turns: int = 1,
+    after_seq: int = 0,
 ) -> list[Turn]:
     """Run ``turns`` turns of the loop; each reply is an ASSISTANT_RESPONSE whose text is also
-    its plan (``metadata["plan"]``), which the working memory folds into ``current_plan``."""
+    its plan (``metadata["plan"]``), which the working memory folds into ``current_plan``.
+    ``after_seq``: the last sequence number this runtime published to the run before (the last
+    :attr:`Turn.seq` of an earlier call), so a reply is numbered after it even when the worker
+    has not applied it yet."""
     done: list[Turn] = []
     for _ in range(turns):
-        after = {"min_seq": done[-1].seq, "timeout_s": 5} if done else {}
+        mine = done[-1].seq if done else after_seq
+        after = {"min_seq": mine, "timeout_s": 5} if mine else {}
         turn = await _call(client, "get_next_turn", run_id=run.run_id, **after)
         meta = turn.meta or {}
-        context = _text(turn.content[0])
+        context = await _whole_turn(client, run, turn)
         last = max(meta["applied_seqs"].values())  # the run's last entry the ledger applied
         reply = await model(context)
-        # after what the ledger applied, and after this loop's own last reply, which the
+        # after what the ledger applied, and after this runtime's own last reply, which the
         # worker may not have applied yet (a read that timed out): a number is never reused
-        seq = max(last, done[-1].seq if done else 0) + 1
+        seq = max(last, mine) + 1
         await publish([_reply(run, seq, reply)])
         memory = await _call(
             client, "get_working_memory", run_id=run.run_id, min_seq=seq, timeout_s=5
@@ -102,6 +114,28 @@ async def resume(
             )
         )
     return done
+
+
+async def _whole_turn(client: Client, run: RunIdentity, turn: CallToolResult) -> str:
+    """The next turn's text, every page of it: a next turn too big for one answer comes a page
+    of items at a time (``_meta.items_page``); if the run's next turn moved on between pages
+    (another manifest), it is read again from its first item, at most three times."""
+    for _ in range(3):
+        texts = [_text(turn.content[0])]
+        page = (turn.meta or {}).get("items_page")
+        first = page
+        while page and page["next_item_from"] is not None:
+            more = await _call(
+                client, "get_next_turn", run_id=run.run_id, item_from=page["next_item_from"]
+            )
+            page = (more.meta or {}).get("items_page")
+            if page is None or first is None or page["manifest_id"] != first["manifest_id"]:
+                break  # the next turn moved on: read it again
+            texts.append(_text(more.content[0]))
+        else:
+            return "\n".join(texts)
+        turn = await _call(client, "get_next_turn", run_id=run.run_id)
+    raise ResumeError("the run's next turn kept moving on while its pages were read")
 
 
 async def _call(client: Client, tool: str, **args: Any) -> CallToolResult:

@@ -42,15 +42,16 @@ def read_counts(
     conn: Connection[Any], token_id: str | None = None, run_id: str | None = None
 ) -> list[dict[str, Any]]:
     """Every counted (token, tool, run), newest read first; optionally of one token, or of the
-    runs whose id is or starts with ``run_id`` (as other commands take a run: a read counted
-    under an id no run has, refused, is found the same way)."""
+    runs whose id is or starts with ``run_id`` (a read counted under an id no run has, refused,
+    is found the same way; ``""``: the reads of no run, the run lists)."""
     rows = conn.execute(
         "SELECT token_id, tool, run_id, reads, refused, last_seq, max_seq, first_at, last_at "
         "FROM al_mcp_reads "
         "WHERE (%s::text IS NULL OR token_id = %s) "
-        "AND (%s::text IS NULL OR starts_with(run_id, %s)) "
+        "AND (%s::text IS NULL OR CASE WHEN %s = '' THEN run_id = '' "
+        "ELSE starts_with(run_id, %s) END) "
         "ORDER BY last_at DESC, token_id, tool, run_id",
-        (token_id, token_id, run_id, run_id),
+        (token_id, token_id, run_id, run_id, run_id),
     ).fetchall()
     keys = ("token_id", "tool", "run_id", "reads", "refused", "last_seq", "max_seq")
     return [

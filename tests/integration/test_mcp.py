@@ -630,6 +630,8 @@ async def test_prompts_and_the_audit_of_reads(web: Web) -> None:
     # a run's reads by the start of its id, as other commands take a run
     start = _cli(web, "mcp-audit", "--token", made["token_id"], "--run", run_id[:10], "--json")
     assert all(r["run_id"].startswith(run_id[:10]) for r in start)
+    lists = _cli(web, "mcp-audit", "--token", made["token_id"], "--run", "", "--json")
+    assert {(r["tool"], r["run_id"]) for r in lists} == {("find_runs", "")}  # no run's reads
     assert {k for k in counts if k[1] == run_id} <= {(r["tool"], r["run_id"]) for r in start}
 
 

@@ -361,3 +361,37 @@ async def test_a_read_while_postgresql_is_away_is_a_tool_error_saying_so(
             said = result.content[0].text  # type: ignore[union-attr]
             assert result.is_error and said.startswith("PostgreSQL is not reachable"), said
             assert "administrator command" in said and "again" in said
+
+
+def test_only_a_postgresql_that_is_away_is_said_to_be_unreachable() -> None:
+    """psycopg raises OperationalError for a deadlock, a cancelled statement or a full disk
+    too: those are PostgreSQL not answering this read, not PostgreSQL gone."""
+    from psycopg import OperationalError, errors
+
+    from consumers.mcp_ledger import away
+
+    assert away(OperationalError("connection refused")).startswith("PostgreSQL is not reachable")
+    assert away(errors.AdminShutdown("terminating")).startswith("PostgreSQL is not reachable")
+    assert away(errors.DeadlockDetected("deadlock detected")).startswith(
+        "PostgreSQL could not answer this read"
+    )
+    assert "deadlock detected" in away(errors.DeadlockDetected("deadlock detected"))
+
+
+def test_what_was_asked_is_said_back_on_one_line_with_nothing_reordered() -> None:
+    from schemas.shown import asked
+
+    said = asked("abc\u202etxt.exe\x85x\u2028y\u2029z\x00\x9b")
+    assert said == "abc[U+202E]txt.exe\\x85x[U+2028]y[U+2029]z\\x00\\x9b"
+    assert len(asked("r" * 10_000)) < 120 and "10,000 characters" in asked("r" * 10_000)
+
+
+def test_the_resume_prompt_says_when_it_holds_one_page_of_the_next_turn() -> None:
+    from consumers.mcp_server import _more_items
+
+    page = {"manifest_id": "m-7", "as_of_sequence_no": 90, "from": 0, "served": 280, "of": 369}
+    said = _more_items("run-1", {"items_page": {**page, "next_item_from": 280}})
+    assert "items 0-279 of the 369" in said and "item_from=280" in said and "m-7" in said
+    last = {**page, "from": 280, "served": 89, "next_item_from": None}
+    assert _more_items("run-1", {"items_page": last}) == ""  # the last page: nothing to add
+    assert _more_items("run-1", {}) == ""  # the whole turn
