@@ -53,6 +53,8 @@ from consumers.subscribe import Subscriber
 from infra.settings import Settings
 from schemas.changes import ProjectionChange
 from schemas.errors import BadArgumentError, NotFoundError
+from schemas.models import ID_MAX
+from schemas.shown import CONTROL_CLASS
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +80,8 @@ class _Args(BaseModel):
 # Text arguments are bounded and hold no control characters: a NUL is refused by PostgreSQL and
 # a megabyte where an id goes is past its index's row size (each reached the database and came
 # back as an internal error with a traceback); a "bad arguments: NAME" answer names them.
-NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
-ID_CHARS = 256  # a ledger id's longest (schemas.models.Id)
+NO_CONTROL = f"^[^{CONTROL_CLASS}]*$"
+ID_CHARS = ID_MAX
 
 
 def _text(limit: int, description: str, **kwargs: Any) -> Any:

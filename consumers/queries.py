@@ -6,7 +6,6 @@ one way both turn it into JSON (Decimals and times as strings, as the CLI has al
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from projectors.context_render import render
 from projectors.stores import postgres_ops as ops
 from schemas.errors import BadArgumentError, NotFoundError
 from schemas.models import RunStatus
+from schemas.shown import CONTROL_RE
 
 
 def jsonable(doc: Any) -> Any:
@@ -427,7 +427,6 @@ def entry(settings: Settings, run_id: str, seq: int) -> dict[str, Any]:
 RUN_STATUSES = ("RUNNING", *(status.value for status in RunStatus))
 OUTCOMES = VIEW_OUTCOMES  # the outcome filter's words (the runs' outcome column)
 MAX_SEARCH = 1_000  # a text search's longest (a megabyte's ILIKE over every run took ~10 s)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # PostgreSQL refuses a NUL in text
 
 
 def parse_run_filters(
@@ -448,7 +447,7 @@ def parse_run_filters(
     as ``agentledger runs`` checks its options (BadArgumentError names the bad one)."""
     texts = {"fleet": fleet, "failure_class": failure_class, "search": search, "model": model}
     for name, text in {**texts, "repository": repository}.items():
-        if text and _CONTROL.search(text):
+        if text and CONTROL_RE.search(text):
             raise BadArgumentError(f"{name}: text without control characters")
     if search and len(search) > MAX_SEARCH:
         raise BadArgumentError(f"search: at most {MAX_SEARCH:,} characters")

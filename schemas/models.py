@@ -89,8 +89,9 @@ UtcDatetime = Annotated[
 ]
 # Identifiers that join, deduplicate or name things (entry, run, tool call, response ids): a
 # charset with no spaces, quotes or control characters, so an id is never free text in disguise.
-ID_PATTERN = r"^[A-Za-z0-9_.:@/+=#~-]{1,256}$"
-Id = Annotated[str, Field(min_length=1, max_length=256, pattern=ID_PATTERN)]
+ID_MAX = 256  # a ledger id's longest (run, entry, session)
+ID_PATTERN = rf"^[A-Za-z0-9_.:@/+=#~-]{{1,{ID_MAX}}}$"
+Id = Annotated[str, Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)]
 # Names that describe (tool names, paths, models, error signatures): printable text of any script,
 # no control characters (a NUL in a name would stop PostgreSQL; a newline would forge log lines).
 NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,4096}$"

@@ -354,7 +354,7 @@ class _Line:
     def __init__(self, text: str, start: int, end: int) -> None:
         self._text: str | None = None
         self._span = (text, start, end)
-        self._found: dict[int, bool] = {}
+        self._found: dict[Any, bool] = {}  # by the regex itself (RE2 patterns hash)
 
     @property
     def text(self) -> str:
@@ -365,9 +365,9 @@ class _Line:
 
     def searched(self, regex: Any) -> bool:
         """Whether ``regex`` finds anything in the line (asked once per regex)."""
-        found = self._found.get(id(regex))
+        found = self._found.get(regex)
         if found is None:
-            found = self._found[id(regex)] = regex.search(self.text) is not None
+            found = self._found[regex] = regex.search(self.text) is not None
         return found
 
 

@@ -10,6 +10,8 @@ visible marker. live.js repeats the bidi set.
 
 from __future__ import annotations
 
+import re
+
 BIDI_CODES = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 
 
@@ -26,6 +28,11 @@ def neutral_bidi(text: str) -> str:
     """``text`` with each bidi control (:data:`BIDI_CODES`) shown as its marker."""
     return text.translate(_NEUTRAL)
 
+
+# The control characters no text argument may hold (C0 and DEL: PostgreSQL refuses a NUL, a
+# newline forges a line), as a regex character class's contents: one rule for every check.
+CONTROL_CLASS = r"\x00-\x1f\x7f"
+CONTROL_RE = re.compile(f"[{CONTROL_CLASS}]")
 
 # C0, DEL, C1 (NEL among them) and the Unicode line and paragraph separators: each breaks a line
 _CONTROLS = {code: shown_char(code) for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from schemas.models import FLEET_ID_PATTERN, FLEET_ID_RULE
 
 __all__ = [
+    "CHANGES_INFIX",
     "FLEET_ID_RE",
     "change_schema_topic",
     "change_topic",
@@ -19,6 +20,7 @@ __all__ = [
     "fleets_among",
     "ledger_topic",
     "prefix_of_ledger_topic",
+    "projection_of_change_topic",
 ]
 
 

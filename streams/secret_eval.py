@@ -358,14 +358,15 @@ def held_out_table(rows: list[HeldOut]) -> str:
     for r in rows:
         f, n = r.frozen, r.now
         lines.append(
-            f"| {r.source} | `{r.frozen_at}` | {share(f.in_context, f.cases, 0.95)} "
-            f"| {share(f.prefixed_bare, f.prefixed, 0.99)} | {share(f.bare, f.cases)} "
+            f"| {r.source} | `{r.frozen_at}` | {share(f.in_context, f.cases, IN_CONTEXT_GOAL)} "
+            f"| {share(f.prefixed_bare, f.prefixed, PREFIXED_BARE_GOAL)} "
+            f"| {share(f.bare, f.cases)} "
             f"| {share(n.in_context, n.cases)}{'' if r.stored else ' †'} "
             f"| {share(n.prefixed_bare, n.prefixed)}{'' if r.stored else ' †'} |"
         )
     total = [sum(getattr(r.frozen, k) for r in rows) for k in FIGURES]
     now = [sum(getattr(r.now, k) for r in rows) for k in FIGURES]
-    met = sum(r.frozen.in_context >= 0.95 * r.frozen.cases for r in rows)
+    met = sum(r.frozen.in_context >= IN_CONTEXT_GOAL * r.frozen.cases for r in rows)
     lines.append(
         f"| all {len(rows)} ({met} meet 95 % in context, frozen) | | "
         f"{share(total[1], total[0])} | {share(total[4], total[3])} | {share(total[2], total[0])} "
@@ -380,6 +381,8 @@ def held_out_table(rows: list[HeldOut]) -> str:
 
 
 FIGURES = ("cases", "in_context", "bare", "prefixed", "prefixed_bare")
+IN_CONTEXT_GOAL = 0.95  # issue 27: in context, on a held-out source
+PREFIXED_BARE_GOAL = 0.99  # issue 27: prefixed formats caught bare
 
 
 def main() -> None:
