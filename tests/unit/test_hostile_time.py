@@ -11,6 +11,8 @@ import pytest
 
 from projectors import context_manifests
 from projectors.context_manifests import _key_lines
+from streams.importers import swe_agent
+from streams.importers.swe_agent import _text_action
 from tests.unit.regex_work import CountingSearch, backtracking_repeats, patterns_used
 
 # --- the tool output's key lines (context_manifests) ---------------------------------------
@@ -61,3 +63,45 @@ def test_key_lines_give_what_the_old_regex_gave() -> None:
             assert _key_lines(text, keep) == _old_key_lines(text, keep), repr(text)
     long = ("x" * 400 + " Error\n") * 600 + "expected 10 got 9\n"
     assert _key_lines(long) == _old_key_lines(long)
+
+
+# --- mini-swe-agent 1.x's bash block (importer) ---------------------------------------------
+
+_OLD_BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def request(self, *args: object) -> None:
+        arguments = args[-1]
+        assert isinstance(arguments, dict)
+        self.commands.append(arguments["command"])
+
+
+def _command(text: str) -> str | None:
+    run = _Run()
+    call_id = _text_action(run, text, None, 1)  # type: ignore[arg-type]
+    return run.commands[0] if call_id is not None else None
+
+
+def test_bash_block_runs_no_backtracking_regex() -> None:
+    # r"```bash\s*\n(.*?)\n```" retried its lazy body from every unclosed fence, and from every
+    # newline after one: 100,000 characters of "```bash\nx " took 11 s to import, a fence
+    # then 50,000 newlines 13 s.
+    used = patterns_used(_text_action)
+    assert {name: backtracking_repeats(p) for name, p in used.items()} == dict.fromkeys(used, 0)
+    assert "_BASH_BLOCK" not in vars(swe_agent)
+
+
+def test_bash_block_gives_what_the_old_regex_gave() -> None:
+    rnd = random.Random(11)
+    pieces = ["```bash", "```", "\n", " ", "\t", "x", "bash", "`", "\n```", "\u2028", "\x0b"]
+    for _ in range(50_000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 12)))
+        old = _OLD_BASH_BLOCK.search(text)
+        assert _command(text) == (old[1] if old else None), repr(text)
+    assert _command("think\n```bash\nls -la\n```\n") == "ls -la"
+    assert _command("```bash\n\n```") == ""  # the whitespace's last newline opens the close
+    assert _command("```bash\nx " * 1000) is None
