@@ -4,15 +4,23 @@ scanned, calls), never by timing, with the old behaviour kept as the reference r
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from infra.settings import Settings
 from projectors import context_manifests
 from projectors.context_manifests import _key_lines
-from streams.importers import swe_agent
+from streams import otlp
+from streams.importers import otel, swe_agent
+from streams.importers.otel import Span, TraceBook, runs_from_spans
 from streams.importers.swe_agent import _text_action
+from streams.otlp import Receiver, app
 from tests.unit.regex_work import CountingSearch, backtracking_repeats, patterns_used
 
 # --- the tool output's key lines (context_manifests) ---------------------------------------
@@ -105,3 +113,145 @@ def test_bash_block_gives_what_the_old_regex_gave() -> None:
     assert _command("think\n```bash\nls -la\n```\n") == "ls -la"
     assert _command("```bash\n\n```") == ""  # the whitespace's last newline opens the close
     assert _command("```bash\nx " * 1000) is None
+
+
+# --- OpenTelemetry spans: the receiver's book (importer and `agentledger otlp`) --------------
+
+
+class _CountingParents(dict[str, str]):
+    """A span's parents, counting the look-ups made in them."""
+
+    looked_up = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _CountingParents.looked_up += 1
+        return super().get(key, default)
+
+
+def _span(i: int, parent: int | None, usage: bool, trace: int = 1) -> Span:
+    return Span(
+        trace_id=f"{trace:032x}",
+        span_id=f"{i:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name="chat",
+        start_ns=1_788_787_518_970_589_000 + i,
+        end_ns=1_788_787_518_970_589_001 + i,
+        attributes={"gen_ai.usage.input_tokens": 5} if usage else {},
+        error=False,
+    )
+
+
+def _look_ups(exports: int) -> int:
+    book = TraceBook(parents=_CountingParents())
+    _CountingParents.looked_up = 0
+    for i in range(exports):  # one span an export (a SimpleSpanProcessor), each of its trace
+        runs_from_spans([_span(i, 10**9 + i, usage=True, trace=i)], "fleet-01", book)
+    return _CountingParents.looked_up
+
+
+def test_an_export_costs_its_own_spans_not_every_span_seen_before() -> None:
+    # Each export walked up from every span with usage the receiver had ever seen: 16,000
+    # exports of one span took 35 s, the last ones 4 ms each and growing.
+    counts = [_look_ups(500), _look_ups(1_000)]
+    assert counts[1] <= 2 * counts[0] + 10, counts
+
+
+def _walked_up(parents: dict[str, str], with_usage: set[str], hops: int) -> set[str]:
+    """The spans with usage below them as runs_from_spans found them before: walking up."""
+    out = set()
+    for span_id in with_usage:
+        parent, walked = parents.get(span_id), 0
+        while parent is not None and walked < hops:
+            out.add(parent)
+            parent, walked = parents.get(parent), walked + 1
+    return out
+
+
+@pytest.mark.parametrize("hops", [1, 3, 1000])  # (1000: USAGE_HOPS)
+def test_usage_below_is_what_walking_up_found(hops: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otel, "USAGE_HOPS", hops)
+    rnd = random.Random(hops)
+    for _ in range(1_500):
+        n = rnd.randint(1, 24)  # parents drawn at random: chains, trees, loops, unknown ones
+        spans = [
+            _span(i, rnd.randrange(n + 3) if rnd.random() < 0.8 else None, rnd.random() < 0.3)
+            for i in range(n)
+        ]
+        rnd.shuffle(spans)
+        book, parents, with_usage = TraceBook(), {}, set()
+        while spans:
+            cut = rnd.randint(1, 5)
+            batch, spans = spans[:cut], spans[cut:]
+            book.learn(batch)
+            for s in batch:
+                if s.parent_span_id:
+                    parents[s.span_id] = s.parent_span_id
+                if otel.has_usage(s):
+                    with_usage.add(s.span_id)
+            assert set(book.usage_below) == _walked_up(parents, with_usage, hops)
+
+
+async def test_the_receiver_copies_nothing_it_saw_before_per_export(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copied = [0]
+
+    def counting_set(items: Any = ()) -> set[Any]:
+        made = set(items)
+        copied[0] += len(made)
+        return made
+
+    monkeypatch.setattr(otlp, "set", counting_set, raising=False)
+    receiver = Receiver(Settings(), "fleet-01")
+    receiver.publisher = _Publisher()  # type: ignore[assignment]
+    receiver.fleets = _Fleets()  # type: ignore[assignment]
+    receiver.book.done.update(f"{i:016x}" for i in range(10_000))  # spans of earlier exports
+    body = json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "scopeSpans": [
+                        {"spans": [_otlp_json(_span(10**6 + i, None, True)) for i in range(3)]}
+                    ]
+                }
+            ]
+        }
+    ).encode()
+    async with TestClient(TestServer(app(receiver))) as client:
+        answer = await client.post(
+            "/v1/traces", data=body, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status == 200
+    assert copied[0] <= 3 * 3, copied  # (a few sets of the export's own spans; 10,000 before)
+
+
+def _otlp_json(s: Span) -> dict[str, Any]:
+    return {
+        "traceId": s.trace_id,
+        "spanId": s.span_id,
+        "name": s.name,
+        "startTimeUnixNano": str(s.start_ns),
+        "endTimeUnixNano": str(s.end_ns),
+        "attributes": [{"key": k, "value": {"intValue": str(v)}} for k, v in s.attributes.items()],
+    }
+
+
+class _Publisher:
+    def __init__(self) -> None:
+        self.book = SimpleNamespace(last={})
+
+    async def resume(self, runs: object) -> None:
+        return None
+
+    async def publish_batch(self, entries: list[Any]) -> list[Any]:
+        return entries
+
+
+class _Fleets:
+    unanswered = False
+
+    def elsewhere(self, runs: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        return []
+
+    def close(self) -> None:
+        return None
