@@ -4,6 +4,7 @@ scanned, calls), never by timing, with the old behaviour kept as the reference r
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -12,7 +13,10 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from rich.text import Text
 
+from consumers.render import print_memory
+from infra.cli_support import SafeConsole
 from infra.settings import Settings
 from projectors import context_manifests
 from projectors.context_manifests import _key_lines
@@ -255,3 +259,33 @@ class _Fleets:
 
     def close(self) -> None:
         return None
+
+
+# --- the command line's console (rich) ------------------------------------------------------
+
+
+def test_the_console_runs_no_backtracking_regex_over_untrusted_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # rich's repr highlighter ran [\w.]*?\( (and more) over every printed text: `memory` with a
+    # task goal of one 20,000-character word took 3.1 s, one word of 50,000 characters 30 s.
+    searched: dict[str, int] = {}
+    highlight_regex = Text.highlight_regex
+
+    def counting(text: Text, re_highlight: Any, *args: Any, **kwargs: Any) -> int:
+        pattern = re_highlight if isinstance(re_highlight, re.Pattern) else re.compile(re_highlight)
+        if backtracking_repeats(pattern):
+            searched[pattern.pattern[:40]] = searched.get(pattern.pattern[:40], 0) + len(text)
+        result: int = highlight_regex(text, re_highlight, *args, **kwargs)
+        return result
+
+    monkeypatch.setattr(Text, "highlight_regex", counting)
+    out = io.StringIO()
+    console = SafeConsole(file=out, force_terminal=True, color_system="standard", width=120)
+    goal = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODkw" * 20
+    state = {"run_id": "run-1", "fleet_id": "fleet-01", "snapshot_version": 1, "task_goal": goal}
+    print_memory(console, {"state": state, "applied_seq": 3})
+    console.print(f"note: {goal} (1.5, 'x', None)")
+    assert searched == {}
+    shown = out.getvalue()
+    assert goal in shown.replace("\n", "") and "\x1b[1m" in shown  # (its own styles stay)
