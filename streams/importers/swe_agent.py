@@ -475,7 +475,7 @@ def _swe_model(doc: dict[str, Any]) -> str | None:
     if isinstance(config, str):
         try:
             config = json.loads(config)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     name = obj(obj(obj(config).get("agent")).get("model")).get("name")
     return name if isinstance(name, str) and name else None

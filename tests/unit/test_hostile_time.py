@@ -4,10 +4,12 @@ scanned, calls), never by timing, with the old behaviour kept as the reference r
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import random
 import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,18 +18,24 @@ from aiohttp.test_utils import TestClient, TestServer
 from rich.text import Text
 
 from consumers.render import print_memory
+from consumers.web import app as web_app
 from infra.cli_support import SafeConsole
 from infra.settings import Settings
 from projectors import context_manifests, working_memory
 from projectors.context_manifests import _key_lines
 from projectors.working_memory import WorkingMemoryProjection
+from schemas.errors import BadArgumentError
 from schemas.factory import EntryBuilder, verification
 from schemas.models import EntryKind, VerificationStatus
-from streams import otlp
-from streams.importers import otel, swe_agent
+from streams import otlp, publish_file
+from streams.importers import claude_code, codex, openhands, otel, swe_agent
+from streams.importers.base import ImportFormatError
+from streams.importers.detect import detect
 from streams.importers.otel import Span, TraceBook, runs_from_spans
 from streams.importers.swe_agent import _text_action
+from streams.importers.verdicts import read_report
 from streams.otlp import Receiver, app
+from tests.packs import SAMPLES
 from tests.unit.regex_work import CountingSearch, backtracking_repeats, patterns_used
 
 # --- the tool output's key lines (context_manifests) ---------------------------------------
@@ -334,3 +342,60 @@ def test_working_memory_tokenizes_each_fact_once_not_once_per_new_fact(
     # distinct passing checks folded in 4.1/11.7/36 s.
     counts = [_tokenized(200, monkeypatch), _tokenized(400, monkeypatch)]
     assert counts[1] <= 2 * counts[0] + 10, counts
+
+
+# --- JSON nested past Python's recursion limit: a clear answer, never a RecursionError --------
+
+CODEX_SAMPLE = (
+    SAMPLES
+    / "codex"
+    / ("localpush-rollout-2026-02-23T20-34-25-019c8bfe-ec25-79e0-97d7-bda6a9c575ff.jsonl")
+)
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_codex_tool_output_of_deep_json_is_kept_as_text(tmp_path: Path) -> None:
+    # The output text is parsed when it starts with "{" (Codex CLI's JSON outputs): a hostile
+    # tool output nested past the recursion limit crashed the whole rollout's import.
+    lines = []
+    for line in CODEX_SAMPLE.read_text().splitlines():
+        doc = json.loads(line)
+        if doc.get("payload", {}).get("type") == "function_call_output":
+            doc["payload"]["output"] = '{"a":' * 100_000 + "1" + "}" * 100_000
+        lines.append(json.dumps(doc))
+    rollout = tmp_path / "rollout-deep.jsonl"
+    rollout.write_text("\n".join(lines) + "\n")
+    runs, _ = codex.import_file(rollout, "fleet-01")
+    assert runs and runs[0].entries
+
+
+def test_deep_json_files_are_not_json_to_every_reader(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP)
+    with pytest.raises(ImportFormatError):
+        openhands.import_file(deep, "fleet-01")
+    with pytest.raises(ImportFormatError):
+        read_report(deep)
+    assert detect(deep) is None
+    first = tmp_path / "first.jsonl"
+    first.write_text(DEEP + '\n{"a": 1}\n')
+    assert detect(first) is None
+    session = tmp_path / "session"
+    (session / "events").mkdir(parents=True)
+    (session / "metadata.json").write_text("{}")
+    (session / "events" / "0.json").write_text(DEEP)
+    with pytest.raises(ImportFormatError):
+        openhands._session_events(session)
+    follow = tmp_path / "session.jsonl"
+    follow.write_text('{"type": "user"}\n' + DEEP + "\n")
+    assert claude_code.still_streaming(follow) is False
+    assert swe_agent._swe_model({"replay_config": DEEP}) is None
+    assert publish_file._run_of(DEEP.encode()) is None
+
+
+def test_a_deep_cursor_is_refused_as_a_cursor() -> None:
+    cursor = base64.urlsafe_b64encode(DEEP.encode()).decode()
+    with pytest.raises(BadArgumentError):
+        web_app.run_cursor_key("cost", cursor)
+    with pytest.raises(web_app.HttpError):
+        web_app._offset(cursor)
