@@ -665,9 +665,9 @@ def _with_fact(
         None,
     )
     fact_id = same.fact_id if same else f"fact-{len(state.known_facts) + 1}"
+    keys, by = {key, *also_about}, f"fact:{fact_id}"  # (made once, not once per fact)
     facts = tuple(
-        f if f.fact_id == fact_id else _superseded(f, {key, *also_about}, f"fact:{fact_id}", seq)
-        for f in state.known_facts
+        f if f.fact_id == fact_id else _superseded(f, keys, by, seq) for f in state.known_facts
     )
     if same is not None:
         merged = same.model_copy(update={"evidence": _merged(same.evidence, refs)})
