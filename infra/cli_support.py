@@ -40,7 +40,17 @@ class SafeConsole(Console):
     cell, a line, a section of untrusted text) passes :func:`terminal_safe` before its style
     is applied, so the console's own colours stay (found trying the product: `memory` and
     `context --render` printed a tool output's colour codes, clear-screen, OSC 8 links, bells
-    and right-to-left overrides to the terminal)."""
+    and right-to-left overrides to the terminal).
+
+    Nor is untrusted text coloured by guesswork: rich's repr highlighter (numbers, strings,
+    calls, URLs in whatever is printed) is off unless asked for. Its regexes backtrack on long
+    words (``[\\w.]*?\\(`` from every letter of a word with no parenthesis): `memory` printing a
+    task goal of one 20,000-character word (a base64 blob) took 3.1 s, and printing one word of
+    50,000 characters 30 s. The console's own markup styles stay."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        options.setdefault("highlight", False)
+        super().__init__(*args, **options)
 
     def print(self, *objects: Any, **options: Any) -> None:
         """Text made terminal-safe before rich reads it (rich drops BEL, BS, CR and the like

@@ -194,12 +194,14 @@ _ROLES: dict[EntryKind, str] = {
 }
 SUMMARY_SCHEMA = "agentledger.summary"
 SUMMARY_VERSION = 1
-_KEY_LINE = re.compile(
-    r"^.*(?:Error|Exception|Traceback|FAILED|FAIL\b|Failed|failed|assert|panic|fatal|"
-    r"error\b|expected .* got).*$",
-    re.MULTILINE,
+# A key line holds one of these words, or "expected " and then " got" later on the line. (As
+# one regex, ``^.*(?:…|expected .* got).*$``, each "expected " made it scan the rest of the line
+# again: 200,000 characters of "expected expected …" took 3 s of the worker's fold.)
+_KEY_WORD = re.compile(
+    r"Error|Exception|Traceback|FAILED|FAIL\b|Failed|failed|assert|panic|fatal|error\b"
 )
-# A word every match of _KEY_LINE contains (it is case-sensitive): text without any has none.
+_EXPECTED, _GOT = "expected ", " got"
+# A word every key line contains (case-sensitive): text without any has none.
 _KEY_WORDS = (
     "Error", "Exception", "Traceback", "FAIL", "Failed", "failed", "assert", "panic", "fatal",
     "error", "expected ",
@@ -1282,10 +1284,45 @@ def _key_lines(text: str, keep: int = 3) -> tuple[str, ...]:
     """The last error-looking lines of a tool output (what a model needs when the output itself
     is cleared: ``AssertionError: expected 10 got 9 at orders.py:42``), each at most 300 chars."""
     tail = text[-200_000:]
-    if not any(word in tail for word in _KEY_WORDS):  # no line can match: skip the regex
+    if not any(word in tail for word in _KEY_WORDS):  # no line can match: skip the search
         return ()
-    found = [m.group(0).strip()[:300] for m in _KEY_LINE.finditer(tail)]
+    starts = sorted(_word_lines(tail) | _expected_got_lines(tail))
+    found = [tail[start : _line_end(tail, start)].strip()[:300] for start in starts]
     return tuple(dict.fromkeys(line for line in found if line))[-keep:]
+
+
+def _line_end(text: str, at: int) -> int:
+    end = text.find("\n", at)
+    return len(text) if end < 0 else end
+
+
+def _line_start(text: str, line_at_or_before: int, at: int) -> int:
+    """The start of the line holding ``at``, looked for back to a known line start only."""
+    newline = text.rfind("\n", line_at_or_before, at)
+    return line_at_or_before if newline < 0 else newline + 1
+
+
+def _word_lines(text: str) -> set[int]:
+    """The starts of the lines holding a key word; each line searched once (linear)."""
+    starts: set[int] = set()
+    at = 0
+    while (m := _KEY_WORD.search(text, at)) is not None:
+        starts.add(_line_start(text, at, m.start()))
+        at = _line_end(text, m.end()) + 1
+    return starts
+
+
+def _expected_got_lines(text: str) -> set[int]:
+    """The starts of the lines with "expected " and then " got" later on them (the first
+    "expected " of a line decides: any " got" after a later one is after it too)."""
+    starts: set[int] = set()
+    at = 0
+    while (i := text.find(_EXPECTED, at)) >= 0:
+        end = _line_end(text, i)
+        if text.find(_GOT, i + len(_EXPECTED), end) >= 0:
+            starts.add(_line_start(text, at, i))
+        at = end + 1
+    return starts
 
 
 def _summary_item(

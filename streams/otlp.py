@@ -99,7 +99,7 @@ class Receiver:
             return web.Response(status=400, text=f"not an OTLP trace export: {type(exc).__name__}")
         async with self.lock:
             spans, rejected, refused = await self._one_fleet_each(spans)
-            done_before = set(self.book.done)
+            new = {s.span_id for s in spans} - self.book.done  # (not a copy of all it has seen)
             runs = runs_from_spans(spans, self.fleet_id, self.book, self.run_attribute)
             rejected += len(self.book.refused)
             refused += self.book.refused
@@ -123,7 +123,7 @@ class Receiver:
                 return web.Response(status=400, text=f"refused: {exc}")
             except AgentLedgerError as exc:
                 if not published:  # nothing of this export went out: its retry maps it again
-                    self.book.done = done_before
+                    self.book.done -= new
                     log.warning("otlp: not published (the sender retries): %s", exc)
                 else:
                     log.error(

@@ -43,7 +43,7 @@ def _run_of(line: bytes) -> str | None:
     """The run id an invalid line names, when it is JSON at all."""
     try:
         found = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     run_id = found.get("run_id") if isinstance(found, dict) else None
     return run_id if isinstance(run_id, str) else None

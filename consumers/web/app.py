@@ -450,7 +450,7 @@ def create_app(
         try:
             body = json.loads(await request.body())
             source, reason = str(body["source"]), str(body["reason"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise HttpError(400, 'a JSON body {"source": ..., "reason": ...}') from None
         done = await asyncio.to_thread(dismissed, request, who, source, reason)
         return {"source": source, "dismissed": done}
@@ -792,7 +792,7 @@ def run_cursor_key(sort: str, cursor: str | None) -> tuple[Any, str] | None:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         doc = json.loads(raw)
         given, value, run_id = doc["s"], doc["v"], doc["r"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise BadArgumentError("cursor: not a cursor this server gave") from None
     if given != sort or not isinstance(run_id, str) or not isinstance(value, str | None):
         raise BadArgumentError("cursor: not a cursor this server gave (for this sort)")
@@ -805,7 +805,7 @@ def _offset(cursor: str | None) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         offset = json.loads(raw)["o"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise HttpError(400, "cursor: not a cursor this server gave") from None
     if not isinstance(offset, int) or offset < 0:
         raise HttpError(400, "cursor: not a cursor this server gave")

@@ -178,7 +178,7 @@ def still_streaming(path: Path) -> bool:
             f.seek(max(0, f.tell() - 256 * 1024))
             tail = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
         doc = json.loads(tail)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (JSON nested past Python's limit)
         return False
     message = doc.get("message") if isinstance(doc, dict) else None
     return (

@@ -279,7 +279,7 @@ def _result(
             meta = json.loads(output).get("metadata") or {}
             exit_code = meta.get("exit_code") if type(meta.get("exit_code")) is int else None
             text = str(json.loads(output).get("output") or text)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # (not JSON, or nested too deep)
             pass
     if exit_code is None and isinstance(text, str):  # Desktop 0.128: only in the output text
         said = _EXITED.search(text[:2000])

@@ -63,7 +63,7 @@ def _first_line(head: bytes) -> Any:
         if raw.strip():
             try:
                 return json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
     return None
 

@@ -95,7 +95,7 @@ def _is_completion_log(path: Path) -> bool:
         return False
     try:
         doc = json.loads(path.read_bytes())
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return _completion(doc) is not None
 
@@ -129,7 +129,7 @@ def import_file(
     try:
         doc: Any = json.loads(data)
         instances = None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         instances = _jsonl(data)
         if instances is None:
             raise ImportFormatError(f"{path}: not JSON ({exc})") from None
@@ -174,7 +174,7 @@ def _completions(folder: Path, fleet_id: str, summary: Summary) -> ImportedRun |
     for file in sorted(folder.glob("*.json")):
         try:
             doc = _completion(json.loads(file.read_bytes()))
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = None
         if doc is None:
             summary.skipped["file that is not a completion log"] += 1
@@ -267,7 +267,7 @@ def _jsonl(data: bytes) -> list[dict[str, Any]] | None:
             continue
         try:
             doc = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(doc, dict):
             return None
@@ -282,7 +282,7 @@ def _session_events(folder: Path) -> list[Any]:
     for file in sorted(files, key=lambda p: int(p.stem)):
         try:
             events.append(json.loads(file.read_bytes()))
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ImportFormatError(f"{file}: not JSON") from None
     return events
 

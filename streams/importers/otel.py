@@ -288,6 +288,11 @@ def is_tool(span: Span) -> bool:
     )
 
 
+# How far up a span with usage makes its ancestors' usage a repeat of its own (a loop of
+# parents must end somewhere).
+USAGE_HOPS = 1000
+
+
 @dataclass
 class TraceBook:
     """What the mapping remembers across batches: spans with usage and each span's parent (to
@@ -299,6 +304,46 @@ class TraceBook:
     # spans the mapping refused (a value the contract refuses, e.g. a negative token count):
     # "span <id>: <field>: <why>", no value quoted; the caller says so and empties it
     refused: list[str] = field(default_factory=list)
+    # each span with a span with usage below it: the fewest hops up from one (1 to USAGE_HOPS),
+    # kept up to date as spans arrive (see learn)
+    usage_below: dict[str, int] = field(default_factory=dict)
+
+    def learn(self, spans: list[Span]) -> None:
+        """Take in a batch's parents and usage, and update ``usage_below`` from the spans they
+        change only. (Walking up from every span with usage ever seen, in every batch, made a
+        receiver's export cost grow with all the spans it had received: 16,000 exports of one
+        span took 35 s, each slower than the one before.) The same spans as that walk found,
+        but for a span sent again naming another parent: what its first parent was given stays
+        (the walk followed the latest parent only)."""
+        for s in spans:
+            if s.parent_span_id:
+                self.parents[s.span_id] = s.parent_span_id
+            if has_usage(s):
+                self.with_usage.add(s.span_id)
+        # Breadth first from the batch's spans, nearest first, so a span's distance is settled
+        # once per batch: those with usage at 0, the others at the distance they already have.
+        level: list[str] = []
+        later: dict[int, list[str]] = {}
+        for s in spans:
+            if s.span_id in self.with_usage:
+                level.append(s.span_id)
+            elif s.span_id in self.usage_below:
+                later.setdefault(self.usage_below[s.span_id], []).append(s.span_id)
+        for hops in range(USAGE_HOPS):
+            level += later.pop(hops, [])
+            following: list[str] = []
+            for span_id in level:
+                if hops and self.usage_below.get(span_id, hops) < hops:
+                    continue  # (reached again nearer: taken from there)
+                parent = self.parents.get(span_id)
+                if parent is None or self.usage_below.get(parent, USAGE_HOPS + 1) <= hops + 1:
+                    continue
+                self.usage_below[parent] = hops + 1
+                if parent not in self.with_usage:  # (one with usage went on from 0 already)
+                    following.append(parent)
+            level = following
+            if not level and not later:
+                break
 
 
 def runs_from_spans(
@@ -310,18 +355,8 @@ def runs_from_spans(
     """Entries for spans not seen before, grouped by run, each run's numbered from 1 (the
     caller renumbers after what the ledger holds)."""
     book = book or TraceBook()
-    for s in spans:
-        if s.parent_span_id:
-            book.parents[s.span_id] = s.parent_span_id
-        if has_usage(s):
-            book.with_usage.add(s.span_id)
-    has_usage_below: set[str] = set()
-    for span_id in book.with_usage:
-        parent = book.parents.get(span_id)
-        hops = 0
-        while parent is not None and hops < 1000:
-            has_usage_below.add(parent)
-            parent, hops = book.parents.get(parent), hops + 1
+    book.learn(spans)
+    has_usage_below = book.usage_below
     runs: dict[str, ImportedRun] = {}
     ends: list[tuple[ImportedRun, Span]] = []
     for s in sorted(spans, key=lambda x: (x.start_ns, x.span_id)):

@@ -57,7 +57,7 @@ def read_report(path: Path) -> list[Judged]:
     """The verdicts of one report file (see the module's list of layouts)."""
     try:
         doc = json.loads(path.read_bytes())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ImportFormatError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise ImportFormatError(f"{path}: not a JSON object; not a SWE-bench report")

@@ -1,0 +1,401 @@
+"""Untrusted text that made a pure function take time faster than its length grows: each case
+fixed at its cause, and held here by counted work (regex backtracking points, characters
+scanned, calls), never by timing, with the old behaviour kept as the reference result."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from rich.text import Text
+
+from consumers.render import print_memory
+from consumers.web import app as web_app
+from infra.cli_support import SafeConsole
+from infra.settings import Settings
+from projectors import context_manifests, working_memory
+from projectors.context_manifests import _key_lines
+from projectors.working_memory import WorkingMemoryProjection
+from schemas.errors import BadArgumentError
+from schemas.factory import EntryBuilder, verification
+from schemas.models import EntryKind, VerificationStatus
+from streams import otlp, publish_file
+from streams.importers import claude_code, codex, openhands, otel, swe_agent
+from streams.importers.base import ImportFormatError
+from streams.importers.detect import detect
+from streams.importers.otel import Span, TraceBook, runs_from_spans
+from streams.importers.swe_agent import _text_action
+from streams.importers.verdicts import read_report
+from streams.otlp import Receiver, app
+from tests.packs import SAMPLES
+from tests.unit.regex_work import CountingSearch, backtracking_repeats, patterns_used
+
+# --- the tool output's key lines (context_manifests) ---------------------------------------
+
+# The regex _key_lines used before (its results are the reference).
+_OLD_KEY_LINE = re.compile(
+    r"^.*(?:Error|Exception|Traceback|FAILED|FAIL\b|Failed|failed|assert|panic|fatal|"
+    r"error\b|expected .* got).*$",
+    re.MULTILINE,
+)
+
+
+def _old_key_lines(text: str, keep: int = 3) -> tuple[str, ...]:
+    found = [m.group(0).strip()[:300] for m in _OLD_KEY_LINE.finditer(text[-200_000:])]
+    return tuple(dict.fromkeys(line for line in found if line))[-keep:]
+
+
+def test_key_lines_run_no_backtracking_regex() -> None:
+    # ^.*(…|expected .* got).*$ scanned the rest of a line again for each "expected " on it:
+    # 200,000 characters of "expected expected …" took 3 s of a worker's fold, per entry.
+    used = patterns_used(_key_lines)
+    assert used, "no regex found: the test no longer sees what _key_lines runs"
+    assert {name: backtracking_repeats(p) for name, p in used.items()} == dict.fromkeys(used, 0)
+
+
+@pytest.mark.parametrize(
+    "unit", ["expected ", "expected x got y Error ", "Error\n", "\n", "x FAIL", "expected\n"]
+)
+def test_key_lines_scan_each_character_a_bounded_number_of_times(
+    unit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counted = CountingSearch(context_manifests._KEY_WORD)
+    monkeypatch.setattr(context_manifests, "_KEY_WORD", counted)
+    text = unit * (20_000 // len(unit))
+    assert _key_lines(text) == _old_key_lines(text)
+    assert counted.scanned <= len(text) + 1
+
+
+def test_key_lines_give_what_the_old_regex_gave() -> None:
+    rnd = random.Random(7)
+    pieces = [
+        *("Error", "error", "errors", "error_", "FAIL", "FAILED", "FAILé", "Traceback"),
+        *("expected ", " got", "got", "assert", "panic", "\n", "\r", "\t", " ", "x", "é"),
+    ]
+    for _ in range(20_000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 16)))
+        for keep in (1, 3, 10):
+            assert _key_lines(text, keep) == _old_key_lines(text, keep), repr(text)
+    long = ("x" * 400 + " Error\n") * 600 + "expected 10 got 9\n"
+    assert _key_lines(long) == _old_key_lines(long)
+
+
+# --- mini-swe-agent 1.x's bash block (importer) ---------------------------------------------
+
+_OLD_BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def request(self, *args: object) -> None:
+        arguments = args[-1]
+        assert isinstance(arguments, dict)
+        self.commands.append(arguments["command"])
+
+
+def _command(text: str) -> str | None:
+    run = _Run()
+    call_id = _text_action(run, text, None, 1)  # type: ignore[arg-type]
+    return run.commands[0] if call_id is not None else None
+
+
+def test_bash_block_runs_no_backtracking_regex() -> None:
+    # r"```bash\s*\n(.*?)\n```" retried its lazy body from every unclosed fence, and from every
+    # newline after one: 100,000 characters of "```bash\nx " took 11 s to import, a fence
+    # then 50,000 newlines 13 s.
+    used = patterns_used(_text_action)
+    assert {name: backtracking_repeats(p) for name, p in used.items()} == dict.fromkeys(used, 0)
+    assert "_BASH_BLOCK" not in vars(swe_agent)
+
+
+def test_bash_block_gives_what_the_old_regex_gave() -> None:
+    rnd = random.Random(11)
+    pieces = ["```bash", "```", "\n", " ", "\t", "x", "bash", "`", "\n```", "\u2028", "\x0b"]
+    for _ in range(50_000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 12)))
+        old = _OLD_BASH_BLOCK.search(text)
+        assert _command(text) == (old[1] if old else None), repr(text)
+    assert _command("think\n```bash\nls -la\n```\n") == "ls -la"
+    assert _command("```bash\n\n```") == ""  # the whitespace's last newline opens the close
+    assert _command("```bash\nx " * 1000) is None
+
+
+# --- OpenTelemetry spans: the receiver's book (importer and `agentledger otlp`) --------------
+
+
+class _CountingParents(dict[str, str]):
+    """A span's parents, counting the look-ups made in them."""
+
+    looked_up = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _CountingParents.looked_up += 1
+        return super().get(key, default)
+
+
+def _span(i: int, parent: int | None, usage: bool, trace: int = 1) -> Span:
+    return Span(
+        trace_id=f"{trace:032x}",
+        span_id=f"{i:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name="chat",
+        start_ns=1_788_787_518_970_589_000 + i,
+        end_ns=1_788_787_518_970_589_001 + i,
+        attributes={"gen_ai.usage.input_tokens": 5} if usage else {},
+        error=False,
+    )
+
+
+def _look_ups(exports: int) -> int:
+    book = TraceBook(parents=_CountingParents())
+    _CountingParents.looked_up = 0
+    for i in range(exports):  # one span an export (a SimpleSpanProcessor), each of its trace
+        runs_from_spans([_span(i, 10**9 + i, usage=True, trace=i)], "fleet-01", book)
+    return _CountingParents.looked_up
+
+
+def test_an_export_costs_its_own_spans_not_every_span_seen_before() -> None:
+    # Each export walked up from every span with usage the receiver had ever seen: 16,000
+    # exports of one span took 35 s, the last ones 4 ms each and growing.
+    counts = [_look_ups(500), _look_ups(1_000)]
+    assert counts[1] <= 2 * counts[0] + 10, counts
+
+
+def _walked_up(parents: dict[str, str], with_usage: set[str], hops: int) -> set[str]:
+    """The spans with usage below them as runs_from_spans found them before: walking up."""
+    out = set()
+    for span_id in with_usage:
+        parent, walked = parents.get(span_id), 0
+        while parent is not None and walked < hops:
+            out.add(parent)
+            parent, walked = parents.get(parent), walked + 1
+    return out
+
+
+@pytest.mark.parametrize("hops", [1, 3, 1000])  # (1000: USAGE_HOPS)
+def test_usage_below_is_what_walking_up_found(hops: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otel, "USAGE_HOPS", hops)
+    rnd = random.Random(hops)
+    for _ in range(1_500):
+        n = rnd.randint(1, 24)  # parents drawn at random: chains, trees, loops, unknown ones
+        spans = [
+            _span(i, rnd.randrange(n + 3) if rnd.random() < 0.8 else None, rnd.random() < 0.3)
+            for i in range(n)
+        ]
+        rnd.shuffle(spans)
+        book, parents, with_usage = TraceBook(), {}, set()
+        while spans:
+            cut = rnd.randint(1, 5)
+            batch, spans = spans[:cut], spans[cut:]
+            book.learn(batch)
+            for s in batch:
+                if s.parent_span_id:
+                    parents[s.span_id] = s.parent_span_id
+                if otel.has_usage(s):
+                    with_usage.add(s.span_id)
+            assert set(book.usage_below) == _walked_up(parents, with_usage, hops)
+
+
+async def test_the_receiver_copies_nothing_it_saw_before_per_export(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copied = [0]
+
+    def counting_set(items: Any = ()) -> set[Any]:
+        made = set(items)
+        copied[0] += len(made)
+        return made
+
+    monkeypatch.setattr(otlp, "set", counting_set, raising=False)
+    receiver = Receiver(Settings(), "fleet-01")
+    receiver.publisher = _Publisher()  # type: ignore[assignment]
+    receiver.fleets = _Fleets()  # type: ignore[assignment]
+    receiver.book.done.update(f"{i:016x}" for i in range(10_000))  # spans of earlier exports
+    body = json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "scopeSpans": [
+                        {"spans": [_otlp_json(_span(10**6 + i, None, True)) for i in range(3)]}
+                    ]
+                }
+            ]
+        }
+    ).encode()
+    async with TestClient(TestServer(app(receiver))) as client:
+        answer = await client.post(
+            "/v1/traces", data=body, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status == 200
+    assert copied[0] <= 3 * 3, copied  # (a few sets of the export's own spans; 10,000 before)
+
+
+def _otlp_json(s: Span) -> dict[str, Any]:
+    return {
+        "traceId": s.trace_id,
+        "spanId": s.span_id,
+        "name": s.name,
+        "startTimeUnixNano": str(s.start_ns),
+        "endTimeUnixNano": str(s.end_ns),
+        "attributes": [{"key": k, "value": {"intValue": str(v)}} for k, v in s.attributes.items()],
+    }
+
+
+class _Publisher:
+    def __init__(self) -> None:
+        self.book = SimpleNamespace(last={})
+
+    async def resume(self, runs: object) -> None:
+        return None
+
+    async def publish_batch(self, entries: list[Any]) -> list[Any]:
+        return entries
+
+
+class _Fleets:
+    unanswered = False
+
+    def elsewhere(self, runs: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+# --- the command line's console (rich) ------------------------------------------------------
+
+
+def test_the_console_runs_no_backtracking_regex_over_untrusted_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # rich's repr highlighter ran [\w.]*?\( (and more) over every printed text: `memory` with a
+    # task goal of one 20,000-character word took 3.1 s, one word of 50,000 characters 30 s.
+    searched: dict[str, int] = {}
+    highlight_regex = Text.highlight_regex
+
+    def counting(text: Text, re_highlight: Any, *args: Any, **kwargs: Any) -> int:
+        pattern = re_highlight if isinstance(re_highlight, re.Pattern) else re.compile(re_highlight)
+        if backtracking_repeats(pattern):
+            searched[pattern.pattern[:40]] = searched.get(pattern.pattern[:40], 0) + len(text)
+        result: int = highlight_regex(text, re_highlight, *args, **kwargs)
+        return result
+
+    monkeypatch.setattr(Text, "highlight_regex", counting)
+    out = io.StringIO()
+    console = SafeConsole(file=out, force_terminal=True, color_system="standard", width=120)
+    goal = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODkw" * 20
+    state = {"run_id": "run-1", "fleet_id": "fleet-01", "snapshot_version": 1, "task_goal": goal}
+    print_memory(console, {"state": state, "applied_seq": 3})
+    console.print(f"note: {goal} (1.5, 'x', None)")
+    assert searched == {}
+    shown = out.getvalue()
+    assert goal in shown.replace("\n", "") and "\x1b[1m" in shown  # (its own styles stay)
+
+
+# --- working memory: a run of many distinct checks -------------------------------------------
+
+
+class _CountingTokens:
+    """working_memory's token regex, counting the texts it tokenizes."""
+
+    def __init__(self, regex: re.Pattern[str]) -> None:
+        self.regex = regex
+        self.texts = 0
+
+    def findall(self, text: str) -> list[str]:
+        self.texts += 1
+        return self.regex.findall(text)
+
+
+def _tokenized(checks: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    getattr(working_memory, "_NORMALIZED", {}).clear()
+    counting = _CountingTokens(working_memory._TOKEN)
+    monkeypatch.setattr(working_memory, "_TOKEN", counting)
+    b = EntryBuilder()
+    b.add(EntryKind.RUN_STARTED)
+    for i in range(checks):  # a verifier reporting each test case: a fact each
+        part = verification(VerificationStatus.PASSED)
+        b.add(EntryKind.VERIFIER_RESULT, (part.model_copy(update={"check_id": f"t.py::test_{i}"}),))
+    projection = WorkingMemoryProjection()
+    state = projection.initial(b.entries[0])
+    for entry in b.entries:
+        state = projection.fold(state, entry)
+    assert len(state.known_facts) == checks
+    monkeypatch.undo()
+    return counting.texts
+
+
+def test_working_memory_tokenizes_each_fact_once_not_once_per_new_fact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each new fact was compared with every fact by tokenizing both again: 1,000/2,000/4,000
+    # distinct passing checks folded in 4.1/11.7/36 s.
+    counts = [_tokenized(200, monkeypatch), _tokenized(400, monkeypatch)]
+    assert counts[1] <= 2 * counts[0] + 10, counts
+
+
+# --- JSON nested past Python's recursion limit: a clear answer, never a RecursionError --------
+
+CODEX_SAMPLE = (
+    SAMPLES
+    / "codex"
+    / ("localpush-rollout-2026-02-23T20-34-25-019c8bfe-ec25-79e0-97d7-bda6a9c575ff.jsonl")
+)
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_codex_tool_output_of_deep_json_is_kept_as_text(tmp_path: Path) -> None:
+    # The output text is parsed when it starts with "{" (Codex CLI's JSON outputs): a hostile
+    # tool output nested past the recursion limit crashed the whole rollout's import.
+    lines = []
+    for line in CODEX_SAMPLE.read_text().splitlines():
+        doc = json.loads(line)
+        if doc.get("payload", {}).get("type") == "function_call_output":
+            doc["payload"]["output"] = '{"a":' * 100_000 + "1" + "}" * 100_000
+        lines.append(json.dumps(doc))
+    rollout = tmp_path / "rollout-deep.jsonl"
+    rollout.write_text("\n".join(lines) + "\n")
+    runs, _ = codex.import_file(rollout, "fleet-01")
+    assert runs and runs[0].entries
+
+
+def test_deep_json_files_are_not_json_to_every_reader(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP)
+    with pytest.raises(ImportFormatError):
+        openhands.import_file(deep, "fleet-01")
+    with pytest.raises(ImportFormatError):
+        read_report(deep)
+    assert detect(deep) is None
+    first = tmp_path / "first.jsonl"
+    first.write_text(DEEP + '\n{"a": 1}\n')
+    assert detect(first) is None
+    session = tmp_path / "session"
+    (session / "events").mkdir(parents=True)
+    (session / "metadata.json").write_text("{}")
+    (session / "events" / "0.json").write_text(DEEP)
+    with pytest.raises(ImportFormatError):
+        openhands._session_events(session)
+    follow = tmp_path / "session.jsonl"
+    follow.write_text('{"type": "user"}\n' + DEEP + "\n")
+    assert claude_code.still_streaming(follow) is False
+    assert swe_agent._swe_model({"replay_config": DEEP}) is None
+    assert publish_file._run_of(DEEP.encode()) is None
+
+
+def test_a_deep_cursor_is_refused_as_a_cursor() -> None:
+    cursor = base64.urlsafe_b64encode(DEEP.encode()).decode()
+    with pytest.raises(BadArgumentError):
+        web_app.run_cursor_key("cost", cursor)
+    with pytest.raises(web_app.HttpError):
+        web_app._offset(cursor)
