@@ -66,7 +66,7 @@ import re
 import sys
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -1249,19 +1249,26 @@ SARIFPM_PREFIXES = (
 _PERIODIC = re.compile(r"^(.{1,8}?)\1{2,}$")
 
 
-def build_sarifpm() -> tuple[list[dict[str, Any]], Counter[str]]:
+def copied_rows(
+    source: str,
+    not_secret: Mapping[str, str],
+    not_copied: Mapping[str, int],
+    name_of: Callable[[dict[str, Any]], str],
+    prefixes: tuple[str, ...],
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """The rows of a source copied by hand line by line (``<source>-tests.jsonl``: each line's
+    ``want``, field -> value), by the drop rules every such source shares: a field of
+    ``not_secret`` is dropped under the reason it names, then duplicates (same line, same
+    value), values another stored corpus holds, periodic placeholders and the shared rules
+    (``keep``); each row's rule is ``<source>.<name_of(case)>``."""
     rows: list[dict[str, Any]] = []
-    dropped: Counter[str] = Counter(SARIFPM_NOT_COPIED)
-    elsewhere = other_sources_secrets("sarifpm")
+    dropped: Counter[str] = Counter(not_copied)
+    elsewhere = other_sources_secrets(source)
     seen: set[tuple[str, str]] = set()
-    for case in copied_cases("sarifpm-tests"):
+    for case in copied_cases(f"{source}-tests"):
         for field, value in case["want"].items():
-            if field in SARIFPM_NOT_SECRET:
-                dropped[
-                    "not-a-secret"
-                    if field not in ("SourceNegative", "Placeholder")
-                    else "source-negative-or-placeholder"
-                ] += 1
+            if field in not_secret:
+                dropped[not_secret[field]] += 1
                 continue
             if (case["input"], value) in seen:
                 dropped["duplicate"] += 1
@@ -1273,18 +1280,28 @@ def build_sarifpm() -> tuple[list[dict[str, Any]], Counter[str]]:
                 dropped["placeholder"] += 1
             elif keep(value, dropped):
                 copy = {**case, "test": field}
-                name = case["path"].rsplit("/", 1)[-1]
-                row = wanted_row("sarifpm", "sarifpm." + name, copy, value, SARIFPM_PREFIXES)
-                rows.append(row)
+                rows.append(wanted_row(source, f"{source}.{name_of(copy)}", copy, value, prefixes))
     return rows, dropped
 
 
-def fetch_sarifpm() -> None:
-    """Download each input file the copied lines name at its commit and check each line is in it."""
-    cases = copied_cases("sarifpm-tests")
-    texts = fetched_texts(SARIFPM_REPO, cases)
-    for case in cases:
-        assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
+def not_secret_reasons(fields: Iterable[str], **special: str) -> dict[str, str]:
+    """Each field that holds no credential -> the reason it is dropped under: ``not-a-secret``,
+    or the one ``special`` names for it (a value the source itself says is no secret)."""
+    return {f: special.get(f, "not-a-secret") for f in fields}
+
+
+def build_sarifpm() -> tuple[list[dict[str, Any]], Counter[str]]:
+    return copied_rows(
+        "sarifpm",
+        not_secret_reasons(
+            SARIFPM_NOT_SECRET,
+            SourceNegative="source-negative-or-placeholder",
+            Placeholder="source-negative-or-placeholder",
+        ),
+        SARIFPM_NOT_COPIED,
+        lambda case: case["path"].rsplit("/", 1)[-1],
+        SARIFPM_PREFIXES,
+    )
 
 
 # checkov (HELD OUT, eighteenth round): the secret fixtures of bridgecrewio/checkov's secret
@@ -1319,37 +1336,13 @@ CHECKOV_PREFIXES = ("ghp_", "rk_live_")
 
 
 def build_checkov() -> tuple[list[dict[str, Any]], Counter[str]]:
-    rows: list[dict[str, Any]] = []
-    dropped: Counter[str] = Counter(CHECKOV_NOT_COPIED)
-    elsewhere = other_sources_secrets("checkov")
-    seen: set[tuple[str, str]] = set()
-    for case in copied_cases("checkov-tests"):
-        for field, value in case["want"].items():
-            if field in CHECKOV_NOT_SECRET:
-                dropped["source-negative" if field == "SourceNegative" else "not-a-secret"] += 1
-                continue
-            if (case["input"], value) in seen:
-                dropped["duplicate"] += 1
-                continue
-            seen.add((case["input"], value))
-            if value in elsewhere:
-                dropped["seen-in-another-source"] += 1
-            elif _PERIODIC.match(value):
-                dropped["placeholder"] += 1
-            elif keep(value, dropped):
-                copy = {**case, "test": field}
-                name = case["path"].removeprefix("tests/secrets/")
-                row = wanted_row("checkov", "checkov." + name, copy, value, CHECKOV_PREFIXES)
-                rows.append(row)
-    return rows, dropped
-
-
-def fetch_checkov() -> None:
-    """Download each fixture the copied lines name at its commit and check each line is in it."""
-    cases = copied_cases("checkov-tests")
-    texts = fetched_texts(CHECKOV_REPO, cases)
-    for case in cases:
-        assert case["input"] in texts[(case["path"], case["commit"])], case["path"]
+    return copied_rows(
+        "checkov",
+        not_secret_reasons(CHECKOV_NOT_SECRET, SourceNegative="source-negative"),
+        CHECKOV_NOT_COPIED,
+        lambda case: case["path"].removeprefix("tests/secrets/"),
+        CHECKOV_PREFIXES,
+    )
 
 
 # horusec and gosec (HELD OUT, nineteenth round): two static analysers' own samples of leaked
@@ -1388,37 +1381,23 @@ COPIED_PREFIXES: dict[str, tuple[str, ...]] = {
 
 def build_copied(source: str) -> tuple[list[dict[str, Any]], Counter[str]]:
     """horusec's and gosec's copied lines: each ``want`` value, by the rules above."""
-    rows: list[dict[str, Any]] = []
-    dropped: Counter[str] = Counter(COPIED_NOT_COPIED[source])
-    elsewhere = other_sources_secrets(source)
-    seen: set[tuple[str, str]] = set()
-    for case in copied_cases(f"{source}-tests"):
-        for field, value in case["want"].items():
-            if field in COPIED_NOT_SECRET:
-                reason = "source-placeholder" if field == "SourcePlaceholder" else "not-a-secret"
-                dropped[reason] += 1
-                continue
-            if (case["input"], value) in seen:
-                dropped["duplicate"] += 1
-                continue
-            seen.add((case["input"], value))
-            if value in elsewhere:
-                dropped["seen-in-another-source"] += 1
-            elif _PERIODIC.match(value):
-                dropped["placeholder"] += 1
-            elif keep(value, dropped):
-                copy = {**case, "test": field}
-                rule = f"{source}.{case['sample']}"
-                rows.append(wanted_row(source, rule, copy, value, COPIED_PREFIXES[source]))
-    return rows, dropped
+    return copied_rows(
+        source,
+        not_secret_reasons(COPIED_NOT_SECRET, SourcePlaceholder="source-placeholder"),
+        COPIED_NOT_COPIED[source],
+        lambda case: str(case["sample"]),
+        COPIED_PREFIXES[source],
+    )
 
 
 def fetch_copied(repo: str, source: str) -> None:
-    """Download each file the copied lines name at its commit and check each line is in it."""
+    """Download each file the copied lines name at its commit and check each line is in it
+    (sarifpm, checkov, horusec, gosec)."""
     cases = copied_cases(f"{source}-tests")
     texts = fetched_texts(repo, cases)
     for case in cases:
-        assert case["input"] in texts[(case["path"], case["commit"])], case["sample"]
+        where = case.get("sample", case["path"])
+        assert case["input"] in texts[(case["path"], case["commit"])], where
 
 
 # source -> (how its rows are built, how its copy is checked against GitHub); the rule-file
@@ -1458,8 +1437,8 @@ FETCHERS: dict[str, Callable[[], None]] = {
     "trufflehog": fetch_trufflehog,
     "leaktk": fetch_leaktk,
     "leakyrepo": fetch_leakyrepo,
-    "sarifpm": fetch_sarifpm,
-    "checkov": fetch_checkov,
+    "sarifpm": partial(fetch_copied, SARIFPM_REPO, "sarifpm"),
+    "checkov": partial(fetch_copied, CHECKOV_REPO, "checkov"),
     "horusec": partial(fetch_copied, HORUSEC_REPO, "horusec"),
     "gosec": partial(fetch_copied, GOSEC_REPO, "gosec"),
 }
