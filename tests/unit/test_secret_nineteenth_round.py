@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.secret_scan import default_detector
-from tests.unit.secret_support import TakeCounter
+from tests.unit.secret_support import TakeCounter, work_doubling
 
 TOKEN = "Qm7vRt2xKp9LwZ4nHs8dFj3c"  # 24 letters and digits, all three classes
 PW = "Wint3r-Is-Coming.2031"  # a password: no token rule takes it alone
@@ -84,11 +84,5 @@ def test_chains_of_comparisons_are_found_in_linear_time(monkeypatch: pytest.Monk
     detector = default_detector()
     taken = TakeCounter(monkeypatch)
     unit = f'"{TOKEN}" == password && '
-    copies = 100_000 // len(unit)
-    counts = []
-    for n in (copies, 2 * copies):
-        taken.count = 0
-        found = detector.find(unit * n)
-        assert len(found) == n  # every copy found
-        counts.append(taken.count)
+    copies, counts = work_doubling(detector, unit, 100_000, lambda: taken.count)
     assert counts[0] <= 6 * copies and counts[1] <= 2 * counts[0] + 10, counts

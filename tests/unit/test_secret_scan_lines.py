@@ -15,6 +15,7 @@ from schemas.secret_scan import (
     Rule,
     SecretDetector,
 )
+from tests.unit.secret_support import work_doubling
 
 
 class CountingRegex:
@@ -46,16 +47,17 @@ def counting_detector() -> tuple[SecretDetector, list[int]]:
 def test_a_long_line_of_matches_is_searched_linearly() -> None:
     detector, searched = counting_detector()
     unit = "name: DB_PASSWORD value: Qm7vX9pL2rT8wZ4k "
-    copies = 50_000 // len(unit)
-    counts = []
-    for n in (copies, 2 * copies):
-        searched[0] = 0
-        found = detector.find(unit * n)
-        assert len(found) == n  # every copy found
-        counts.append(searched[0])
+    _copies, counts = work_doubling(detector, unit, 50_000, lambda: searched[0])
     # The allowlists search each copy a fixed number of times, and the line once per line
     # allowlist; searched again for every match (before), doubling the line quadrupled it.
     assert counts[1] <= 2 * counts[0] + 1_000, counts
+
+
+def _line_allowlist(pattern: str) -> Allowlist:
+    """An allowlist that allows a match whose line ``pattern`` finds something in."""
+    return Allowlist(
+        regex=re2.compile(pattern), stopwords=(), target="line", all_of=False, has_paths=False
+    )
 
 
 def _rule(allowlist: Allowlist) -> Rule:
@@ -70,13 +72,7 @@ def _rule(allowlist: Allowlist) -> Rule:
 
 
 def test_a_line_allowlist_still_sees_the_whole_line_of_each_match() -> None:
-    allow = Allowlist(
-        regex=re2.compile(r"EXAMPLE ONLY"),
-        stopwords=(),
-        target="line",
-        all_of=False,
-        has_paths=False,
-    )
+    allow = _line_allowlist(r"EXAMPLE ONLY")
     detector = SecretDetector([_rule(allow)])
     text = (
         "key=AAAAbbbbCCCC1 key=AAAAbbbbCCCC2 EXAMPLE ONLY\n"  # allowed: the line says so
@@ -88,13 +84,7 @@ def test_a_line_allowlist_still_sees_the_whole_line_of_each_match() -> None:
 
 
 def test_a_match_across_lines_is_judged_by_every_line_it_spans() -> None:
-    allow = Allowlist(
-        regex=re2.compile(r"^first"),
-        stopwords=(),
-        target="line",
-        all_of=False,
-        has_paths=False,
-    )
+    allow = _line_allowlist(r"^first")
     rule = replace(_rule(allow), regex=re2.compile(r"key=\n([A-Za-z0-9]{12,})"))
     detector = SecretDetector([rule])
     text = "first key=\nAAAAbbbbCCCC1\nsecond key=\nDDDDeeeeFFFF2\n"
