@@ -88,6 +88,11 @@ def print_manifest(console: Console, m: dict[str, Any]) -> None:
         console.print(f"  [red]violation[/] {escape(violation_text(v))}")
     for d in m.get("dropped", []):
         console.print(f"  [dim]dropped[/] {escape(dropped_text(d))}")
+    if m.get("dropped_omitted"):
+        console.print(
+            f"  [dim]dropped[/] {m['dropped_omitted']:,} more items, not listed "
+            f"({m.get('dropped_tokens', 0):,} tokens dropped in all)"
+        )
 
 
 def _tally(counts: dict[str, int]) -> str:

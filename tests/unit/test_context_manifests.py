@@ -22,6 +22,7 @@ from projectors.context_manifests import (
     ContextManifest,
     ContextManifestsProjection,
     ContextState,
+    DroppedItem,
     ManifestItem,
     _Memo,
     estimate_tokens,
@@ -822,7 +823,7 @@ def test_doc_round_trip() -> None:
     doc = projection.to_doc(state)
     assert projection.from_doc(json.loads(json.dumps(doc))) == state
     assert ContextManifestsProjection.name == "context-manifests"
-    assert projection.version == 8 and projection.hot
+    assert projection.version == 9 and projection.hot
 
 
 def test_simulated_run_flags_the_injection_and_records_each_model_call() -> None:
@@ -1003,3 +1004,67 @@ def _item_doc(tokens: int) -> dict[str, Any]:
         "sha256": sha256_hex(str(tokens)),
         "tokens": tokens,
     }
+
+
+def _over_budget_run(entries: int = 400) -> list[LedgerEntry]:
+    """A simulated run without its compactions: history only grows, so a small budget is
+    exceeded on most next turns and drops more on each."""
+    run = next(iter(simulate_runs(1, 1, seed=7, entries_per_run=entries)))
+    return [e for e in run if e.kind is not EntryKind.COMPACTION]
+
+
+def test_a_next_turn_lists_the_first_dropped_and_counts_them_all() -> None:
+    """Over its budget, a long run drops more on every next turn: the manifest lists the first
+    max_dropped_listed (orphans, then in the order the budget dropped them) and counts every
+    one, items and tokens, so it does not grow with the run and nothing dropped goes unsaid."""
+    run = _over_budget_run()
+    tight = ContextBudget(total_tokens=6_000, sections={"recent_events": 3_000})
+    listed_all = tight.model_copy(update={"max_dropped_listed": 1_000_000})
+    projection, whole = ContextManifestsProjection(tight), ContextManifestsProjection(listed_all)
+    state = whole_state = None
+    over = 0
+    for entry in run:
+        state = projection.finish(projection.fold(state or projection.initial(entry), entry))
+        whole_state = whole.finish(whole.fold(whole_state or whole.initial(entry), entry))
+        turn, full = state.next_turn, whole_state.next_turn
+        assert turn is not None and full is not None
+        assert turn.items == full.items, "listing changes nothing kept"
+        assert full.dropped_omitted == 0
+        assert turn.dropped == full.dropped[: tight.max_dropped_listed]
+        assert len(turn.dropped) + turn.dropped_omitted == len(full.dropped)
+        assert turn.dropped_tokens == full.dropped_tokens == sum(d.tokens for d in full.dropped)
+        over += len(full.dropped) > tight.max_dropped_listed
+    assert over > 50, "the run goes far enough over its budget to test the bound"
+    assert state is not None and whole_state is not None
+    assert len(projection.head_json(state)) < len(whole.head_json(whole_state))
+
+
+def test_a_next_turn_over_its_budget_makes_only_the_dropped_items_it_lists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The work of a next turn over its budget: it makes a dropped item for each one it lists,
+    not for each one it drops (thousands in a long run, made again on every next turn)."""
+    import projectors.context_manifests as cm
+
+    made = 0
+    real = cm._dropped
+
+    def counted(item: ManifestItem, reason: str) -> DroppedItem:
+        nonlocal made
+        made += 1
+        return real(item, reason)
+
+    monkeypatch.setattr(cm, "_dropped", counted)
+    budget = ContextBudget(
+        total_tokens=6_000, sections={"recent_events": 3_000}, max_dropped_listed=8
+    )
+    projection = ContextManifestsProjection(budget)
+    state = None
+    for entry in _over_budget_run():
+        state = projection.fold(state or projection.initial(entry), entry)
+        made = 0
+        state = projection.finish(state)
+        assert state.next_turn is not None
+        assert made <= budget.max_dropped_listed + 1  # (+1: a call and its result go together)
+    assert state is not None and state.next_turn is not None
+    assert state.next_turn.dropped_omitted > 10 * budget.max_dropped_listed

@@ -67,6 +67,9 @@ def test_manifest_tallies_and_violations_read_as_text() -> None:
     )
     assert "TOOL_RESULT of c-1, 400 tokens: over budget" in text
     assert violation_text({"code": "X", "item_index": 0, "detail": "d"}) == "X at item 0: d"
+    assert "more items, not listed" not in text
+    listed = _printed(print_manifest, manifest | {"dropped_omitted": 1234, "dropped_tokens": 56789})
+    assert "1,234 more items, not listed (56,789 tokens dropped in all)" in listed
 
 
 def _memory(**view: Any) -> dict[str, Any]:
