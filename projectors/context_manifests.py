@@ -545,7 +545,7 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # memory it folds (working-memory 6) takes no user's interruption notice for the goal
     # 8: nor a harness's automatic reply (working-memory 7)
     # 9: a next turn lists at most max_dropped_listed dropped items (dropped_omitted,
-    # dropped_tokens count them all)
+    # dropped_tokens count them all), and the memory it folds is working-memory 8's
     version = 9
     hot = True
     state_type = ContextState

@@ -344,6 +344,60 @@ def test_working_memory_tokenizes_each_fact_once_not_once_per_new_fact(
     assert counts[1] <= 2 * counts[0] + 10, counts
 
 
+def _concerns_asked(checks: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How often working memory asked whether a fact is about a new fact's keys, folding
+    ``checks`` distinct passing checks (a fact each)."""
+    asked = 0
+    real = working_memory._concerns
+
+    def counted(key: str, keys: set[str]) -> bool:
+        nonlocal asked
+        asked += 1
+        return real(key, keys)
+
+    monkeypatch.setattr(working_memory, "_concerns", counted)
+    b = EntryBuilder()
+    b.add(EntryKind.RUN_STARTED)
+    for i in range(checks):
+        part = verification(VerificationStatus.PASSED)
+        b.add(EntryKind.VERIFIER_RESULT, (part.model_copy(update={"check_id": f"t.py::test_{i}"}),))
+    projection = WorkingMemoryProjection()
+    state = projection.initial(b.entries[0])
+    for entry in b.entries:
+        state = projection.fold(state, entry)
+    assert len(state.active_facts()) == checks
+    monkeypatch.undo()
+    return asked
+
+
+def test_a_new_fact_looks_only_at_the_facts_about_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each new fact asked of every fact of the memory whether it was about it: 4,000
+    # distinct passing checks folded in 6.5 s (0.24 s now); an index of the active facts by
+    # text, key and key word is handed from each fact tuple to the next.
+    assert _concerns_asked(200, monkeypatch) == _concerns_asked(400, monkeypatch) == 0
+
+
+def test_fact_ids_are_never_given_twice_once_retired_facts_leave() -> None:
+    """A check passing and failing in turn makes a fact and supersedes it each time; past
+    KEEP_RETIRED the oldest superseded leave the memory, and the next fact's id was counted
+    from what was left (``fact-10`` given twice)."""
+    b = EntryBuilder()
+    b.add(EntryKind.RUN_STARTED)
+    for status in [VerificationStatus.PASSED, VerificationStatus.FAILED] * 12:
+        part = verification(status)
+        b.add(EntryKind.VERIFIER_RESULT, (part.model_copy(update={"check_id": "t.py::test_x"}),))
+        other = verification(VerificationStatus.PASSED)
+        b.add(EntryKind.VERIFIER_RESULT, (other.model_copy(update={"check_id": "t.py::test_y"}),))
+    projection = WorkingMemoryProjection()
+    state = projection.initial(b.entries[0])
+    for entry in b.entries:
+        state = projection.fold(state, entry)
+        ids = [f.fact_id for f in state.known_facts]
+        assert len(ids) == len(set(ids)), ids
+    assert state.facts_retired > 0
+    assert [f.fact.split(" (")[0] for f in state.active_facts()] == ["t.py::test_y"]
+
+
 # --- JSON nested past Python's recursion limit: a clear answer, never a RecursionError --------
 
 CODEX_SAMPLE = (
