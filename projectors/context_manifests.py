@@ -2320,12 +2320,13 @@ def _truncate(groups: _Groups, budget: ContextBudget) -> _Truncated:
     before the units, then the units in order) until in budget, for each section's budget and
     then the total's; over the total, the newest turns yield too (never the hard groups).
 
-    Its work is the groups it looks at, not the run: each budget walks the groups in the
-    order they would go, from the lowest priority, only until it is met (the units' weights
-    and their order by priority are kept as units settle), and no dropped item is made
-    beyond the ones listed: a long run over its budget drops thousands, and doing so on every
-    next turn made each cost time in proportion to the run (1,002 / 2,002 / 4,002 entries,
-    a next turn each: 1.08 / 12.6 / 110 s)."""
+    Each budget walks the groups in the order they would go, from the lowest priority, only
+    until it is met (the units' weights and their order by priority are kept as units
+    settle), and no dropped item is made beyond the ones listed: a long run over its budget
+    drops thousands, and making them all on every next turn cost each time in proportion to
+    the run (1,002 / 2,002 / 4,002 entries, a next turn each: 1.08 / 12.6 / 110 s). Still
+    proportional to the run's groups, with a smaller constant: a walk passes the groups
+    dropped before it, and the kept items are assembled from every group."""
     heads, units, weights = groups.heads, groups.units, groups.weights
     first = len(heads)  # a unit's group number is first + its position
     totals = dict(groups.sections)  # over the groups not dropped yet

@@ -1017,8 +1017,10 @@ def test_a_next_turn_lists_the_first_dropped_and_counts_them_all() -> None:
     """Over its budget, a long run drops more on every next turn: the manifest lists the first
     max_dropped_listed (orphans, then in the order the budget dropped them) and counts every
     one, items and tokens, so it does not grow with the run and nothing dropped goes unsaid."""
-    run = _over_budget_run()
-    tight = ContextBudget(total_tokens=6_000, sections={"recent_events": 3_000})
+    run = _over_budget_run(200)
+    tight = ContextBudget(
+        total_tokens=3_000, sections={"recent_events": 1_500}, max_dropped_listed=16
+    )
     listed_all = tight.model_copy(update={"max_dropped_listed": 1_000_000})
     projection, whole = ContextManifestsProjection(tight), ContextManifestsProjection(listed_all)
     state = whole_state = None
@@ -1056,11 +1058,11 @@ def test_a_next_turn_over_its_budget_makes_only_the_dropped_items_it_lists(
 
     monkeypatch.setattr(cm, "_dropped", counted)
     budget = ContextBudget(
-        total_tokens=6_000, sections={"recent_events": 3_000}, max_dropped_listed=8
+        total_tokens=3_000, sections={"recent_events": 1_500}, max_dropped_listed=4
     )
     projection = ContextManifestsProjection(budget)
     state = None
-    for entry in _over_budget_run():
+    for entry in _over_budget_run(200):
         state = projection.fold(state or projection.initial(entry), entry)
         made = 0
         state = projection.finish(state)
