@@ -48,7 +48,9 @@ sequence numbers and other runs' entries leave the state untouched; ``snapshot_v
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -348,11 +350,16 @@ def _bookkeep(before: WorkingMemory, after: WorkingMemory, entry: LedgerEntry) -
 def _trimmed(state: WorkingMemory) -> WorkingMemory:
     """The memory without what is older than the newest KEEP_RETIRED of each retired kind."""
     update: dict[str, object] = {}
-    if _FactIndex.of(state.known_facts).superseded > KEEP_RETIRED:
-        superseded = [i for i, f in enumerate(state.known_facts) if f.status == "superseded"]
-        gone = set(superseded[: len(superseded) - KEEP_RETIRED])
-        update["known_facts"] = tuple(f for i, f in enumerate(state.known_facts) if i not in gone)
-        update["facts_retired"] = state.facts_retired + len(gone)
+    index = _FactIndex.of(state.known_facts)
+    extra = len(index.superseded) - KEEP_RETIRED
+    if extra > 0:  # the oldest superseded facts go
+        facts, kept, start = state.known_facts, [], 0
+        for at in sorted(map(index.position, index.superseded[:extra])):
+            kept.append(facts[start:at])
+            start = at + 1
+        kept.append(facts[start:])
+        update["known_facts"] = index.trimmed(sum(kept, ()), extra)
+        update["facts_retired"] = state.facts_retired + extra
     if len(state.closed_problems) > KEEP_RETIRED:
         extra = len(state.closed_problems) - KEEP_RETIRED
         update["closed_problems"] = state.closed_problems[extra:]
@@ -659,13 +666,14 @@ def _with_fact(
     normalized = _normalized(text)
     index = _FactIndex.of(state.known_facts)
     alike = index.by_text.get(normalized)
-    at = min(alike) if alike else None  # (the first active fact of the same text)
+    # (the first active fact of the same text)
+    at = index.position(min(alike)) if alike else None
     same = None if at is None else state.known_facts[at]
     # (retired facts leave the memory: counted with it, no id is given twice)
     fact_id = same.fact_id if same else f"fact-{len(state.known_facts) + state.facts_retired + 1}"
     keys, by = {key, *also_about}, f"fact:{fact_id}"  # (made once, not once per fact)
     facts = list(state.known_facts)
-    gone = [n for n in index.concerning(keys) if n != at]
+    gone = [n for n in map(index.position, index.concerning(keys)) if n != at]
     for n in gone:
         facts[n] = _superseded(facts[n], keys, by, seq)
     if same is not None and at is not None:
@@ -676,19 +684,21 @@ def _with_fact(
                 fact_id=fact_id, fact=text, evidence=refs, source=source, key=key, added_at_seq=seq
             )
         )
-    return state.model_copy(update={"known_facts": index.passed_on(tuple(facts), gone)})
+    superseded = [state.known_facts[n] for n in gone]
+    return state.model_copy(update={"known_facts": index.passed_on(tuple(facts), superseded)})
 
 
 def _superseding(state: WorkingMemory, keys: set[str], by: str, seq: int) -> WorkingMemory:
     """The memory with its active facts about ``keys`` superseded ``by``."""
     index = _FactIndex.of(state.known_facts)
-    gone = index.concerning(keys)
+    gone = list(map(index.position, index.concerning(keys)))
     if not gone:
         return state
     facts = list(state.known_facts)
     for n in gone:
         facts[n] = _superseded(facts[n], keys, by, seq)
-    return state.model_copy(update={"known_facts": index.passed_on(tuple(facts), gone)})
+    superseded = [state.known_facts[n] for n in gone]
+    return state.model_copy(update={"known_facts": index.passed_on(tuple(facts), superseded)})
 
 
 def _superseded(fact: Fact, keys: set[str], by: str, seq: int) -> Fact:
@@ -699,16 +709,25 @@ def _superseded(fact: Fact, keys: set[str], by: str, seq: int) -> Fact:
     )
 
 
+def _fact_number(fact: Fact) -> int:
+    """N of a fact's id (``fact-N``): a memory's facts are in the order of their numbers (a new
+    one is numbered after every fact the run has had)."""
+    return int(fact.fact_id.removeprefix("fact-"))
+
+
 class _FactIndex:
-    """Where the active facts of one ``known_facts`` tuple are: by normalized text, by key and
-    by each word of their key (what :func:`_concerns` matches), and how many are superseded.
+    """Which active facts of one ``known_facts`` tuple have a normalized text, a key, a word in
+    their key (what :func:`_concerns` matches), by their numbers; and the superseded facts'
+    numbers, in order.
 
     Each new fact was compared with every fact of the memory (its text, then whether it is
     about the new one's keys): a run of 4,000 distinct passing checks folded in 6.5 s, each
     fact costing time in proportion to the facts before it. An index belongs to one tuple
-    (kept by its identity) and is handed on to the tuple a fold step makes of it
-    (:meth:`passed_on`); a tuple it was not handed to (reloaded, trimmed, or folded again
-    from an older state) gets one made anew: the same answers, in proportion to its facts.
+    (kept by its identity) and is handed on to the tuple a fold step makes of it (a fact
+    superseded, changed or added: :meth:`passed_on`; the oldest superseded retired:
+    :meth:`trimmed`); a tuple it was not handed to (reloaded, or folded again from an older
+    state) gets one made anew: the same answers, in proportion to its facts. Facts are found
+    by their numbers (a bisection of the tuple), which retiring facts does not change.
     """
 
     _KEPT: ClassVar[dict[int, _FactIndex]] = {}  # by id(facts) (held: the id stays its)
@@ -719,9 +738,12 @@ class _FactIndex:
         self.by_text: dict[str, set[int]] = {}
         self.by_key: dict[str, set[int]] = {}
         self.by_word: dict[str, set[int]] = {}
-        self.superseded = 0
-        for n, f in enumerate(facts):
-            self._add(n, f)
+        self.superseded: list[int] = []
+        numbers = list(map(_fact_number, facts))
+        # (always, but for a document no fold of this version made: then found one by one)
+        self.ordered = all(a < b for a, b in pairwise(numbers))
+        for f in facts:
+            self._add(f)
 
     @classmethod
     def of(cls, facts: tuple[Fact, ...]) -> _FactIndex:
@@ -737,24 +759,33 @@ class _FactIndex:
         cls._KEPT[id(index.facts)] = index
         return index
 
-    def _add(self, n: int, f: Fact) -> None:
+    def position(self, number: int) -> int:
+        """Where the fact numbered ``number`` is in the tuple."""
+        if self.ordered:
+            return bisect_left(self.facts, number, key=_fact_number)
+        return next(n for n, f in enumerate(self.facts) if _fact_number(f) == number)
+
+    def _add(self, f: Fact) -> None:
+        n = _fact_number(f)
         if f.status != "active":
-            self.superseded += 1
+            insort(self.superseded, n)
             return
         self.by_text.setdefault(_normalized(f.fact), set()).add(n)
         self.by_key.setdefault(f.key, set()).add(n)
         for word in set(f.key.split()):
             self.by_word.setdefault(word, set()).add(n)
 
-    def _remove(self, n: int, f: Fact) -> None:
+    def _remove(self, f: Fact) -> None:
+        """``f``, active, is superseded."""
+        n = _fact_number(f)
         self.by_text[_normalized(f.fact)].discard(n)
         self.by_key[f.key].discard(n)
         for word in set(f.key.split()):
             self.by_word[word].discard(n)
-        self.superseded += 1
+        insort(self.superseded, n)
 
     def concerning(self, keys: set[str]) -> list[int]:
-        """The positions of the active facts :func:`_concerns` says are about ``keys``."""
+        """The numbers of the active facts :func:`_concerns` says are about ``keys``."""
         found: set[int] = set()
         for k in keys:
             found |= self.by_key.get(k, set())
@@ -762,15 +793,27 @@ class _FactIndex:
                 found |= self.by_word.get(k, set())
         return sorted(found)
 
-    def passed_on(self, facts: tuple[Fact, ...], superseded: Iterable[int]) -> tuple[Fact, ...]:
-        """``facts`` (this index's with the facts at ``superseded`` superseded, one changed in
-        place or one appended), this index now theirs."""
+    def passed_on(self, facts: tuple[Fact, ...], superseded: Iterable[Fact]) -> tuple[Fact, ...]:
+        """``facts``: this index's with ``superseded`` (active here) superseded, one fact
+        changed in place or one appended; this index now theirs."""
         old = self.facts
-        self.facts = facts
-        for n in superseded:
-            self._remove(n, old[n])
+        for f in superseded:
+            self._remove(f)
         if len(facts) > len(old):
-            self._add(len(old), facts[-1])
+            self._add(facts[-1])
+        return self._moved(old, facts)
+
+    def trimmed(self, facts: tuple[Fact, ...], retired: int) -> tuple[Fact, ...]:
+        """``facts``: this index's without its ``retired`` oldest superseded facts; this index
+        now theirs."""
+        del self.superseded[:retired]
+        return self._moved(self.facts, facts)
+
+    def _moved(self, old: tuple[Fact, ...], facts: tuple[Fact, ...]) -> tuple[Fact, ...]:
+        if not self.ordered:  # (not handed on: the next tuple's is made anew)
+            self._KEPT.pop(id(old), None)
+            return facts
+        self.facts = facts
         self._KEPT.pop(id(old), None)
         self._keep(self)
         return facts
