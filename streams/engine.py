@@ -163,8 +163,9 @@ class Engine:
         self.change_streams = frozenset(change_streams)
         # A run's whole state is written (a checkpoint) when its tail of entries folded since
         # the last one holds this many entries, or CHECKPOINT_RATIO times the bytes of that
-        # checkpoint (at least checkpoint_min_bytes), or the run ends; otherwise only its head
-        # and the new entries. So a batch writes O(its entries) bytes, and checkpoints add at
+        # checkpoint (at least checkpoint_min_bytes), or the run ends, or the batch's own
+        # entries hold as many bytes as the checkpoint would; otherwise only its head and the
+        # new entries. So a batch writes O(its entries) bytes, and checkpoints add at
         # most 1/CHECKPOINT_RATIO of what the tails cost: bytes written per entry do not grow
         # with the run (a cold start folds at most checkpoint_tail_entries entries).
         self.checkpoint_tail_entries = checkpoint_tail_entries
@@ -640,8 +641,9 @@ class Engine:
                 state = projection.finish(state)
             except Exception:  # derived parts only: keep the folded state, say so loudly
                 logger.exception("%s: finish failed for run %s", projection.name, run_id)
+        added = sum(map(len, applied.values()))
         tail_count = (row.tail_count if row else 0) + len(applied)
-        tail_bytes = (row.tail_bytes if row else 0) + sum(map(len, applied.values()))
+        tail_bytes = (row.tail_bytes if row else 0) + added
         due = (
             row is None
             or (stored is None and state is not None)  # begun by an entry the tail does not keep
@@ -649,13 +651,19 @@ class Engine:
             or tail_count >= self.checkpoint_tail_entries
             or tail_bytes >= max(self.checkpoint_min_bytes, CHECKPOINT_RATIO * row.checkpoint_bytes)
         )
+        # A state whose last checkpoint was no larger than the entries this batch adds to its
+        # tail (run-stats' few hundred bytes) is written whole if it still is: the checkpoint
+        # then writes less than the tail would.
+        cheap = not due and row is not None and 0 < row.checkpoint_bytes <= added
         head: bytes | None = None
         split: tuple[bytes, dict[str, bytes]] | None = None
         try:
             head = projection.head_json(state) if state is not None else None
-            doc, split = _checkpoint(projection, state) if due else (None, None)
+            doc, split = _checkpoint(projection, state) if due or cheap else (None, None)
+            if cheap and doc is not None and len(doc) > added:
+                doc, split = None, None  # (it grew: the tail is the smaller write)
         except Exception as exc:  # a state no document holds: the batch's entries go, not the run
-            if row is not None and due and head is not None:
+            if row is not None and (due or cheap) and head is not None:
                 doc, split = None, None  # only the checkpoint failed: keep the tail, say so loudly
                 logger.exception("%s: no checkpoint for run %s", projection.name, run_id)
             else:

@@ -203,6 +203,39 @@ async def test_a_long_run_checkpoints_and_a_cold_engine_continues_it_exactly() -
     assert len(await cold_store.tail("working-memory", BUILD, run_id)) < len(entries)
 
 
+async def test_a_state_smaller_than_a_batch_is_written_whole_not_as_a_tail() -> None:
+    """A batch writes the smaller of the two: run-stats' state (a few hundred bytes) whole each
+    batch rather than the batch's entries in its tail (its bytes per entry were 2x at long runs
+    what they were at 30 entries); a large state (working memory's) keeps its tail."""
+    entries = simulate(1, 1, seed=13, entries_per_run=400)
+    records = Topic().records(entries)
+    projections = all_projections()
+    store = MemoryStore()
+    engine, _ = _engine(store, projections=projections)  # (checkpoints from 64 KiB of tail)
+    written: list[dict[Any, list[Any]]] = []
+    engine.write_observer = written.append
+    await engine.start(live=True)
+    for at in range(0, len(records), 10):
+        await engine.process(records[at : at + 10])
+    by_projection: dict[str, list[Any]] = {}
+    for batch in written:
+        for (name, _build), writes in batch.items():
+            by_projection.setdefault(name, []).extend(writes)
+    stats, memory = by_projection["run-stats"], by_projection["working-memory"]
+    assert len(stats) >= 40
+    assert all(w.state is not None and not w.tail for w in stats), "run-stats: whole each batch"
+    for w in stats[1:]:
+        assert len(w.state) <= 10 * 1024  # (each batch's entries: well over that)
+    assert sum(bool(w.tail) for w in memory) > len(memory) // 2, "working memory: its tail"
+    run_id = entries[0].run_id
+    for projection in projections:  # and what a reader gets is the same fold
+        state = fold_all(projection, entries)
+        assert state is not None
+        assert orjson.loads(await _whole(store, projection, run_id)) == orjson.loads(
+            projection.to_json(state)
+        ), projection.name
+
+
 async def test_views_lost_are_refilled_and_never_move_back() -> None:
     entries = simulate(1, 2, seed=17)
     store, views = MemoryStore(), MemoryViewStore()
