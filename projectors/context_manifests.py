@@ -48,6 +48,7 @@ import math
 import re
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, assert_never
 
@@ -1519,7 +1520,6 @@ class _Settled(NamedTuple):
     call_ids: frozenset[str | None]  # (and the call ids of the orphan results in it)
     result_keys: frozenset[str]  # their results' source entry ids ("" for none)
     orphans: tuple[DroppedItem, ...]  # its results of no call in the pool (dropped), in order
-    orphan_tokens: int  # theirs
     # What truncation weighs each unit by (its priority, its tokens by section), and the
     # units' positions by priority, in order: a next turn over its budget weighs only the
     # units after them (see _truncate)
@@ -1530,7 +1530,7 @@ class _Settled(NamedTuple):
 def _nothing_settled(budget: ContextBudget) -> _Settled:
     return _Settled(
         budget, (), 0, (), (), (), (), (), _NO_SUMS, {}, _NO_RUNS, -1, (), frozenset(),
-        frozenset(), (), 0, (), {},
+        frozenset(), (), (), {},
     )  # fmt: skip
 
 
@@ -1573,7 +1573,6 @@ class _Turn(NamedTuple):
     sums: _Sums  # the items' tokens
     steps: tuple[SanitizeStep, ...]  # sanitization before the merges found on the items
     orphans: tuple[DroppedItem, ...]
-    orphan_tokens: int
     dropped: tuple[DroppedItem, ...]  # for the budget: the first max_dropped_listed at most
     dropped_count: int  # (all of them)
     dropped_tokens: int
@@ -1629,7 +1628,6 @@ def _turn(
     after_keys, after_sums, after_sections = _tally(after)
     sections = _added_counts(_added_counts(settled.sections, before_sections), after_sections)
     all_orphans = (*settled.orphans, *orphans)
-    orphan_tokens = settled.orphan_tokens + sum(d.tokens for d in orphans)
     if _within(sections, budget):  # nothing to drop (the usual case)
         turn = _Turn(
             items=(*head, *settled.items, *after),
@@ -1637,7 +1635,6 @@ def _turn(
             sums=_added_sums(_added_sums(before_sums, settled.sums), after_sums),
             steps=all_steps,
             orphans=all_orphans,
-            orphan_tokens=orphan_tokens,
             dropped=(),
             dropped_count=0,
             dropped_tokens=0,
@@ -1673,7 +1670,6 @@ def _turn(
         sums=_summed(_NO_SUMS, items),
         steps=all_steps,
         orphans=all_orphans,
-        orphan_tokens=orphan_tokens,
         dropped=truncated.listed,
         dropped_count=truncated.dropped_count,
         dropped_tokens=truncated.dropped_tokens,
@@ -1842,7 +1838,6 @@ def _settle(pool: tuple[ManifestItem, ...], settled: _Settled, units: list[_Unit
         | {item.tool_call_id for item in dropped},
         result_keys=settled.result_keys | {_result_key(u.result) for u in added if u.result},
         orphans=(*settled.orphans, *(_dropped(item, _ORPHAN) for item in dropped)),
-        orphan_tokens=settled.orphan_tokens + sum(item.tokens for item in dropped),
         weights=(*settled.weights, *weights),
         by_priority=_by_priority(settled.by_priority, weights, len(settled.units)),
     )
@@ -1917,7 +1912,7 @@ def _manifest(
             "dropped_omitted": max(
                 0, len(turn.orphans) + turn.dropped_count - budget.max_dropped_listed
             ),
-            "dropped_tokens": capped(turn.orphan_tokens + turn.dropped_tokens),
+            "dropped_tokens": capped(sum(d.tokens for d in turn.orphans) + turn.dropped_tokens),
             "over_budget": turn.over,
             "stable_prefix_tokens": stable,
             "sanitized": (*turn.steps, *merges),
@@ -2347,30 +2342,23 @@ def _truncate(groups: _Groups, budget: ContextBudget) -> _Truncated:
             for priority in priorities:
                 if total <= limit:
                     break
-                for n in head_by_priority.get(priority, ()):
-                    g = heads[n]
-                    if n in gone or g.protected is not protected or g.hard:
-                        continue
-                    counts = groups.head_weights[n].counts
-                    size = counts.get(section, 0)
-                    if size <= 0:
-                        continue
+                ahead = head_by_priority.get(priority, ())
+                then = map(first.__add__, groups.by_priority.get(priority, ()))
+                for n in chain(ahead, then):  # (the groups before the units first)
                     if total <= limit:
                         break
-                    gone.add(n)
-                    total -= size
-                    for s, k in counts.items():
-                        totals[s] -= k
-                    dropped.append((n, reason))
-                    count += len(g.items)
-                    tokens += counts[None]
-                for position in groups.by_priority.get(priority, ()):
-                    if total <= limit:
-                        break
-                    n = first + position
-                    if n in gone or units[position].protected is not protected:
+                    if n in gone:
                         continue
-                    counts = weights[position].counts
+                    if n < first:
+                        g = heads[n]
+                        if g.protected is not protected or g.hard:
+                            continue
+                        of, counts = g.items, groups.head_weights[n].counts
+                    else:
+                        u = units[n - first]
+                        if u.protected is not protected:
+                            continue
+                        of, counts = u.items, weights[n - first].counts
                     size = counts.get(section, 0)
                     if size <= 0:
                         continue
@@ -2379,7 +2367,7 @@ def _truncate(groups: _Groups, budget: ContextBudget) -> _Truncated:
                     for s, k in counts.items():
                         totals[s] -= k
                     dropped.append((n, reason))
-                    count += len(units[position].items)
+                    count += len(of)
                     tokens += counts[None]
     items: list[ManifestItem] = []
     for n, g in enumerate(heads):

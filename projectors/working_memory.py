@@ -672,26 +672,27 @@ def _with_fact(
     # (retired facts leave the memory: counted with it, no id is given twice)
     fact_id = same.fact_id if same else f"fact-{len(state.known_facts) + state.facts_retired + 1}"
     keys, by = {key, *also_about}, f"fact:{fact_id}"  # (made once, not once per fact)
-    facts = list(state.known_facts)
-    gone = [n for n in map(index.position, index.concerning(keys)) if n != at]
-    for n in gone:
-        facts[n] = _superseded(facts[n], keys, by, seq)
+    state = _superseding(state, keys, by, seq, keep=at)  # (positions stay)
+    facts = state.known_facts
     if same is not None and at is not None:
-        facts[at] = same.model_copy(update={"evidence": _merged(same.evidence, refs)})
+        merged = same.model_copy(update={"evidence": _merged(same.evidence, refs)})
+        facts = (*facts[:at], merged, *facts[at + 1 :])
     else:
-        facts.append(
-            Fact(
-                fact_id=fact_id, fact=text, evidence=refs, source=source, key=key, added_at_seq=seq
-            )
+        added = Fact(
+            fact_id=fact_id, fact=text, evidence=refs, source=source, key=key, added_at_seq=seq
         )
-    superseded = [state.known_facts[n] for n in gone]
-    return state.model_copy(update={"known_facts": index.passed_on(tuple(facts), superseded)})
-
-
-def _superseding(state: WorkingMemory, keys: set[str], by: str, seq: int) -> WorkingMemory:
-    """The memory with its active facts about ``keys`` superseded ``by``."""
+        facts = (*facts, added)
     index = _FactIndex.of(state.known_facts)
-    gone = list(map(index.position, index.concerning(keys)))
+    return state.model_copy(update={"known_facts": index.passed_on(facts, ())})
+
+
+def _superseding(
+    state: WorkingMemory, keys: set[str], by: str, seq: int, keep: int | None = None
+) -> WorkingMemory:
+    """The memory with its active facts about ``keys`` superseded ``by`` (but the one at
+    position ``keep``)."""
+    index = _FactIndex.of(state.known_facts)
+    gone = [n for n in map(index.position, index.concerning(keys)) if n != keep]
     if not gone:
         return state
     facts = list(state.known_facts)
