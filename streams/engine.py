@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 # See Engine.checkpoint_tail_entries.
 CHECKPOINT_RATIO = 4
+# At most this many runs' outgrown sizes kept (Engine._outgrown).
+OUTGROWN_KEPT = 65_536
 
 # An entry further than this ahead of its run's applied position is dead-lettered, not held:
 # a run holds at most this many entries behind a gap (each batch of the run loads them all).
@@ -211,6 +213,10 @@ class Engine:
         # an object kept is as good as one parsed again.
         self.state_cache_runs = state_cache_runs
         self._states: dict[pg.BuildKey, OrderedDict[str, tuple[int, Any]]] = {}
+        # The bytes a run's state serialized to when a batch last tried to write it whole
+        # instead of its tail and found it larger (see _fold_run's ``cheap``): not tried again
+        # until a batch adds at least that much. Only saves work; bounded by clearing.
+        self._outgrown: dict[tuple[str, str, str], int] = {}
         self._deferred: asyncio.Task[None] | None = None
         self._offset_rows: set[pg.OffsetKey] = set()
         self._hot_idle = asyncio.Event()  # no hot phase running (deferred analytics wait)
@@ -654,14 +660,24 @@ class Engine:
         # A state whose last checkpoint was no larger than the entries this batch adds to its
         # tail (run-stats' few hundred bytes) is written whole if it still is: the checkpoint
         # then writes less than the tail would.
-        cheap = not due and row is not None and 0 < row.checkpoint_bytes <= added
+        grown_key = (target.name, target.build, run_id)
+        cheap = (
+            not due
+            and row is not None
+            and 0 < max(row.checkpoint_bytes, self._outgrown.get(grown_key, 0)) <= added
+        )
         head: bytes | None = None
         split: tuple[bytes, dict[str, bytes]] | None = None
         try:
             head = projection.head_json(state) if state is not None else None
             doc, split = _checkpoint(projection, state) if due or cheap else (None, None)
             if cheap and doc is not None and len(doc) > added:
+                if len(self._outgrown) >= OUTGROWN_KEPT:
+                    self._outgrown.clear()
+                self._outgrown[grown_key] = len(doc)
                 doc, split = None, None  # (it grew: the tail is the smaller write)
+            elif doc is not None or finished:
+                self._outgrown.pop(grown_key, None)
         except Exception as exc:  # a state no document holds: the batch's entries go, not the run
             if row is not None and (due or cheap) and head is not None:
                 doc, split = None, None  # only the checkpoint failed: keep the tail, say so loudly
