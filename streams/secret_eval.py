@@ -388,14 +388,40 @@ PREFIXED_BARE_GOAL = 0.99  # issue 27: prefixed formats caught bare
 def main() -> None:
     """``python -m streams.secret_eval [source ...]``: recall per source and the FP figure;
     ``--held-out``: the held-out sources' table (frozen and now), as the README gives it."""
-    import sys
+    import argparse
     import time
 
-    if sys.argv[1:] == ["--held-out"]:
+    sources = sorted(
+        {p.name.removesuffix(".jsonl") for p in CORPORA.glob("*.jsonl")}
+        - {p.name.removesuffix("-tests.jsonl") + "-tests" for p in CORPORA.glob("*-tests.jsonl")}
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m streams.secret_eval",
+        description="The detector's recall per corpus of real-format secrets, then its false "
+        "positives on real agent logs and code.",
+    )
+    parser.add_argument(
+        "sources",
+        nargs="*",
+        metavar="SOURCE",
+        help=f"corpora to measure (default: noseyparker ours); one of: {', '.join(sources)}, ours",
+    )
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="print the held-out sources' table (frozen and now), as the README gives it",
+    )
+    args = parser.parse_args()
+    if args.held_out:
+        if args.sources:
+            parser.error("--held-out takes no SOURCE")
         print(held_out_table(held_out()))
         return
+    unknown = [s for s in args.sources if s != "ours" and s not in sources]
+    if unknown:
+        parser.error(f"no corpus named {', '.join(unknown)} in {CORPORA}")
     started = time.perf_counter()
-    for source in sys.argv[1:] or ["noseyparker", "ours"]:
+    for source in args.sources or ["noseyparker", "ours"]:
         cases = ours() if source == "ours" else load(source)
         print(json.dumps(recall(cases).as_dict()))
     fp = false_positives()

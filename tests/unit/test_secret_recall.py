@@ -347,3 +347,23 @@ def test_the_held_out_table_is_each_sources_single_measurement_beside_now() -> N
     assert f"| all {len(rows)} (" in table and table.count("\n| ") == len(rows) + 1
     assert "| gosec | `1636f51` | 13/15 (86.7 %) |" in table  # not met: not bold
     assert "| horusec | `1636f51` | **20/20 (100.0 %)** |" in table  # met: bold
+
+
+def test_the_measuring_command_names_its_corpora_and_refuses_an_unknown_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m streams.secret_eval --help`` lists the stored corpora; a name with no corpus
+    is one line of usage error (exit 2), not a traceback (both were a FileNotFoundError)."""
+    from streams.secret_eval import main
+
+    monkeypatch.setattr("sys.argv", ["secret_eval", "--help"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+    assert "noseyparker" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["secret_eval", "no-such-corpus"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "no corpus named no-such-corpus" in err and "Traceback" not in err
