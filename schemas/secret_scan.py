@@ -21,7 +21,7 @@ import math
 import re
 import tomllib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -134,8 +134,27 @@ def _allowlist(doc: dict[str, Any]) -> Allowlist:
     )
 
 
+_NAME_USE = re.compile(r"\{\{([a-z_]+)\}\}")
+
+
+def _named(regex: str, names: Mapping[str, str], where: str) -> str:
+    """``regex`` with each ``{{name}}`` replaced by that entry of the file's ``[names]`` (one
+    pattern several rules share, written once); a name the file does not give is an error."""
+
+    def one(use: re.Match[str]) -> str:
+        if use.group(1) not in names:
+            raise ValueError(f"{where}: no [names] entry {use.group(1)!r}")
+        return names[use.group(1)]
+
+    return _NAME_USE.sub(one, regex)
+
+
 def _rules(path: Path) -> tuple[list[Rule], list[Allowlist]]:
     config = tomllib.loads(path.read_text(encoding="utf-8"))
+    names: dict[str, str] = dict(config.get("names", {}))
+    for doc in config.get("rules", ()):
+        if "regex" in doc:
+            doc["regex"] = _named(doc["regex"], names, f"{path.name}: rule {doc['id']}")
     # gitleaks' top-level [[allowlists]] with targetRules: one allowlist several rules share
     # (written once, not copied into each); without targetRules, one for every rule
     tops = config.get("allowlists", ())

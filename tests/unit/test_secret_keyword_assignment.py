@@ -9,6 +9,7 @@ Values are made up here (no corpus's). Without the four rules, 13 of the 24 posi
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,34 @@ def test_a_shared_allowlist_reaches_exactly_the_rules_it_names(tmp_path: Path) -
     rules_file.write_text(rules_file.read_text().replace('["a"]', '["nosuch"]'))
     with pytest.raises(ValueError, match="nosuch"):
         _rules(rules_file)
+
+
+def test_the_credential_name_is_written_once_and_every_rule_that_needs_it_gets_it(
+    tmp_path: Path,
+) -> None:
+    """The credential-name pattern the keyword rules share is one ``[names]`` entry of the rules
+    file, expanded into each rule that says ``{{credential_name}}`` (it was copied into seven
+    rules); a name the file does not give is refused when the rules are read, naming the rule."""
+    from schemas.secret_scan import EXTRA_RULES, SecretDetector, _rules
+
+    text = EXTRA_RULES.read_text(encoding="utf-8")
+    names = tomllib.loads(text)["names"]
+    assert text.count("{{credential_name}}") >= 7
+    assert text.count(names["credential_name"]) == 1  # the list itself, once
+    rules, _ = _rules(EXTRA_RULES)
+    patterns = [r.regex.pattern for r in rules]
+    assert not any("{{credential_name}}" in p for p in patterns)
+    assert sum(p.count(names["credential_name"]) for p in patterns) >= 7
+    sharing = [r for r in rules if names["credential_name"] in r.regex.pattern]
+    alone = SecretDetector(sharing)  # the rules that use the name, without the older ones
+    for line in ("db_password = 'kx#2+c7a!Qz9'", "<ApiKey>kx#2+c7a!Qz9</ApiKey>"):
+        redacted, ids = alone.redact(line)
+        assert "kx#2+c7a!Qz9" not in redacted and ids, line
+        assert set(ids) <= {r.id for r in sharing}
+    broken = tmp_path / "rules.toml"
+    broken.write_text(
+        "[names]\nword = '''(?:x)'''\n[[rules]]\nid = \"r1\"\nregex = '''{{wordz}}=(\\w+)'''\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ValueError, match="rule r1: no \\[names\\] entry 'wordz'"):
+        _rules(broken)
