@@ -314,12 +314,15 @@ class HeldOut:
 
 
 def held_out(detector: SecretDetector | None = None) -> list[HeldOut]:
-    """Every held-out source (a ``<source>.measured.json`` whose note says held-out; the tuning
-    sources measured the same way are not), by name."""
+    """Every held-out source (a ``<source>.measured.json`` with ``"held_out": true``; the tuning
+    sources measured the same way say false), by name. A file that does not say is an error:
+    which sources are held out is decided when each is measured, not read from its note."""
     out = []
     for path in sorted(CORPORA.glob("*.measured.json")):
         doc = json.loads(path.read_text())
-        if "held-out" not in doc.get("note", "").lower()[:40]:
+        if not isinstance(doc.get("held_out"), bool):
+            raise ValueError(f'{path.name}: no "held_out": true or false')
+        if not doc["held_out"]:
             continue  # (a tuning source, measured the same way)
         source = path.name.removesuffix(".measured.json")
         frozen = Recall(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -367,3 +368,28 @@ def test_the_measuring_command_names_its_corpora_and_refuses_an_unknown_one(
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "no corpus named no-such-corpus" in err and "Traceback" not in err
+
+
+def test_which_sources_are_held_out_is_a_field_each_measurement_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stored measurement says ``held_out`` true or false (37 held out, whispers a tuning
+    source); the table takes that field, not words at the start of the note (it sniffed the
+    note's first 40 characters for "held-out"), and a measurement without it is refused."""
+    import streams.secret_eval as se
+
+    docs = {p.name: json.loads(p.read_text()) for p in CORPORA.glob("*.measured.json")}
+    assert all(isinstance(d.get("held_out"), bool) for d in docs.values())
+    assert not docs["whispers.measured.json"]["held_out"]
+    assert sum(d["held_out"] for d in docs.values()) == len(docs) - 1
+    copy = tmp_path / "corpora"
+    copy.mkdir()
+    doc = dict(docs["gosec.measured.json"], note="A note that no longer begins with the words")
+    (copy / "gosec.measured.json").write_text(json.dumps(doc))
+    (copy / "gosec.jsonl").write_text((CORPORA / "gosec.jsonl").read_text())
+    monkeypatch.setattr(se, "CORPORA", copy)
+    assert [r.source for r in se.held_out(SecretDetector([]))] == ["gosec"]
+    del doc["held_out"]
+    (copy / "gosec.measured.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r'gosec\.measured\.json: no "held_out"'):
+        se.held_out(SecretDetector([]))
