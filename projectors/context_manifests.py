@@ -47,6 +47,7 @@ import json
 import math
 import re
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from operator import itemgetter
@@ -2101,14 +2102,34 @@ def memory_text(memory: WorkingMemory | None, as_of: int, limit: int) -> str:
     lines = [(name, line) for name in _MEMORY_PARTS for line in parts.get(name, ())]
     text = _memory_joined(head, lines, {}, limit)
     if estimate_tokens(text) > limit:
-        omitted: dict[str, int] = {}
-        for victim in _drop_order(lines):
-            lines.remove(victim)
-            omitted[victim[0]] = omitted.get(victim[0], 0) + 1
-            text = _memory_joined(head, lines, omitted, limit)
-            if estimate_tokens(text) <= limit:
-                break
+        kept, omitted = _fitting(lines, len(text.encode()), limit)
+        text = _memory_joined(head, kept, omitted, limit)
     return _fitted(text, limit)
+
+
+def _fitting(
+    lines: Sequence[tuple[str, str]], size: int, limit: int
+) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """The lines left, and how many of each part go, when lines go in :func:`_drop_order_at`
+    until the joined text (``size`` bytes with all of them) fits ``limit`` tokens: the bytes
+    are counted down as each goes (its line, and its part's heading with its last line), so
+    the text is joined once, not once per line dropped (a run that changed thousands of files
+    joined thousands of lines thousands of times each turn)."""
+    left = Counter(name for name, _ in lines)
+    gone = [False] * len(lines)
+    omitted: dict[str, int] = {}
+    for at in _drop_order_at(lines):
+        name, line = lines[at]
+        gone[at] = True
+        size -= len(line.encode()) + 1
+        left[name] -= 1
+        if not left[name]:
+            size -= len(f"{name}:".encode()) + 1
+        omitted[name] = omitted.get(name, 0) + 1
+        note = _omitted_note(omitted, limit)
+        if math.ceil((size + 1 + len(note.encode())) / 4) <= limit:  # (estimate_tokens)
+            break
+    return [line for line, out in zip(lines, gone, strict=True) if not out], omitted
 
 
 def _memory_joined(
@@ -2121,9 +2142,13 @@ def _memory_joined(
             last = name
         body.append(line)
     if omitted:
-        counts = ", ".join(f"{n} {_OMITTED[name]}" for name, n in omitted.items())
-        body.append(f"[omitted to fit {limit} tokens: {counts}]")
+        body.append(_omitted_note(omitted, limit))
     return "\n".join(body)
+
+
+def _omitted_note(omitted: dict[str, int], limit: int) -> str:
+    counts = ", ".join(f"{n} {_OMITTED[name]}" for name, n in omitted.items())
+    return f"[omitted to fit {limit} tokens: {counts}]"
 
 
 def _memory_parts(memory: WorkingMemory, goal_bytes: int) -> dict[str, list[str]]:
@@ -2147,11 +2172,12 @@ def _memory_parts(memory: WorkingMemory, goal_bytes: int) -> dict[str, list[str]
     }
 
 
-def _drop_order(lines: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Lowest-priority part first; within a part, its oldest (first) line first; not the goal."""
+def _drop_order_at(lines: Sequence[tuple[str, str]]) -> list[int]:
+    """Positions of the lines in the order they go: lowest-priority part first; within a part,
+    its oldest (first) line first; not the goal."""
     rank = {name: n for n, name in enumerate(_MEMORY_PARTS)}
     order = sorted(range(len(lines)), key=lambda i: (-rank[lines[i][0]], i))
-    return [lines[i] for i in order if lines[i][0] != _MEMORY_PARTS[0]]
+    return [i for i in order if lines[i][0] != _MEMORY_PARTS[0]]
 
 
 def _fitted(text: str, limit: int) -> str:

@@ -899,17 +899,64 @@ def _plan_steps(plan: str) -> tuple[str, ...]:
 
 
 def _diff(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
-    changed = set(state.changed_files)
-    created = set(state.index.created_files)
+    changed = _SortedEdit(state.changed_files)
+    created = _SortedEdit(state.index.created_files)
     for part in entry.parts:
         if isinstance(part, DiffPart):
             for file in part.files:
                 _apply_file_change(changed, created, file)
-    index = state.index.model_copy(update={"created_files": tuple(sorted(created))})
-    return state.model_copy(update={"changed_files": tuple(sorted(changed)), "index": index})
+    index = state.index.model_copy(update={"created_files": created.result()})
+    return state.model_copy(update={"changed_files": changed.result(), "index": index})
 
 
-def _apply_file_change(changed: set[str], created: set[str], file: DiffFile) -> None:
+class _SortedEdit:
+    """Edits of a sorted tuple of distinct paths, made as a set's (``in``, ``add``,
+    ``discard``), and the sorted tuple they leave: membership by binary search, the edits kept
+    apart and merged in once. A diff touches a few files of the run's many: making a set of
+    them all and sorting it again each time cost O(F log F) a diff (a run creating 4,000 files
+    one diff at a time: 2.7 s of working-memory fold, 4.7x the time of 2,000)."""
+
+    __slots__ = ("added", "items", "removed")
+
+    def __init__(self, items: tuple[str, ...]) -> None:
+        self.items = items
+        self.added: set[str] = set()
+        self.removed: set[str] = set()
+
+    def __contains__(self, path: str) -> bool:
+        if path in self.added:
+            return True
+        if path in self.removed:
+            return False
+        at = bisect_left(self.items, path)
+        return at < len(self.items) and self.items[at] == path
+
+    def add(self, path: str) -> None:
+        if path in self:
+            return
+        if path in self.removed:
+            self.removed.discard(path)  # (one of the items again)
+        else:
+            self.added.add(path)
+
+    def discard(self, path: str) -> None:
+        if path not in self:
+            return
+        if path in self.added:
+            self.added.discard(path)
+        else:
+            self.removed.add(path)
+
+    def result(self) -> tuple[str, ...]:
+        """The sorted tuple after the edits (the same tuple when they changed nothing)."""
+        if not self.added and not self.removed:
+            return self.items
+        kept = [p for p in self.items if p not in self.removed] if self.removed else self.items
+        # two sorted runs one after the other: Timsort finds them and merges them in one pass
+        return tuple(sorted([*kept, *sorted(self.added)]))
+
+
+def _apply_file_change(changed: _SortedEdit, created: _SortedEdit, file: DiffFile) -> None:
     if file.status is FileChangeStatus.RENAMED and file.old_path:
         born_here = _removed(changed, created, file.old_path)
         if born_here:
@@ -923,7 +970,7 @@ def _apply_file_change(changed: set[str], created: set[str], file: DiffFile) -> 
         changed.add(file.path)
 
 
-def _removed(changed: set[str], created: set[str], path: str) -> bool:
+def _removed(changed: _SortedEdit, created: _SortedEdit, path: str) -> bool:
     """A path leaves the tree: no change is left if the run created it, else it is a deletion."""
     if path in created:
         created.discard(path)
