@@ -134,7 +134,9 @@ def _allowlist(doc: dict[str, Any]) -> Allowlist:
     )
 
 
-_NAME_USE = re.compile(r"\{\{([a-z_]+)\}\}")
+# any {{...}}: a misspelt name ({{Credential_name}}, {{credential name}}) is refused too, not
+# left in the regex as literal braces that match nothing (neither file has {{ otherwise)
+_NAME_USE = re.compile(r"\{\{([^{}]*)\}\}")
 
 
 def _named(regex: str, names: Mapping[str, str], where: str) -> str:

@@ -542,7 +542,8 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
     from schemas.models import DiffFile, FileChangeStatus, FileClassification
 
     rng = random.Random(seed)
-    pool = [f"p/{rng.randrange(10**6):06d}.py" for _ in range(60)]
+    # a small pool and up to 6 files a diff: a path added and removed in one diff is common
+    pool = [f"p/{rng.randrange(10**6):06d}/é.py" for _ in range(10)]
     base = diff(False)
     builder = EntryBuilder()
     builder.add(EntryKind.RUN_STARTED)
@@ -551,7 +552,7 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
     expected: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     for _ in range(120):
         files = []
-        for _ in range(rng.randint(1, 4)):
+        for _ in range(rng.randint(1, 6)):
             status = rng.choice(list(FileChangeStatus))
             path, old = rng.choice(pool), rng.choice(pool)
             renamed = status is FileChangeStatus.RENAMED
@@ -576,18 +577,58 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
         state = projection.fold(state, entry)
         assert state.changed_files == want_changed
         assert state.index.created_files == want_created
+    # a file created and removed in the same diff leaves no change (the reviewer's case)
+    made_and_gone = tuple(
+        DiffFile(
+            path="new.py",
+            status=status,
+            lines_added=1,
+            lines_deleted=0,
+            classification=FileClassification.SOURCE,
+        )
+        for status in (FileChangeStatus.ADDED, FileChangeStatus.DELETED)
+    )
+    fresh = EntryBuilder()
+    fresh.add(EntryKind.RUN_STARTED)
+    fresh.add(EntryKind.DIFF_OBSERVATION, (base.model_copy(update={"files": made_and_gone}),))
+    state = projection.initial(fresh.entries[0])
+    for entry in fresh.entries:
+        state = projection.fold(state, entry)
+    assert state.changed_files == () and state.index.created_files == ()
 
 
 def _old_memory_text(head: str, lines: list[tuple[str, str]], limit: int) -> str:
-    """memory_text's dropping as it was: one line removed, the whole text joined again."""
-    text = context_manifests._memory_joined(head, lines, {}, limit)
-    if context_manifests.estimate_tokens(text) > limit:
+    """memory_text's dropping as it was (its code before, none of today's helpers): one line
+    removed, the whole text joined again."""
+    omitted_names = context_manifests._OMITTED
+    parts = context_manifests._MEMORY_PARTS
+
+    def joined(lines: list[tuple[str, str]], omitted: dict[str, int]) -> str:
+        body, last = [head], None
+        for name, line in lines:
+            if name != last:
+                body.append(f"{name}:")
+                last = name
+            body.append(line)
+        if omitted:
+            counts = ", ".join(f"{n} {omitted_names[name]}" for name, n in omitted.items())
+            body.append(f"[omitted to fit {limit} tokens: {counts}]")
+        return "\n".join(body)
+
+    def tokens(text: str) -> int:
+        return -(-len(text.encode()) // 4)
+
+    rank = {name: n for n, name in enumerate(parts)}
+    order = sorted(range(len(lines)), key=lambda i: (-rank[lines[i][0]], i))
+    victims = [lines[i] for i in order if lines[i][0] != parts[0]]
+    text = joined(lines, {})
+    if tokens(text) > limit:
         omitted: dict[str, int] = {}
-        for victim in [lines[at] for at in context_manifests._drop_order_at(lines)]:
+        for victim in victims:
             lines.remove(victim)
             omitted[victim[0]] = omitted.get(victim[0], 0) + 1
-            text = context_manifests._memory_joined(head, lines, omitted, limit)
-            if context_manifests.estimate_tokens(text) <= limit:
+            text = joined(lines, omitted)
+            if tokens(text) <= limit:
                 break
     return text
 

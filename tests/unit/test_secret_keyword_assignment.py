@@ -146,3 +146,8 @@ def test_the_credential_name_is_written_once_and_every_rule_that_needs_it_gets_i
     )
     with pytest.raises(ValueError, match="rule r1: no \\[names\\] entry 'wordz'"):
         _rules(broken)
+    for misspelt in ("{{Word}}", "{{word2}}", "{{ word }}"):  # refused, not matched literally
+        rule = "[[rules]]\nid = \"r1\"\nregex = '''" + misspelt + "=(\\w+)'''\n"
+        broken.write_text("[names]\nword = '''(?:x)'''\n" + rule, encoding="utf-8")
+        with pytest.raises(ValueError, match="rule r1: no \\[names\\] entry"):
+            _rules(broken)
