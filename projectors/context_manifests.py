@@ -826,7 +826,12 @@ def _apply_delta(base: list[Any], delta: dict[str, Any]) -> list[Any]:
 
 def estimate_tokens(text: str) -> int:
     """About four UTF-8 bytes per token; used when the entry does not say."""
-    return math.ceil(len(text.encode()) / 4)
+    return _tokens_of(len(text.encode()))
+
+
+def _tokens_of(size: int) -> int:
+    """:func:`estimate_tokens` of a text of ``size`` UTF-8 bytes."""
+    return math.ceil(size / 4)
 
 
 def sha256_hex(text: str) -> str:
@@ -2127,7 +2132,7 @@ def _fitting(
             size -= len(f"{name}:".encode()) + 1
         omitted[name] = omitted.get(name, 0) + 1
         note = _omitted_note(omitted, limit)
-        if math.ceil((size + 1 + len(note.encode())) / 4) <= limit:  # (estimate_tokens)
+        if _tokens_of(size + 1 + len(note.encode())) <= limit:
             break
     return [line for line, out in zip(lines, gone, strict=True) if not out], omitted
 

@@ -811,12 +811,10 @@ class _FactIndex:
         return self._moved(self.facts, facts)
 
     def _moved(self, old: tuple[Fact, ...], facts: tuple[Fact, ...]) -> tuple[Fact, ...]:
-        if not self.ordered:  # (not handed on: the next tuple's is made anew)
-            self._KEPT.pop(id(old), None)
-            return facts
-        self.facts = facts
         self._KEPT.pop(id(old), None)
-        self._keep(self)
+        if self.ordered:  # (else not handed on: the next tuple's is made anew)
+            self.facts = facts
+            self._keep(self)
         return facts
 
 

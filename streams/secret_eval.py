@@ -395,8 +395,9 @@ def main() -> None:
     import time
 
     sources = sorted(
-        {p.name.removesuffix(".jsonl") for p in CORPORA.glob("*.jsonl")}
-        - {p.name.removesuffix("-tests.jsonl") + "-tests" for p in CORPORA.glob("*-tests.jsonl")}
+        p.name.removesuffix(".jsonl")
+        for p in CORPORA.glob("*.jsonl")
+        if not p.name.endswith("-tests.jsonl")  # (raw copies a corpus was made from)
     )
     parser = argparse.ArgumentParser(
         prog="python -m streams.secret_eval",

@@ -71,6 +71,19 @@ def _engine(
     return Engine(targets, store, views, sink, max_backoff_s=0.01, **options), sink
 
 
+async def _reads_are_the_fold(
+    store: MemoryStore, projections: Sequence[Projection[Any]], entries: list[LedgerEntry]
+) -> None:
+    """What a reader gets of the (one) run, per projection, is the pure fold of its entries."""
+    run_id = entries[0].run_id
+    for projection in projections:
+        state = fold_all(projection, entries)
+        assert state is not None
+        assert orjson.loads(await _whole(store, projection, run_id)) == orjson.loads(
+            projection.to_json(state)
+        ), projection.name
+
+
 async def _whole(store: MemoryStore, projection: Projection[Any], run_id: str) -> bytes:
     """A run's whole current state as a reader gets it: its checkpoint, its tail folded on."""
     async with store.transaction() as tx:
@@ -227,13 +240,7 @@ async def test_a_state_smaller_than_a_batch_is_written_whole_not_as_a_tail() -> 
     for w in stats[1:]:
         assert len(w.state) <= 10 * 1024  # (each batch's entries: well over that)
     assert sum(bool(w.tail) for w in memory) > len(memory) // 2, "working memory: its tail"
-    run_id = entries[0].run_id
-    for projection in projections:  # and what a reader gets is the same fold
-        state = fold_all(projection, entries)
-        assert state is not None
-        assert orjson.loads(await _whole(store, projection, run_id)) == orjson.loads(
-            projection.to_json(state)
-        ), projection.name
+    await _reads_are_the_fold(store, projections, entries)  # and what a reader gets
 
 
 async def test_a_state_that_outgrew_a_batch_is_not_serialized_again_each_batch() -> None:
@@ -269,13 +276,7 @@ async def test_a_state_that_outgrew_a_batch_is_not_serialized_again_each_batch()
         name = projection.name
         assert written[name] >= 2, name
         assert serialized[name] <= 2 * written[name], (name, serialized[name], written[name])
-    run_id = entries[0].run_id
-    for projection in projections:  # what a reader gets is still the same fold
-        state = fold_all(projection, entries)
-        assert state is not None
-        assert orjson.loads(await _whole(store, projection, run_id)) == orjson.loads(
-            projection.to_json(state)
-        ), projection.name
+    await _reads_are_the_fold(store, projections, entries)  # still the same fold
 
 
 async def test_views_lost_are_refilled_and_never_move_back() -> None:
