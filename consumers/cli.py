@@ -64,8 +64,8 @@ def memory(
         str | None,
         typer.Option(
             "--index",
-            help="a page of the evidence index instead (JSON): entries, tool_calls, artifacts "
-            "or created_files",
+            help="a page of the evidence index instead (JSON): entries, tool_calls, artifacts, "
+            "created_files or changed_files",
         ),
     ] = None,
     offset: Annotated[int, typer.Option("--offset", help="with --index: the first member")] = 0,

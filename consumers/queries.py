@@ -256,7 +256,8 @@ def memory(settings: Settings, run_id: str, at: int | None = None) -> dict[str, 
     return history_at(settings, "working-memory", run_id, "snapshot", at)
 
 
-INDEX_PARTS = ("entries", "tool_calls", "artifacts", "created_files")
+INDEX_PARTS = ("entries", "tool_calls", "artifacts", "created_files", "changed_files")
+_LIST_PARTS = ("created_files", "changed_files")  # lists of paths (the others are maps)
 INDEX_PAGE = 1000  # index members a page of memory_index answers by default (and at most 10x)
 
 
@@ -278,15 +279,15 @@ def memory_index(
 ) -> dict[str, Any]:
     """A page of the current working memory's evidence index (``memory --index PART``, ``GET
     /api/v1/runs/R/memory/index?part=``): ``part``'s members in key order from ``offset``
-    (``members``: a map, or a list of paths for ``created_files``), ``total`` and
-    ``next_offset`` (None: the last page), with the ``applied_seq`` it was read at (a running
-    run's index grows between pages)."""
+    (``members``: a map, or a list of paths for ``created_files`` and ``changed_files``),
+    ``total`` and ``next_offset`` (None: the last page), with the ``applied_seq`` it was read
+    at (a running run's index grows between pages)."""
     if part not in INDEX_PARTS:
         raise BadArgumentError(f"part: one of {', '.join(INDEX_PARTS)}")
     if offset < 0 or not 1 <= limit <= 10 * INDEX_PAGE:
         raise BadArgumentError(f"offset: 0 or more; limit: 1 to {10 * INDEX_PAGE}")
     view = live_state(settings, "working-memory", run_id)
-    found = (view["state"].get("index") or {}).get(part) or ({} if part != "created_files" else [])
+    found = (view["state"].get("index") or {}).get(part) or ([] if part in _LIST_PARTS else {})
     members: Any
     if isinstance(found, dict):
         keys = sorted(found)[offset : offset + limit]
@@ -342,14 +343,16 @@ def compare(settings: Settings, run_ids: Sequence[str]) -> dict[str, Any]:
         status = None if doc["status"] == "RUNNING" else doc["status"]
         failure_class = (doc["failure"] or {}).get("failure_class")
         try:
-            files = memory(settings, run_id)["state"].get("changed_files") or []
+            state = memory(settings, run_id)["state"]
         except NotFoundError:
-            files = []
+            state = {}
+        files = state.get("changed_files") or []
         runs.append(
             {
                 **doc,
                 "outcome": run_outcome(status, failure_class),
                 "changed_files": list(files),
+                "changed_files_total": state.get("changed_files_total", len(files)),
                 "row_count": len(doc["rows"]),
             }
         )

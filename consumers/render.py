@@ -26,11 +26,20 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
     console.print(f"goal: {escape(m.get('task_goal') or '-')}")
     for step in m.get("current_plan") or []:
         console.print(f"  plan: {escape(str(step))}")
-    console.print(f"changed files: {escape(', '.join(m.get('changed_files') or []) or '-')}")
+    console.print(f"changed files: {escape(changed_files(m))}")
     for title, lines in memory_sections(m):
         console.print(f"[bold]{title}[/]")
         for line in lines:
             console.print(f"  - {escape(line)}")
+
+
+def changed_files(m: dict[str, Any]) -> str:
+    """A memory's changed files in one line: those it lists, and how many more it changed
+    (a memory lists the newest 100; ``memory --index changed_files`` pages through all)."""
+    files = list(m.get("changed_files") or [])
+    more = (m.get("changed_files_total") or 0) - len(files)
+    listed = ", ".join(files) or "-"
+    return f"{listed} (and {more} more: memory --index changed_files)" if more > 0 else listed
 
 
 def memory_sections(m: dict[str, Any]) -> list[tuple[str, list[str]]]:

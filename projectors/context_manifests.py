@@ -548,7 +548,8 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # 8: nor a harness's automatic reply (working-memory 7)
     # 9: a next turn lists at most max_dropped_listed dropped items (dropped_omitted,
     # dropped_tokens count them all), and the memory it folds is working-memory 8's
-    version = 9
+    # 10: the memory it folds is working-memory 9's (changed files bounded, the rest counted)
+    version = 10
     hot = True
     state_type = ContextState
     # what grows with the run (recorded manifests are history rows) or with the compaction
@@ -2173,8 +2174,21 @@ def _memory_parts(memory: WorkingMemory, goal_bytes: int) -> dict[str, list[str]
             cited(f"{d.decision} (reason: {d.reason})", d.evidence) for d in memory.decisions
         ],
         "Current plan": [f"{n}. {step}" for n, step in enumerate(memory.current_plan, 1)],
-        "Changed files": [f"- {path}" for path in memory.changed_files],
+        "Changed files": [
+            *(f"- {path}" for path in memory.changed_files),
+            *_more_files(memory),
+        ],
     }
+
+
+def _more_files(memory: WorkingMemory) -> list[str]:
+    """A line saying how many changed files the memory does not list (none: no line)."""
+    more = memory.changed_files_total - len(memory.changed_files)
+    return (
+        [f"- ... and {more} more (the {len(memory.changed_files)} above changed last)"]
+        if more > 0
+        else []
+    )
 
 
 def _drop_order_at(lines: Sequence[tuple[str, str]]) -> list[int]:
@@ -2450,12 +2464,10 @@ _ITEMS_MARK = (b'"items":[', b'],"items_omitted":')
 
 def _lists_page_alone(state: ContextState) -> bool:
     """Whether the paged members of the state's checkpoint but its lists (the memory's index)
-    are too small for :func:`paging.split` to page (its rule for a map: more than PAGE_ITEMS
-    members; the index's maps are all of its paged members)."""
+    are too small for :func:`paging.split` to page (:func:`paging.pages_member`, its rule)."""
     index = state.memory.index if state.memory is not None else None
-    return index is None or all(
-        len(getattr(index, path.removeprefix("index."))) <= paging.PAGE_ITEMS
-        for path in INDEX_PAGED
+    return index is None or not any(
+        paging.pages_member(getattr(index, path.removeprefix("index."))) for path in INDEX_PAGED
     )
 
 

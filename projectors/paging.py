@@ -72,6 +72,16 @@ def split(doc: bytes, paths: Sequence[str]) -> tuple[bytes, dict[str, bytes]]:
     return orjson.dumps(tree), pages
 
 
+def pages_member(member: Mapping[Any, Any] | Sequence[Any]) -> bool:
+    """Whether :func:`split` pages this member of a state (a map, or a list of JSON values)
+    at a paged path: its rule, on the values before they are JSON."""
+    if isinstance(member, Mapping):
+        return len(member) > PAGE_ITEMS
+    if len(member) <= 1:
+        return False
+    return len(member) > PAGE_ITEMS or sum(len(orjson.dumps(m)) for m in member) > PAGED_ARRAY_BYTES
+
+
 def splice(bare: bytes, lists: Sequence[tuple[tuple[bytes, bytes], Sequence[bytes]]]) -> bytes:
     """``bare`` (JSON with an empty list at each mark: ``(opening, closing)``, the text just
     before its ``]`` and from it, in the order the marks come) with each list's JSON pieces

@@ -170,6 +170,10 @@ class RunIndex(_Frozen):
         default_factory=Layered
     )
     created_files: tuple[str, ...] = ()  # ADDED in this run, so a later DELETE drops them
+    changed_files: tuple[str, ...] = ()  # every file the run changed, sorted
+    # the newest CHANGED_FILES_SHOWN of them by their last change, the newest last: the memory
+    # lists these once the run has changed more
+    recent_files: tuple[str, ...] = ()
 
 
 class WorkingMemory(_Frozen):
@@ -179,7 +183,12 @@ class WorkingMemory(_Frozen):
     fleet_id: str
     task_goal: str | None = None
     current_plan: tuple[str, ...] = ()
+    # the files the run changed, sorted: all of them up to CHANGED_FILES_SHOWN, then the newest
+    # CHANGED_FILES_SHOWN by their last change (a run creating thousands of files kept a memory,
+    # and a snapshot row per version, of every path); changed_files_total counts them all and
+    # the evidence index lists them all (``memory --index changed_files``)
     changed_files: tuple[str, ...] = ()
+    changed_files_total: int = 0
     known_facts: tuple[Fact, ...] = ()
     open_problems: tuple[Problem, ...] = ()
     closed_problems: tuple[Problem, ...] = ()
@@ -224,7 +233,13 @@ INTERRUPTION_KEY = "user.interruption"
 AUTO_REPLY_KEY = "user.auto_reply"
 
 # the parts of the evidence index that grow with the run (checkpoint pages)
-INDEX_PAGED = ("index.entries", "index.tool_calls", "index.artifacts")
+INDEX_PAGED = (
+    "index.entries",
+    "index.tool_calls",
+    "index.artifacts",
+    "index.created_files",
+    "index.changed_files",
+)
 
 
 class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
@@ -237,7 +252,9 @@ class WorkingMemoryProjection(ModelProjection[WorkingMemory]):
     # 5: approval decisions read as every projection reads them (a JSON "decision" too). 6: a
     # user's interruption notice is not the goal. 7: nor a harness's automatic reply
     # 8: a fact's id counts the retired facts too (one id was given twice once they left)
-    version = 8
+    # 9: changed_files bounded (CHANGED_FILES_SHOWN newest, changed_files_total counts them
+    # all); the index lists every changed file
+    version = 9
     hot = True
     state_type = WorkingMemory
     unbounded = ("index",)  # the evidence index: every entry id of the run
@@ -328,6 +345,7 @@ def memory_at(entries: list[LedgerEntry], seq: int) -> WorkingMemory | None:
 
 
 KEEP_RETIRED = 8
+CHANGED_FILES_SHOWN = 100  # changed files the memory lists (the index keeps them all)
 _NO_INDEX = {"index"}
 
 
@@ -897,14 +915,36 @@ def _plan_steps(plan: str) -> tuple[str, ...]:
 
 
 def _diff(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
-    changed = _SortedEdit(state.changed_files)
-    created = _SortedEdit(state.index.created_files)
+    index = state.index
+    changed = _SortedEdit(index.changed_files)
+    created = _SortedEdit(index.created_files)
     for part in entry.parts:
         if isinstance(part, DiffPart):
             for file in part.files:
                 _apply_file_change(changed, created, file)
-    index = state.index.model_copy(update={"created_files": created.result()})
-    return state.model_copy(update={"changed_files": changed.result(), "index": index})
+    every = changed.result()
+    recent = _recent(index.recent_files, changed)
+    index = index.model_copy(
+        update={"created_files": created.result(), "changed_files": every, "recent_files": recent}
+    )
+    shown = every if len(every) <= CHANGED_FILES_SHOWN else tuple(sorted(recent))
+    return state.model_copy(
+        update={"changed_files": shown, "changed_files_total": len(every), "index": index}
+    )
+
+
+def _recent(before: tuple[str, ...], changed: _SortedEdit) -> tuple[str, ...]:
+    """The newest CHANGED_FILES_SHOWN changed files by their last change (the newest last):
+    ``before``'s still changed and not changed again, then the diff's in the order of their
+    last change. A file the run created and removed again leaves it (and is not replaced: the
+    list holds fewer until later changes fill it)."""
+    touched = changed.touched
+    if not touched and not changed.removed:
+        return before
+    again = set(touched)
+    kept = [path for path in before if path not in again and path in changed]
+    last = list(reversed(dict.fromkeys(reversed(touched))))  # each once, at its last change
+    return tuple([*kept, *(path for path in last if path in changed)][-CHANGED_FILES_SHOWN:])
 
 
 class _SortedEdit:
@@ -914,12 +954,13 @@ class _SortedEdit:
     them all and sorting it again each time cost O(F log F) a diff (a run creating 4,000 files
     one diff at a time: 2.7 s of working-memory fold, 4.7x the time of 2,000)."""
 
-    __slots__ = ("added", "items", "removed")
+    __slots__ = ("added", "items", "removed", "touched")
 
     def __init__(self, items: tuple[str, ...]) -> None:
         self.items = items
         self.added: set[str] = set()
         self.removed: set[str] = set()
+        self.touched: list[str] = []  # every path given to add, in order (the files changed)
 
     def __contains__(self, path: str) -> bool:
         if path in self.added:
@@ -930,6 +971,7 @@ class _SortedEdit:
         return at < len(self.items) and self.items[at] == path
 
     def add(self, path: str) -> None:
+        self.touched.append(path)
         if path in self:
             return
         if path in self.removed:

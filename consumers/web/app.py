@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from consumers import queries
 from consumers.access import Principal, authenticate
 from consumers.analytics import money
-from consumers.render import as_of, memory_sections
+from consumers.render import as_of, changed_files, memory_sections
 from consumers.render_analytics import figure
 from consumers.web.charts import HEIGHT, WIDTH, bars, cost_line, stacked
 from infra.cli_support import bounded
@@ -179,6 +179,7 @@ def create_app(
     )
     pages.filters["seg"] = seg
     pages.filters["usd"] = _usd
+    pages.filters["changed_files"] = changed_files  # (a memory's, or a compared run's)
     pages.filters["figure"] = _figure
     pages.filters["pretty"] = lambda doc: json.dumps(doc, indent=2, default=str)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

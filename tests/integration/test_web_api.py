@@ -335,11 +335,13 @@ def test_compare_puts_two_runs_side_by_side_as_the_cli_reads_them(web: Web) -> N
     doc = _api(web, "/api/v1/compare", a=a, b=b)
     outcomes = {r["run_id"]: r["outcome"] for r in _cli(web, "runs", "--json", "--limit", "100")}
     for run_id, shown in zip((a, b), doc["runs"], strict=True):
-        extra = {k: shown.pop(k) for k in ("outcome", "changed_files", "row_count")}
+        keys = ("outcome", "changed_files", "changed_files_total", "row_count")
+        extra = {k: shown.pop(k) for k in keys}
         assert shown == _cli(web, "timeline", run_id, "--json")
         assert extra["outcome"] == outcomes[run_id]
         memory = _cli(web, "memory", run_id, "--json")
         assert extra["changed_files"] == memory["state"]["changed_files"]
+        assert extra["changed_files_total"] == memory["state"]["changed_files_total"]
     other = web.runs_of(FLEETS[1])[0]
     assert _get(web, "/api/v1/compare", web.token_a, a=a, b=other).status_code == 404
     page = httpx.get(

@@ -823,7 +823,7 @@ def test_doc_round_trip() -> None:
     doc = projection.to_doc(state)
     assert projection.from_doc(json.loads(json.dumps(doc))) == state
     assert ContextManifestsProjection.name == "context-manifests"
-    assert projection.version == 9 and projection.hot
+    assert projection.version == 10 and projection.hot
 
 
 def test_simulated_run_flags_the_injection_and_records_each_model_call() -> None:

@@ -575,7 +575,9 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
     state = projection.fold(state, builder.entries[0])
     for entry, (want_changed, want_created) in zip(builder.entries[1:], expected, strict=True):
         state = projection.fold(state, entry)
-        assert state.changed_files == want_changed
+        assert state.index.changed_files == want_changed
+        assert state.changed_files == want_changed  # (at most 10 files: the memory lists all)
+        assert state.changed_files_total == len(want_changed)
         assert state.index.created_files == want_created
     # a file created and removed in the same diff leaves no change (the reviewer's case)
     made_and_gone = tuple(
@@ -595,6 +597,72 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
     for entry in fresh.entries:
         state = projection.fold(state, entry)
     assert state.changed_files == () and state.index.created_files == ()
+    assert state.changed_files_total == 0 and state.index.changed_files == ()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_run_changing_thousands_of_files_keeps_a_bounded_memory(seed: int) -> None:
+    """A run changing 1,500 files (random statuses, paths reused, the run's own files deleted
+    again): the memory lists the CHANGED_FILES_SHOWN changed last (sorted), counts them all,
+    and its index lists them all, as the set-and-sort rule gave; each snapshot row stays
+    small (before working-memory 9 each held every path: 1,000 files made 13.9 MB of rows)."""
+    from schemas.factory import diff
+    from schemas.models import DiffFile, FileChangeStatus, FileClassification
+
+    rng = random.Random(seed)
+    shown = working_memory.CHANGED_FILES_SHOWN
+    pool = [f"src/pkg_{i // 50}/module_{i:05d}.py" for i in range(1_500)]
+    base = diff(False)
+    builder = EntryBuilder()
+    builder.add(EntryKind.RUN_STARTED)
+    changed: set[str] = set()
+    created: set[str] = set()
+    last_change: dict[str, int] = {}  # path -> the position of its last change
+    expected = []
+    step = 0
+    for _ in range(900):
+        files = []
+        for _ in range(rng.randint(1, 4)):
+            status = rng.choices(list(FileChangeStatus), weights=(6, 3, 1, 1, 1))[0]
+            path = pool[min(len(pool) - 1, int(rng.expovariate(1 / 700)))]
+            files.append(
+                DiffFile(
+                    path=path,
+                    status=status,
+                    lines_added=1,
+                    lines_deleted=0,
+                    classification=FileClassification.SOURCE,
+                    old_path=rng.choice(pool) if status is FileChangeStatus.RENAMED else None,
+                )
+            )
+        builder.add(EntryKind.DIFF_OBSERVATION, (base.model_copy(update={"files": tuple(files)}),))
+        for file in files:
+            _old_files(changed, created, file)
+            for touched in (file.old_path, file.path):  # what the rule touched, in its order
+                if touched is not None:
+                    step += 1
+                    last_change[touched] = step
+        expected.append((tuple(sorted(changed)), sorted(changed, key=last_change.__getitem__)))
+    projection = WorkingMemoryProjection()
+    state = projection.initial(builder.entries[0])
+    state = projection.fold(state, builder.entries[0])
+    largest = 0
+    for entry, (want_all, by_change) in zip(builder.entries[1:], expected, strict=True):
+        before, state = state, projection.fold(state, entry)
+        assert state.index.changed_files == want_all
+        assert state.changed_files_total == len(want_all)
+        if len(want_all) <= shown:
+            assert state.changed_files == want_all
+        else:  # the newest by their last change (a file the run created and deleted again
+            # leaves a place the list does not fill with an older one), sorted by path
+            listed = len(state.changed_files)
+            assert 0 < listed <= shown
+            assert state.changed_files == tuple(sorted(by_change[-listed:]))
+        for row in projection.history(before, state, entry):
+            largest = max(largest, len(json.dumps(row.doc)))
+    assert len(expected[-1][0]) > 5 * shown  # (the run did change far more than are listed)
+    assert len(state.changed_files) > shown // 2
+    assert largest < 16_000
 
 
 def _old_memory_text(head: str, lines: list[tuple[str, str]], limit: int) -> str:
@@ -677,3 +745,22 @@ def test_the_memory_text_drops_lines_counting_bytes_and_joins_once(
         monkeypatch.setattr(context_manifests, "_memory_joined", original)
         assert text == want, limit
         assert calls <= 2
+
+
+def test_a_memory_listing_part_of_its_files_says_how_many_more() -> None:
+    """The next turn's memory text, the CLI's and the pages' line say how many changed files
+    the memory does not list; a memory listing them all says nothing more."""
+    from consumers.render import changed_files
+    from projectors.working_memory import WorkingMemory
+
+    part = WorkingMemory(
+        run_id="r", fleet_id="f", changed_files=("a.py", "b.py"), changed_files_total=250
+    )
+    text = context_manifests.memory_text(part, 1, 10_000)
+    assert "- a.py\n- b.py\n- ... and 248 more (the 2 above changed last)" in text
+    line = changed_files(part.model_dump(mode="json"))
+    assert line == "a.py, b.py (and 248 more: memory --index changed_files)"
+    whole = part.model_copy(update={"changed_files_total": 2})
+    assert "more" not in context_manifests.memory_text(whole, 1, 10_000)
+    assert changed_files(whole.model_dump(mode="json")) == "a.py, b.py"
+    assert changed_files({}) == "-"

@@ -150,3 +150,57 @@ def test_context_manifests_pages_its_checkpoint_from_pieces_as_split_would() -> 
         else:
             assert split is None, n
     assert given >= 2  # some of them large enough to be paged
+
+
+def _with_files(run: list[Any], files: int) -> list[Any]:
+    """``run`` with a diff creating ``files`` files of long paths after its first half."""
+    from schemas.models import DiffFile, DiffPart, FileChangeStatus, FileClassification
+
+    half = len(run) // 2
+    made = tuple(
+        DiffFile(
+            path=f"services/generated/client_sdk/resources/v2/endpoints/module_{i:05d}.py",
+            status=FileChangeStatus.ADDED,
+            lines_added=3,
+            lines_deleted=0,
+            classification=FileClassification.SOURCE,
+        )
+        for i in range(files)
+    )
+    template = next(e for e in run if any(isinstance(p, DiffPart) for p in e.parts))
+    part = next(p for p in template.parts if isinstance(p, DiffPart))
+    entry = template.model_copy(
+        update={
+            "entry_id": f"{template.entry_id}-many",
+            "parts": (part.model_copy(update={"files": made}),),
+        }
+    )
+    out = [*run[:half], entry, *run[half:]]
+    return [e.model_copy(update={"sequence_no": i + 1}) for i, e in enumerate(out)]
+
+
+@pytest.mark.parametrize("files", [300, 450, 3_000])
+def test_a_run_s_file_lists_are_paged_as_split_pages_them(files: int) -> None:
+    """The memory's index lists every file the run created and changed (paged, as its maps
+    are): the context manifests' checkpoint made from its pieces is split's split of it or
+    none (a list of fewer than PAGE_ITEMS paths but more than PAGED_ARRAY_BYTES is paged by
+    split too), and the working memory's checkpoint row leaves the lists in pages."""
+    [run] = list(simulate_runs(1, 1, 26, entries_per_run=300))
+    run = _with_files(run, files)
+    for p in all_projections():
+        if p.name not in ("working-memory", "context-manifests"):
+            continue
+        state = fold_all(p, run)
+        assert state is not None
+        whole, split = p.checkpoint_pages(state)
+        if split is not None:
+            assert split == paging.split(whole, p.paged), p.name
+        left, pages = split if split is not None else paging.split(whole, p.paged)
+        if len(whole) >= paging.PAGED_FROM_BYTES:
+            paged = orjson.loads(left)[paging.PAGED]
+            prefix = "memory." if p.name == "context-manifests" else ""
+            assert f"{prefix}index.created_files" in paged, p.name
+            assert f"{prefix}index.changed_files" in paged, p.name
+            assert b"module_00001.py" not in left, p.name
+        back = paging.join(orjson.loads(left), {k: orjson.loads(v) for k, v in pages.items()})
+        assert p.from_doc(back) == state, p.name

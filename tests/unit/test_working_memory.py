@@ -133,7 +133,7 @@ def _rejected(state: WorkingMemory) -> dict[str, str]:
 
 def test_projection_contract() -> None:
     projection = WorkingMemoryProjection()
-    assert (projection.name, projection.version, projection.hot) == ("working-memory", 8, True)
+    assert (projection.name, projection.version, projection.hot) == ("working-memory", 9, True)
     assert projection.state_type is WorkingMemory
     first = _run().entries[0]
     assert projection.accepts(first)
