@@ -219,6 +219,7 @@ class KafkaService(LocalService):
             f"-Xms{min(256, heap)}m",
             f"-Xmx{heap}m",
             "-XX:+UseG1GC",
+            *self.settings.kafka_java_options.split(),
             "-Djava.awt.headless=true",
             f"-Dkafka.logs.dir={self.home / 'logs'}",
             f"-Dlog4j.configuration=file:{self.home / 'log4j.properties'}",

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     kafka_controller_port: int = 19093
 
     kafka_heap_mb: int = 768
+    kafka_java_options: str = Field(
+        default="",
+        description="more JVM options for the local broker, space-separated (the suite gives "
+        "-XX:TieredStopAtLevel=1: its brokers live minutes, where the full JIT's compiling "
+        "cost half their CPU)",
+    )
     pg_port: int = 15432
     redis_port: int = 16379
     stop_timeout_s: float = 30.0

@@ -246,3 +246,17 @@ def test_ledger_and_dead_letter_topics_keep_an_acknowledged_entry_on_two_brokers
         for spec in fleet_topic_specs("p", "f", 8, replication):
             assert spec.config.get("min.insync.replicas") == wanted, (spec.name, replication)
             assert spec.config["retention.ms"] == "-1"  # kept forever, as before
+
+
+def test_kafka_java_options_reach_the_broker_s_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AGENTLEDGER_KAFKA_JAVA_OPTIONS (the suite's quick JIT) are JVM options of the broker,
+    before its class; unset, the command is the plain one."""
+    plain = KafkaService(load_settings(state_dir=tmp_path), Console(quiet=True))._java(tmp_path)
+    assert not any(arg.startswith("-XX:Tiered") for arg in plain)
+    monkeypatch.setenv("AGENTLEDGER_KAFKA_JAVA_OPTIONS", " -XX:TieredStopAtLevel=1  -Xss1m ")
+    argv = KafkaService(load_settings(state_dir=tmp_path), Console(quiet=True))._java(tmp_path)
+    assert argv[: len(plain) - 5] == plain[: len(plain) - 5]  # (java, heap, GC first)
+    assert {"-XX:TieredStopAtLevel=1", "-Xss1m"} <= set(argv[: argv.index("-cp")])
+    assert len(argv) == len(plain) + 2
