@@ -256,8 +256,16 @@ def memory(settings: Settings, run_id: str, at: int | None = None) -> dict[str, 
     return history_at(settings, "working-memory", run_id, "snapshot", at)
 
 
-INDEX_PARTS = ("entries", "tool_calls", "artifacts", "created_files", "changed_files")
-_LIST_PARTS = ("created_files", "changed_files")  # lists of paths (the others are maps)
+INDEX_PARTS = (
+    "entries",
+    "tool_calls",
+    "artifacts",
+    "created_files",
+    "changed_files",
+    "recent_files",
+)
+# lists of paths (the others are maps): sorted, but recent_files (by last change, newest last)
+_LIST_PARTS = ("created_files", "changed_files", "recent_files")
 INDEX_PAGE = 1000  # index members a page of memory_index answers by default (and at most 10x)
 
 
@@ -279,7 +287,8 @@ def memory_index(
 ) -> dict[str, Any]:
     """A page of the current working memory's evidence index (``memory --index PART``, ``GET
     /api/v1/runs/R/memory/index?part=``): ``part``'s members in key order from ``offset``
-    (``members``: a map, or a list of paths for ``created_files`` and ``changed_files``),
+    (``members``: a map, or a list of paths for ``created_files``, ``changed_files`` and
+    ``recent_files``),
     ``total`` and ``next_offset`` (None: the last page), with the ``applied_seq`` it was read
     at (a running run's index grows between pages)."""
     if part not in INDEX_PARTS:
