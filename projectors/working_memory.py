@@ -215,6 +215,7 @@ _CONTENT_FIELDS = (
     "task_goal",
     "current_plan",
     "changed_files",
+    "changed_files_total",
     "known_facts",
     "open_problems",
     "closed_problems",

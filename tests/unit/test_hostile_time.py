@@ -651,6 +651,8 @@ def test_a_run_changing_thousands_of_files_keeps_a_bounded_memory(seed: int) -> 
         before, state = state, projection.fold(state, entry)
         assert state.index.changed_files == want_all
         assert state.changed_files_total == len(want_all)
+        if state.changed_files_total != before.changed_files_total:  # a new snapshot version
+            assert state.snapshot_version == before.snapshot_version + 1
         if len(want_all) <= shown:
             assert state.changed_files == want_all
         else:  # the newest by their last change (a file the run created and deleted again
