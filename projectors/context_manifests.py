@@ -368,6 +368,11 @@ class ContextBudget(_Frozen):
     # then the budget's in the order it dropped them); dropped_omitted counts the rest
     max_dropped_listed: int = Field(default=64, ge=0)
     max_findings: int = Field(default=64, ge=0)
+    # A next turn holds at most this many items (the binding ones and the memory always): more
+    # go as the total budget's do, "over the item limit". Thousands of small items fit the
+    # token budget (a run creating 3,000 files, a diff each: an 840 KB head, each item's JSON
+    # its bulk); the real runs of both sample packs hold at most 369.
+    max_items: int = Field(default=512, ge=1)
     # The next turn says compaction is due once it holds this share of total_tokens
     # (or had to drop history for budget): a runtime should compact before the next call.
     compaction_high_water: float = Field(default=0.8, gt=0, le=1)
@@ -548,7 +553,8 @@ class ContextManifestsProjection(ModelProjection[ContextState]):
     # 8: nor a harness's automatic reply (working-memory 7)
     # 9: a next turn lists at most max_dropped_listed dropped items (dropped_omitted,
     # dropped_tokens count them all), and the memory it folds is working-memory 8's
-    # 10: the memory it folds is working-memory 9's (changed files bounded, the rest counted)
+    # 10: the memory it folds is working-memory 9's (changed files bounded, the rest counted);
+    # a next turn holds at most max_items items (512)
     version = 10
     hot = True
     state_type = ContextState
@@ -1635,7 +1641,8 @@ def _turn(
     after_keys, after_sums, after_sections = _tally(after)
     sections = _added_counts(_added_counts(settled.sections, before_sections), after_sections)
     all_orphans = (*settled.orphans, *orphans)
-    if _within(sections, budget):  # nothing to drop (the usual case)
+    held = len(head) + len(settled.items) + len(after)
+    if _within(sections, budget) and held <= budget.max_items:  # nothing to drop (usual)
         turn = _Turn(
             items=(*head, *settled.items, *after),
             keys=(*before_keys, *settled.keys, *after_keys),
@@ -2347,6 +2354,9 @@ class _Groups(NamedTuple):
     sections: dict[str | None, int]
 
 
+_ITEMS = "$items"  # the item limit among _truncate's limits (no section is named so)
+
+
 class _Truncated(NamedTuple):
     items: tuple[ManifestItem, ...]  # kept, in order
     listed: tuple[DroppedItem, ...]  # the first max_dropped_listed dropped
@@ -2378,12 +2388,18 @@ def _truncate(groups: _Groups, budget: ContextBudget) -> _Truncated:
         head_by_priority.setdefault(g.priority, []).append(n)
     priorities = sorted({*head_by_priority, *groups.by_priority})
     limits: list[tuple[str | None, int]] = [*budget.sections.items(), (None, budget.total_tokens)]
-    for section, limit in limits:
-        total = totals.get(section, 0)
+    # the items the turn holds (the memory's too), for the item limit after the budgets
+    held = sum(len(g.items) for g in heads) + sum(len(u.items) for u in units) + 1
+    for section, limit in [*limits, (_ITEMS, budget.max_items)]:
+        total = held if section == _ITEMS else totals.get(section, 0)
         if total <= limit:
             continue
-        reason = f"over the {section} budget" if section else "over the total budget"
-        for protected in (False, True) if section is None else (False,):
+        if section == _ITEMS:
+            reason = "over the item limit"
+        else:
+            reason = f"over the {section} budget" if section else "over the total budget"
+        yielding = section is None or section == _ITEMS  # the newest turns too
+        for protected in (False, True) if yielding else (False,):
             for priority in priorities:
                 if total <= limit:
                     break
@@ -2404,11 +2420,12 @@ def _truncate(groups: _Groups, budget: ContextBudget) -> _Truncated:
                         if u.protected is not protected:
                             continue
                         of, counts = u.items, weights[n - first].counts
-                    size = counts.get(section, 0)
+                    size = len(of) if section == _ITEMS else counts.get(section, 0)
                     if size <= 0:
                         continue
                     gone.add(n)
                     total -= size
+                    held -= len(of)
                     for s, k in counts.items():
                         totals[s] -= k
                     dropped.append((n, reason))
@@ -2429,6 +2446,8 @@ def _truncate(groups: _Groups, budget: ContextBudget) -> _Truncated:
         of = heads[n].items if n < first else units[n - first].items
         listed += (_dropped(i, reason) for i in of)
     over = tuple(section or "total" for section, limit in limits if totals.get(section, 0) > limit)
+    if held > budget.max_items:  # (binding items alone more than the limit)
+        over += ("items",)
     return _Truncated(tuple(items), tuple(listed[: budget.max_dropped_listed]), count, tokens, over)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from infra.settings import Settings
 from projectors.base import fold_all
+from projectors.context_manifests import ContextBudget
 from projectors.registry import all_projections
 from projectors.stores import postgres as pg
 from projectors.stores.postgres import use_documents
@@ -194,6 +195,29 @@ async def test_cold_loads_fold_checkpoint_and_tail_to_what_a_kept_state_gives(
 
 
 ROW_BOUND = 256 * 1024
+FILES = 3_000  # the run that creates its files one diff at a time
+
+
+def _creating_files(files: int) -> list[Any]:
+    """A run that creates ``files`` files of long paths, one diff an entry (a generator)."""
+    import uuid
+
+    from schemas.factory import EntryBuilder, diff
+    from schemas.models import DiffFile, EntryKind, FileChangeStatus, FileClassification
+
+    builder = EntryBuilder(str(uuid.UUID(int=2028, version=4)), fleet_id="fleet-01")
+    builder.add(EntryKind.RUN_STARTED)
+    base = diff(False)
+    for i in range(files):
+        made = DiffFile(
+            path=f"services/generated/client_sdk/resources/v2/endpoints/module_{i:05d}.py",
+            status=FileChangeStatus.ADDED,
+            lines_added=12,
+            lines_deleted=0,
+            classification=FileClassification.SOURCE,
+        )
+        builder.add(EntryKind.DIFF_OBSERVATION, (base.model_copy(update={"files": (made,)}),))
+    return builder.entries
 
 
 async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings) -> None:
@@ -204,12 +228,15 @@ async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings
     env = await make_env(services, fleets=("fleet-01",))
     [run] = list(simulate_runs(1, 1, 2027, entries_per_run=10_000))
     assert len(run) >= 10_000
-    # and runs of 300 whose context window is full (a ~450 KiB context-manifests checkpoint)
+    # and runs of 300 whose context window is full (a ~450 KiB context-manifests checkpoint),
+    # and one that creates 3,000 files one diff at a time (working memory listed every path
+    # in each of its snapshot rows: 123 MB of rows; its checkpoints held them all)
     short = list(simulate_runs(1, 3, 25, entries_per_run=300))
+    files = _creating_files(FILES)
     topic = ledger_topic(env.settings.topic_prefix, "fleet-01")
     records = [
         SourceRecord(topic, 0, i, e.run_id.encode(), CODEC.encode(e))
-        for i, e in enumerate([*(e for r in short for e in r), *run])
+        for i, e in enumerate([*(e for r in short for e in r), *files, *run])
     ]
     projections = all_projections()
     # as a worker applies it (states kept between batches), then the last batches cold
@@ -235,25 +262,46 @@ async def test_no_row_of_a_10000_entry_run_grows_past_256_kib(services: Settings
             "al_history": "octet_length(doc::text)",
             "al_tail": "octet_length(payload)",
         }
+        # (but the files run's next turn, below: its bound is the item limit's)
         largest = {
             table: conn.execute(
-                f"SELECT max({size}), count(*) FROM {table} WHERE build = %s", (env.build,)
+                f"SELECT max({size}), count(*) FROM {table} WHERE build = %s "
+                "AND NOT (projection = 'context-manifests' AND run_id = %s)",
+                (env.build, files[0].run_id),
             ).fetchone()
             for table, size in sizes.items()
         }
+        [[turn_items, turn_row]] = conn.execute(
+            "SELECT jsonb_array_length(head->'next_turn'->'items'), "
+            f"{sizes['al_run_state']} FROM al_run_state "
+            "WHERE build = %s AND projection = 'context-manifests' AND run_id = %s",
+            (env.build, files[0].run_id),
+        ).fetchall()
         paged = conn.execute(
             "SELECT projection, pages FROM al_run_state WHERE build = %s AND pages > 0",
             (env.build,),
         ).fetchall()
+        [[snapshots, snapshot_bytes]] = conn.execute(
+            "SELECT count(*), sum(octet_length(doc::text)) FROM al_history "
+            "WHERE build = %s AND projection = 'working-memory' AND run_id = %s",
+            (env.build, files[0].run_id),
+        ).fetchall()
     print(f"\nlargest rows (bytes, rows) at {len(run)} entries: {largest}; paged: {paged}")
     assert {name for name, _n in paged} >= {"working-memory", "context-manifests"}
-    assert len([name for name, _n in paged if name == "context-manifests"]) == 1 + len(short)
+    # (the long run, the short ones, and the files run: its memory's file lists are paged)
+    assert len([name for name, _n in paged if name == "context-manifests"]) == 2 + len(short)
     for table, found in largest.items():
         assert found is not None
         assert found[0] is None or found[0] <= ROW_BOUND, (table, found)
+    # Its next turn: 3,000 small items fit the token budget (an 840 KB head); the item limit
+    # keeps 512 (~600 B of JSON each: a bound of its own, not the run's length)
+    assert turn_items == ContextBudget().max_items and turn_row < 400_000, (turn_items, turn_row)
+    # a snapshot a file, each listing at most the 100 changed last (~7.5 KB of these long
+    # paths, where each listed every file created so far: ~1,500 paths, ~117 KB, on average)
+    assert snapshots >= FILES and snapshot_bytes < 10_000 * snapshots, (snapshots, snapshot_bytes)
     for p in projections:
         stored = current_states(env.settings.pg_address, p, env.build)
-        for r in (run, *short):
+        for r in (run, *short, files):
             state = fold_all(p, r)
             assert state is not None
             assert stored[r[0].run_id] == (len(r), orjson.loads(p.to_json(state))), p.name

@@ -440,6 +440,36 @@ def test_protected_items_over_budget_are_kept_and_reported() -> None:
     assert "total" in bound.over_budget, "policy stays over any budget, and the turn says so"
 
 
+def test_a_next_turn_holds_at_most_max_items() -> None:
+    """Thousands of small items fit the token budget (a run creating its files a diff at a
+    time): past max_items they go as the total budget's do (lowest priority first, oldest
+    first among equals, the newest turns last), "over the item limit"; binding items and the
+    memory stay, and a turn whose binding items alone are more says so."""
+    b = started(EntryKind.USER_TASK)
+    diffs = [b.add(EntryKind.DIFF_OBSERVATION, metadata={"tokens": "5"}) for _ in range(40)]
+    chat = [
+        b.add(EntryKind.ASSISTANT_RESPONSE, text(f"turn {n}"), metadata={"tokens": "5"})
+        for n in range(10)
+    ]
+    whole = next_turn(b.entries, ContextBudget(protected_turns=2))
+    assert len(whole.items) == 52 and not whole.dropped  # the task, 50, the memory
+    turn = next_turn(b.entries, ContextBudget(max_items=20, protected_turns=2))
+    kept = [i.source_entry_id for i in turn.items]
+    assert len(turn.items) == 20 and len(turn.dropped) + turn.dropped_omitted == 32
+    assert {d.reason for d in turn.dropped} == {"over the item limit"}
+    assert [i.item_kind for i in turn.items][:: len(turn.items) - 1] == [
+        K.TASK_CONTRACT,
+        K.WORKING_MEMORY,
+    ]
+    # the conversation turns first (but the two newest), then the oldest diffs
+    assert [e.entry_id for e in chat if e.entry_id in kept] == [e.entry_id for e in chat[-2:]]
+    assert [e.entry_id for e in diffs if e.entry_id in kept] == [e.entry_id for e in diffs[-16:]]
+    assert not turn.over_budget
+    bound = next_turn(b.entries, ContextBudget(max_items=1))
+    assert [i.item_kind for i in bound.items] == [K.TASK_CONTRACT, K.WORKING_MEMORY]
+    assert "items" in bound.over_budget
+
+
 def test_total_budget_drops_lowest_priority_first() -> None:
     b = started(EntryKind.USER_TASK)
     diff = b.add(EntryKind.DIFF_OBSERVATION, metadata={"tokens": "300"})
