@@ -65,7 +65,7 @@ def memory(
         typer.Option(
             "--index",
             help="a page of the evidence index instead (JSON): entries, tool_calls, artifacts, "
-            "created_files, changed_files or recent_files",
+            "created_files, changed_files, recent_files or file_changes",
         ),
     ] = None,
     offset: Annotated[int, typer.Option("--offset", help="with --index: the first member")] = 0,

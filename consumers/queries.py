@@ -263,6 +263,7 @@ INDEX_PARTS = (
     "created_files",
     "changed_files",
     "recent_files",
+    "file_changes",
 )
 # lists of paths (the others are maps): sorted, but recent_files (by last change, newest last)
 _LIST_PARTS = ("created_files", "changed_files", "recent_files")

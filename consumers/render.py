@@ -35,11 +35,11 @@ def print_memory(console: Console, view: dict[str, Any]) -> None:
 
 def changed_files(m: dict[str, Any]) -> str:
     """A memory's changed files in one line: those it lists, and how many more it changed
-    (a memory lists the newest 100; ``memory --index changed_files`` pages through all)."""
+    (a memory lists the ones changed last; its evidence index lists them all)."""
     files = list(m.get("changed_files") or [])
     more = (m.get("changed_files_total") or 0) - len(files)
     listed = ", ".join(files) or "-"
-    return f"{listed} (and {more} more: memory --index changed_files)" if more > 0 else listed
+    return f"{listed} (and {more} more in the evidence index)" if more > 0 else listed
 
 
 def memory_sections(m: dict[str, Any]) -> list[tuple[str, list[str]]]:

@@ -2191,11 +2191,7 @@ def _memory_parts(memory: WorkingMemory, goal_bytes: int) -> dict[str, list[str]
 def _more_files(memory: WorkingMemory) -> list[str]:
     """A line saying how many changed files the memory does not list (none: no line)."""
     more = memory.changed_files_total - len(memory.changed_files)
-    return (
-        [f"- ... and {more} more (the {len(memory.changed_files)} above changed last)"]
-        if more > 0
-        else []
-    )
+    return [f"- ({more} more changed files not listed)"] if more > 0 else []
 
 
 def _drop_order_at(lines: Sequence[tuple[str, str]]) -> list[int]:
@@ -2473,7 +2469,8 @@ _RECORDED_JSON = _Memo(_item_json, kept=32_768)
 # and the key after it, in field order (pool, manifests, last context items, the prefix basis,
 # the next turn's items). A key is never escaped and a string holds no unescaped quote, and the
 # only dicts before them whose keys come from the ledger (the memory's index) hold no lists, so
-# the first match after the previous one is the field.
+# the first match after the previous one is the field. (Its lists hold JSON strings only, whose
+# quotes are escaped: no mark is found inside them either.)
 _POOL_MARK = (b'"pool":[', b'],"findings":')
 _MANIFESTS_MARK = (b'"manifests":[', b'],"manifests_recorded":')
 _CONTEXT_ITEMS_MARK = (b'"last_context_items":[', b'],"duplicate_model_calls":')

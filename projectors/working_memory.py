@@ -47,6 +47,7 @@ sequence numbers and other runs' entries leave the state untouched; ``snapshot_v
 
 from __future__ import annotations
 
+import heapq
 import re
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable
@@ -171,6 +172,11 @@ class RunIndex(_Frozen):
     )
     created_files: tuple[str, ...] = ()  # ADDED in this run, so a later DELETE drops them
     changed_files: tuple[str, ...] = ()  # every file the run changed, sorted
+    # path -> the sequence number of the entry that changed it last (a path no longer changed
+    # keeps its number: changed_files says which are)
+    file_changes: Annotated[Layered[str, int], LayeredDict(dict[str, int])] = Field(
+        default_factory=Layered
+    )
     # the newest CHANGED_FILES_SHOWN of them by their last change, the newest last: the memory
     # lists these once the run has changed more
     recent_files: tuple[str, ...] = ()
@@ -240,6 +246,7 @@ INDEX_PAGED = (
     "index.artifacts",
     "index.created_files",
     "index.changed_files",
+    "index.file_changes",
 )
 
 
@@ -924,9 +931,16 @@ def _diff(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
             for file in part.files:
                 _apply_file_change(changed, created, file)
     every = changed.result()
-    recent = _recent(index.recent_files, changed)
+    seq = entry.sequence_no
+    file_changes = index.file_changes.updated({path: seq for path in changed.touched})
+    recent = _recent(index.recent_files, changed, every, file_changes)
     index = index.model_copy(
-        update={"created_files": created.result(), "changed_files": every, "recent_files": recent}
+        update={
+            "created_files": created.result(),
+            "changed_files": every,
+            "file_changes": file_changes,
+            "recent_files": recent,
+        }
     )
     shown = every if len(every) <= CHANGED_FILES_SHOWN else tuple(sorted(recent))
     return state.model_copy(
@@ -934,18 +948,38 @@ def _diff(state: WorkingMemory, entry: LedgerEntry) -> WorkingMemory:
     )
 
 
-def _recent(before: tuple[str, ...], changed: _SortedEdit) -> tuple[str, ...]:
+def _recent(
+    before: tuple[str, ...],
+    changed: _SortedEdit,
+    every: tuple[str, ...],
+    file_changes: Layered[str, int],
+) -> tuple[str, ...]:
     """The newest CHANGED_FILES_SHOWN changed files by their last change (the newest last):
     ``before``'s still changed and not changed again, then the diff's in the order of their
-    last change. A file the run created and removed again leaves it (and is not replaced: the
-    list holds fewer until later changes fill it)."""
+    last change. A file the run created and removed again leaves it; once fewer than half
+    the files it should list are left, the newest of the others (by the entry that changed
+    them last, the path after it) fill it again: every file outside it is older than every
+    file in it. (Filling at half, not at each removal, keeps a run deleting its own files one
+    diff at a time linear: a fill scans all of the run's files.)"""
     touched = changed.touched
     if not touched and not changed.removed:
         return before
     again = set(touched)
     kept = [path for path in before if path not in again and path in changed]
     last = list(reversed(dict.fromkeys(reversed(touched))))  # each once, at its last change
-    return tuple([*kept, *(path for path in last if path in changed)][-CHANGED_FILES_SHOWN:])
+    recent = [*kept, *(path for path in last if path in changed)][-CHANGED_FILES_SHOWN:]
+    wanted = min(CHANGED_FILES_SHOWN, len(every))
+    if len(recent) * 2 < wanted:
+        listed = set(recent)
+
+        def last_change(path: str) -> tuple[int, str]:
+            return file_changes.get(path, 0), path
+
+        older = heapq.nlargest(
+            wanted - len(recent), (p for p in every if p not in listed), key=last_change
+        )
+        recent[:0] = sorted(older, key=last_change)
+    return tuple(recent)
 
 
 class _SortedEdit:

@@ -322,9 +322,9 @@ def create_app(
         offset: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=10 * queries.INDEX_PAGE)] = queries.INDEX_PAGE,
     ) -> Any:
-        """A page of the current working memory's evidence index: ``part`` (entries,
-        tool_calls, artifacts, created_files) from ``offset``, with ``total`` and
-        ``next_offset`` (``agentledger memory RUN --index PART``)."""
+        """A page of the current working memory's evidence index: ``part`` (one of
+        ``queries.INDEX_PARTS``) from ``offset``, with ``total`` and ``next_offset``
+        (``agentledger memory RUN --index PART``)."""
         rid = run_of(who, run_id)
         return queries.jsonable(
             found(lambda: queries.memory_index(settings, rid, part, offset, limit))
