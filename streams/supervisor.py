@@ -152,9 +152,14 @@ class Supervisor:
                     last_exit=self.last_exit,
                 )
                 code = self._wait()
-                if self.stopping is not None:
-                    return stopped_code(code)
                 reason = self.frozen or _read(exit_file)
+                if self.stopping is not None:
+                    if stopped_code(code) != 0:  # never silent: how it ended, in one line
+                        _say(
+                            f"agentledger worker: the faust process (pid {self.child.pid}) "
+                            f"ended while stopping: {describe_exit(code, reason)}"
+                        )
+                    return stopped_code(code)
                 if code == EXIT_CONFIG:
                     _say(f"agentledger worker: not started again: {describe_exit(code, reason)}")
                     return code

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -621,6 +622,9 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> NoReturn:
     Crash-only: every way out ends the process with an exit code and one line saying why
     (``EXIT_*``); ``agentledger worker`` (:mod:`streams.supervisor`) starts it again.
     """
+    # a crash in C code (a SIGSEGV) leaves every thread's Python stack in the log (names and
+    # lines only, no values), where it left nothing to say where it was
+    faulthandler.enable()
     try:
         migrate_and_claim(settings.pg_address, settings.topic_prefix)
         topics = asyncio.run(existing_ledger_topics(settings))
