@@ -18,7 +18,7 @@ one :func:`split` was given.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -63,7 +63,7 @@ def split(doc: bytes, paths: Sequence[str]) -> tuple[bytes, dict[str, bytes]]:
             paged.append(path)
         elif isinstance(member, list) and len(member) > 1:
             encoded = [orjson.dumps(m) for m in member]
-            if len(member) > PAGE_ITEMS or sum(map(len, encoded)) > PAGED_ARRAY_BYTES:
+            if _pages_list(len(encoded), map(len, encoded)):
                 node[last] = {MARK: _array_pages(encoded, pages), KIND: "array"}
                 paged.append(path)
     if not pages:
@@ -77,9 +77,14 @@ def pages_member(member: Mapping[Any, Any] | Sequence[Any]) -> bool:
     at a paged path: its rule, on the values before they are JSON."""
     if isinstance(member, Mapping):
         return len(member) > PAGE_ITEMS
-    if len(member) <= 1:
-        return False
-    return len(member) > PAGE_ITEMS or sum(len(orjson.dumps(m)) for m in member) > PAGED_ARRAY_BYTES
+    return _pages_list(len(member), (len(orjson.dumps(m)) for m in member))
+
+
+def _pages_list(members: int, json_sizes: Iterable[int]) -> bool:
+    """The rule for a list at a paged path: more than one member, and more than PAGE_ITEMS of
+    them or more than PAGED_ARRAY_BYTES of JSON (the members' sizes, summed only when that
+    decides)."""
+    return members > 1 and (members > PAGE_ITEMS or sum(json_sizes) > PAGED_ARRAY_BYTES)
 
 
 def splice(bare: bytes, lists: Sequence[tuple[tuple[bytes, bytes], Sequence[bytes]]]) -> bytes:
@@ -110,9 +115,7 @@ def split_lists(
     paged: list[str] = []
     values: list[tuple[tuple[bytes, bytes], tuple[bytes, ...]]] = []
     for (path, mark, pieces), listed in zip(lists, members, strict=True):
-        if len(pieces) > 1 and (
-            len(pieces) > PAGE_ITEMS or sum(map(len, pieces)) > PAGED_ARRAY_BYTES
-        ):
+        if _pages_list(len(pieces), map(len, pieces)):
             ref = {MARK: _array_pages(list(pieces), pages), KIND: "array"}
             values.append((mark, (orjson.dumps(ref),)))
             paged.append(path)

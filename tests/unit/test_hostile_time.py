@@ -26,7 +26,13 @@ from projectors.context_manifests import _key_lines
 from projectors.working_memory import WorkingMemoryProjection
 from schemas.errors import BadArgumentError
 from schemas.factory import EntryBuilder, verification
-from schemas.models import EntryKind, VerificationStatus
+from schemas.models import (
+    DiffFile,
+    EntryKind,
+    FileChangeStatus,
+    FileClassification,
+    VerificationStatus,
+)
 from streams import otlp, publish_file
 from streams.importers import claude_code, codex, openhands, otel, swe_agent
 from streams.importers.base import ImportFormatError
@@ -488,6 +494,18 @@ class _Compared(str):
         return str.__lt__(self, other)
 
 
+def _file(path: str, status: FileChangeStatus, old_path: str | None = None) -> DiffFile:
+    """A diff's file of one line added."""
+    return DiffFile(
+        path=path,
+        status=status,
+        lines_added=1,
+        lines_deleted=0,
+        classification=FileClassification.SOURCE,
+        old_path=old_path,
+    )
+
+
 def _old_files(changed: set[str], created: set[str], file: Any) -> None:
     """The rule as it was (sets, sorted again after every diff): the reference result."""
     status = file.status.value
@@ -539,7 +557,6 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
     """Random diffs (added, modified, deleted, renamed; paths reused) folded by the working
     memory give the changed and created files the set-and-sort rule gave, after every entry."""
     from schemas.factory import diff
-    from schemas.models import DiffFile, FileChangeStatus, FileClassification
 
     rng = random.Random(seed)
     # a small pool and up to 6 files a diff: a path added and removed in one diff is common
@@ -556,16 +573,7 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
             status = rng.choice(list(FileChangeStatus))
             path, old = rng.choice(pool), rng.choice(pool)
             renamed = status is FileChangeStatus.RENAMED
-            files.append(
-                DiffFile(
-                    path=path,
-                    status=status,
-                    lines_added=1,
-                    lines_deleted=0,
-                    classification=FileClassification.SOURCE,
-                    old_path=old if renamed else None,
-                )
-            )
+            files.append(_file(path, status, old if renamed else None))
         builder.add(EntryKind.DIFF_OBSERVATION, (base.model_copy(update={"files": tuple(files)}),))
         for file in files:
             _old_files(changed, created, file)
@@ -581,14 +589,7 @@ def test_changed_and_created_files_are_what_the_old_rule_gave(seed: int) -> None
         assert state.index.created_files == want_created
     # a file created and removed in the same diff leaves no change (the reviewer's case)
     made_and_gone = tuple(
-        DiffFile(
-            path="new.py",
-            status=status,
-            lines_added=1,
-            lines_deleted=0,
-            classification=FileClassification.SOURCE,
-        )
-        for status in (FileChangeStatus.ADDED, FileChangeStatus.DELETED)
+        _file("new.py", status) for status in (FileChangeStatus.ADDED, FileChangeStatus.DELETED)
     )
     fresh = EntryBuilder()
     fresh.add(EntryKind.RUN_STARTED)
@@ -607,7 +608,6 @@ def test_a_run_changing_thousands_of_files_keeps_a_bounded_memory(seed: int) -> 
     and its index lists them all, as the set-and-sort rule gave; each snapshot row stays
     small (before working-memory 9 each held every path: 1,000 files made 13.9 MB of rows)."""
     from schemas.factory import diff
-    from schemas.models import DiffFile, FileChangeStatus, FileClassification
 
     rng = random.Random(seed)
     shown = working_memory.CHANGED_FILES_SHOWN
@@ -624,16 +624,8 @@ def test_a_run_changing_thousands_of_files_keeps_a_bounded_memory(seed: int) -> 
         for _ in range(rng.randint(1, 4)):
             status = rng.choices(list(FileChangeStatus), weights=(6, 3, 1, 1, 1))[0]
             path = pool[min(len(pool) - 1, int(rng.expovariate(1 / 700)))]
-            files.append(
-                DiffFile(
-                    path=path,
-                    status=status,
-                    lines_added=1,
-                    lines_deleted=0,
-                    classification=FileClassification.SOURCE,
-                    old_path=rng.choice(pool) if status is FileChangeStatus.RENAMED else None,
-                )
-            )
+            renamed = status is FileChangeStatus.RENAMED
+            files.append(_file(path, status, rng.choice(pool) if renamed else None))
         builder.add(EntryKind.DIFF_OBSERVATION, (base.model_copy(update={"files": tuple(files)}),))
         for file in files:
             _old_files(changed, created, file)
@@ -669,17 +661,9 @@ def test_a_memory_whose_listed_files_were_deleted_lists_the_newest_others() -> N
     """150 files changed, then 100 created and deleted again (the review's case): the memory
     listed none of the 150 it counted; the newest of them fill the list again."""
     from schemas.factory import diff
-    from schemas.models import DiffFile, FileChangeStatus, FileClassification
 
     def changed(path: str, status: FileChangeStatus) -> tuple[Any, ...]:
-        file = DiffFile(
-            path=path,
-            status=status,
-            lines_added=1,
-            lines_deleted=0,
-            classification=FileClassification.SOURCE,
-        )
-        return (diff(False).model_copy(update={"files": (file,)}),)
+        return (diff(False).model_copy(update={"files": (_file(path, status),)}),)
 
     builder = EntryBuilder()
     builder.add(EntryKind.RUN_STARTED)
